@@ -1,0 +1,341 @@
+"""Checks that need no GPU: the data sets, the model, the output folder and the disk.
+
+Each function's docstring says what it measures and where its thresholds come from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from ..datasets import available_names, read_records
+from . import FAIL, PASS, SKIP, WARN, Outcome, check
+
+# Share of samples longer than cutoff_len above which the length check warns: LLaMA-Factory truncates
+# them silently, so the model never sees their ends (responses first). 5% is a judgement call: a few
+# outliers are normal, a twentieth of the data losing its answers is not.
+TRUNCATED_WARN_SHARE = 0.05
+LENGTH_SAMPLE = 500  # records per data set tokenized for the length distribution (~1 s with a fast tokenizer)
+COLUMN_SAMPLE = 200  # records per data set checked for the columns their format needs
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+# ---------------------------------------------------------------------------------------------------------
+@check("output", "output folder writable", timeout_s=15)
+def output_writable(plan) -> Outcome:
+    """OUTPUT_DIR can be created and written by the running user (a test file is written and removed)."""
+    target = plan.output_dir
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target, prefix=".rocmft-write-test-"):
+            pass
+    except OSError as err:
+        uid, gid = os.getuid(), os.getgid()
+        return Outcome(
+            FAIL, f"{type(err).__name__}: {err.strerror or err}",
+            f"OUTPUT_DIR {target} is not writable by uid {uid} gid {gid} ({plan.sources.get('output_dir')}).",
+            "Mount the output volume read-write and owned by this user (compose: set UID/GID to your "
+            "`id -u`/`id -g`), or set OUTPUT_DIR to a writable folder.",
+        )  # fmt: skip
+    return Outcome(PASS, "writable", f"{target}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+def _required_columns(entry: dict[str, Any]) -> list[str]:
+    columns = entry.get("columns", {})
+    if entry.get("formatting", "alpaca") == "alpaca":
+        needed = [columns.get("prompt", "instruction")]
+        needed += (
+            [columns["chosen"], columns["rejected"]] if entry.get("ranking") else [columns.get("response", "output")]
+        )
+        return needed
+    needed = [columns.get("messages", "conversations")]
+    if entry.get("ranking"):
+        needed += [columns.get("chosen", "chosen"), columns.get("rejected", "rejected")]
+    return needed
+
+
+def _texts(record: dict[str, Any], entry: dict[str, Any]) -> str:
+    """The trainable text of a record (prompt and response contents, without chat markup)."""
+    columns = entry.get("columns", {})
+    if entry.get("formatting", "alpaca") == "alpaca":
+        keys = [
+            columns.get(k, d)
+            for k, d in (("prompt", "instruction"), ("query", "input"), ("response", "output"), ("system", "system"))
+        ]
+        return "\n".join(str(record.get(k) or "") for k in keys)
+    content = entry.get("tags", {}).get("content_tag", "value")
+    turns = record.get(columns.get("messages", "conversations")) or []
+    return "\n".join(str(t.get(content, "")) for t in turns if isinstance(t, dict))
+
+
+@check("dataset", "data sets found and well-formed", timeout_s=60)
+def dataset(plan) -> Outcome:
+    """Every data set in DATASET/EVAL_DATASET resolves to a readable file whose records have the columns its
+    format needs (LLaMA-Factory's data/README.md), checked on the first records of each file."""
+    registry = plan.registry
+    if not plan.arguments.get("dataset") and not plan.arguments.get("eval_dataset"):
+        return Outcome(
+            FAIL,
+            "no data set",
+            "DATASET is not set.",
+            "Set DATASET to a name in dataset_info.json or a .json/.jsonl file name.",
+        )
+    if not registry.source_dir.is_dir() and registry.missing:
+        return Outcome(
+            FAIL, "folder missing", f"DATASET_DIR {registry.source_dir} does not exist.",
+            "Mount your data folder (compose: ./data:/data) and set DATASET_DIR to it.",
+        )  # fmt: skip
+    problems: list[str] = []
+    if registry.info_error:
+        problems.append(registry.info_error)
+    options = available_names(registry.source_dir)
+    for name, why in registry.missing.items():
+        import difflib
+
+        close = difflib.get_close_matches(name, options, n=3, cutoff=0.5)
+        hint = (
+            f" Did you mean {' or '.join(close)}?"
+            if close
+            else (f" Available: {', '.join(options[:10])}." if options else "")
+        )
+        problems.append(f"data set {name!r}: {why} in {registry.source_dir}.{hint}")
+    counts = {}
+    for name, entry in registry.entries.items():
+        file_name = entry.get("file_name")
+        if not file_name or "hf_hub_url" in entry or "ms_hub_url" in entry or "om_hub_url" in entry:
+            counts[name] = "hub"
+            continue
+        path = Path(file_name)
+        files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".jsonl")) if path.is_dir() else [path]
+        if not files or not files[0].is_file():
+            problems.append(f"data set {name!r}: file {path} does not exist.")
+            continue
+        try:
+            records = read_records(files[0], COLUMN_SAMPLE)
+        except (ValueError, OSError) as err:
+            problems.append(f"data set {name!r}: {err}")
+            continue
+        if not records:
+            problems.append(f"data set {name!r}: {files[0]} has no records.")
+            continue
+        needed = _required_columns(entry)
+        for index, record in enumerate(records):
+            absent = [c for c in needed if c not in record]
+            if absent:
+                problems.append(
+                    f"data set {name!r}: record {index} of {files[0].name} lacks {', '.join(absent)} "
+                    f"(has: {', '.join(sorted(record))}); fix the file or the columns mapping in dataset_info.json."
+                )
+                break
+        counts[name] = len(records)
+    if problems:
+        return Outcome(
+            FAIL, f"{len(problems)} problem(s)", "\n".join(problems),
+            "Fix DATASET / DATASET_DIR or the files named; dataset_info.json format: LLaMA-Factory data/README.md.",
+            data={"problems": problems, "folder": str(registry.source_dir)},
+        )  # fmt: skip
+    auto = f"; registered automatically: {', '.join(registry.auto)}" if registry.auto else ""
+    summary = ", ".join(f"{n} ({c} checked)" if c != "hub" else f"{n} (hub)" for n, c in counts.items())
+    return Outcome(
+        PASS, f"{len(counts)} data set(s)", f"{summary} in {registry.source_dir}{auto}", data={"auto": registry.auto}
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+def _local_model_dir(plan) -> Path | None:
+    path = Path(str(plan.arguments.get("model_name_or_path", ""))).expanduser()
+    return path if path.is_dir() else None
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or (os.sep in name and name.count("/") > 1)
+
+
+def _endpoint_reachable(timeout_s: float = 3.0) -> tuple[bool, str]:
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    parsed = urlparse(endpoint)
+    host, port = parsed.hostname or "huggingface.co", parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True, endpoint
+    except OSError:
+        return False, endpoint
+
+
+@check("model", "model found", timeout_s=20)
+def model(plan) -> Outcome:
+    """The model is a local folder with config.json and tokenizer files, or a hub id that is in the local
+    cache or downloadable (the hub's host answers within 3 s, unless HF_HUB_OFFLINE=1)."""
+    name = str(plan.arguments.get("model_name_or_path") or "")
+    if not name:
+        return Outcome(
+            FAIL, "not set", "MODEL_NAME_OR_PATH is not set.", "Set MODEL_NAME_OR_PATH to a local folder or a hub id."
+        )
+    local = _local_model_dir(plan)
+    if local is not None:
+        missing = []
+        config = local / "config.json"
+        if not config.is_file():
+            missing.append("config.json")
+        else:
+            try:
+                json.loads(config.read_text(encoding="utf-8"))
+            except ValueError as err:
+                return Outcome(
+                    FAIL, "bad config.json", f"{config} is not valid JSON: {err}", "Re-download or re-export the model."
+                )
+        if not any((local / f).is_file() for f in TOKENIZER_FILES):
+            missing.append("tokenizer (" + " / ".join(TOKENIZER_FILES) + ")")
+        if missing:
+            return Outcome(
+                FAIL, "incomplete", f"Model folder {local} has no {' and no '.join(missing)}.",
+                "Point MODEL_NAME_OR_PATH at a complete Hugging Face model folder (save_pretrained output).",
+            )  # fmt: skip
+        weights = sum(p.stat().st_size for p in local.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+        return Outcome(PASS, f"local, {_gib(weights)} of weights", str(local), data={"weights_bytes": weights})
+    if _looks_like_path(name):
+        return Outcome(
+            FAIL, "no such folder", f"MODEL_NAME_OR_PATH={name} looks like a path but is not a folder here.",
+            "Mount the model folder into the container (compose: a volume) and use the path inside it.",
+        )  # fmt: skip
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "config.json")
+    if isinstance(cached, str):
+        return Outcome(PASS, "hub id, cached", f"{name} is in the local hub cache ({Path(cached).parents[2]}).")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if offline:
+        return Outcome(
+            FAIL, "not cached, offline", f"{name} is not in the hub cache and HF_HUB_OFFLINE is set.",
+            "Download it on a machine with network (`hf download " + name + "`) into HF_HOME, or mount a local copy.",
+        )  # fmt: skip
+    reachable, endpoint = _endpoint_reachable()
+    if not reachable:
+        return Outcome(
+            FAIL, "hub unreachable", f"{name} is not cached and {endpoint} cannot be reached from here.",
+            "Mount a local copy and set MODEL_NAME_OR_PATH to it, or pre-fill the cache (HF_HOME) and set "
+            "HF_HUB_OFFLINE=1, or give this machine network access.",
+        )  # fmt: skip
+    return Outcome(PASS, "hub id, will download", f"{name} will be downloaded from {endpoint}.")
+
+
+# ---------------------------------------------------------------------------------------------------------
+@check("lengths", "sample lengths vs cutoff_len", timeout_s=90, needs=("dataset", "model"))
+def lengths(plan) -> Outcome:
+    """Token length distribution of up to 500 records per data set (content only, without chat markup) with
+    the model's own tokenizer, against cutoff_len. Warns when more than 5% would be truncated."""
+    local = _local_model_dir(plan)
+    if local is None:
+        return Outcome(SKIP, "no local tokenizer", "Lengths are measured with a local model's tokenizer only.")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(local), trust_remote_code=bool(plan.arguments.get("trust_remote_code"))
+    )
+    cutoff = int(plan.arguments.get("cutoff_len", 2048))
+    lengths_all: list[int] = []
+    for entry in plan.registry.entries.values():
+        path = Path(entry.get("file_name", ""))
+        if not path.is_file():
+            continue
+        texts = [_texts(r, entry) for r in read_records(path, LENGTH_SAMPLE)]
+        lengths_all += [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    if not lengths_all:
+        return Outcome(SKIP, "no local records", "No local data file to measure.")
+    lengths_all.sort()
+    p95 = lengths_all[min(len(lengths_all) - 1, int(0.95 * len(lengths_all)))]
+    over = sum(n > cutoff for n in lengths_all) / len(lengths_all)
+    value = f"p50 {int(statistics.median(lengths_all))}, p95 {p95}, max {lengths_all[-1]} tokens; {over:.1%} > {cutoff}"
+    data = {"samples": len(lengths_all), "p50": statistics.median(lengths_all), "p95": p95, "max": lengths_all[-1],
+            "over_cutoff_share": over, "cutoff_len": cutoff}  # fmt: skip
+    if over > TRUNCATED_WARN_SHARE:
+        return Outcome(
+            WARN, value, f"{over:.1%} of sampled records are longer than cutoff_len={cutoff} and will be truncated.",
+            f"Raise CUTOFF_LEN (p95 is {p95}) if memory allows, or filter the long records.", data=data,
+        )  # fmt: skip
+    return Outcome(PASS, value, f"{len(lengths_all)} records measured with the model's tokenizer.", data=data)
+
+
+# ---------------------------------------------------------------------------------------------------------
+def _param_count(plan) -> tuple[int | None, dict[str, Any]]:
+    """Parameters of a local model from its weight files and config.json's dtype (bytes / bytes per param)."""
+    local = _local_model_dir(plan)
+    if local is None:
+        return None, {}
+    config = json.loads((local / "config.json").read_text(encoding="utf-8"))
+    weights = sum(p.stat().st_size for p in local.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+    stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return weights // (4 if "32" in stored else 2), config
+
+
+def _lora_params(config: dict[str, Any], rank: int) -> int:
+    """LoRA parameters for all linear layers of a decoder block: rank × (in + out) per projection
+    (q, k, v, o, gate, up, down; Hu et al. 2021), summed over the layers."""
+    h = int(config.get("hidden_size", 0))
+    inter = int(config.get("intermediate_size", 4 * h))
+    heads = int(config.get("num_attention_heads", 1))
+    kv = int(config.get("num_key_value_heads", heads)) * (h // max(heads, 1))
+    per_layer = (h + h) + 2 * (h + kv) + (h + h) + 2 * (h + inter) + (inter + h)
+    return rank * per_layer * int(config.get("num_hidden_layers", 0))
+
+
+def disk_estimate(plan) -> dict[str, Any] | None:
+    """Bytes the run will write: final weights plus kept checkpoints, from the parameter count.
+
+    Full/freeze: weights in fp32 (LLaMA-Factory upcasts trainable parameters) = 4 B/param, a checkpoint
+    adds Adam's two fp32 moments = 12 B/param. LoRA: the adapter in fp32, a checkpoint 3× that. Kept
+    checkpoints: SAVE_TOTAL_LIMIT, or 3 when unset (an assumption; unlimited runs may need more), none
+    with SAVE_STRATEGY=no. Returns None when the model is not local.
+    """
+    params, config = _param_count(plan)
+    if params is None:
+        return None
+    args = plan.arguments
+    if args.get("finetuning_type", "lora") == "lora":
+        adapter = 4 * _lora_params(config, int(args.get("lora_rank", 8)))
+        final, per_checkpoint = adapter, 3 * adapter
+    else:
+        final, per_checkpoint = 4 * params, 12 * params
+    kept = 0 if str(args.get("save_strategy", "steps")) == "no" else int(args.get("save_total_limit") or 3)
+    total = final + kept * per_checkpoint + 64 * 2**20  # + logs, plots, tokenizer copies
+    return {"params": params, "final_bytes": final, "checkpoint_bytes": per_checkpoint,
+            "checkpoints_kept": kept, "total_bytes": total}  # fmt: skip
+
+
+@check("disk", "free disk space", timeout_s=15, needs=("output",))
+def disk(plan) -> Outcome:
+    """Free space at OUTPUT_DIR (psutil) against :func:`disk_estimate`: fail below the final weights'
+    size, warn below the whole estimate."""
+    import psutil
+
+    free = psutil.disk_usage(str(plan.output_dir)).free
+    estimate = disk_estimate(plan)
+    if estimate is None:
+        return Outcome(
+            PASS, f"{_gib(free)} free", "No estimate: the model is not a local folder.", data={"free_bytes": free}
+        )
+    value = f"{_gib(free)} free, ~{_gib(estimate['total_bytes'])} needed"
+    data = {"free_bytes": free, **estimate}
+    if free < estimate["final_bytes"]:
+        final = _gib(estimate["final_bytes"])
+        return Outcome(FAIL, value, f"Not even the final weights ({final}) fit in {plan.output_dir}.",
+                       "Free space or point OUTPUT_DIR at a larger volume.", data=data)  # fmt: skip
+    if free < estimate["total_bytes"]:
+        each = _gib(estimate["checkpoint_bytes"])
+        return Outcome(WARN, value, f"{estimate['checkpoints_kept']} checkpoints of {each} may not fit.",
+                       "Set SAVE_TOTAL_LIMIT lower, or free space.", data=data)  # fmt: skip
+    return Outcome(
+        PASS, value, f"{estimate['params']:,} parameters; {estimate['checkpoints_kept']} checkpoints kept.", data=data
+    )

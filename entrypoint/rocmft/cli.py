@@ -1,0 +1,245 @@
+"""The ``rocmft`` command: ``render | check | train | env``.
+
+* ``render``: settings → rendered files → LLaMA-Factory's parser; writes OUTPUT_DIR/rocmft/ and prints it.
+* ``check``: render, then the health checks; writes the files and checks.json. Never trains.
+* ``train``: all of the above, then the worker; writes the manifest, the weights, the logs.
+* ``env``: versions, device facts and the image build record; ``--docs`` prints the variable reference.
+
+Exit codes: see :mod:`rocmft.errors` (0, 2 config, 3 check failed, 4 training failed, 5 non-finite loss,
+143 interrupted). On 2 nothing is left in OUTPUT_DIR; on 3 only OUTPUT_DIR/rocmft/checks.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import ChecksFailed, ConfigError, ExitCode, RocmftError
+from .fsutil import make_private_dir_public
+
+CHECKS_FILE = "checks.json"
+MANIFEST_FILE = "manifest.json"
+
+
+def _say(message: str) -> None:
+    print(f"[rocmft] {message}", flush=True)
+
+
+class Workspace:
+    """Owns the staging folder and undoes everything on failure.
+
+    The staging folder is made inside OUTPUT_DIR (same file system, so the final move is a rename). When
+    OUTPUT_DIR cannot be written, it is made in the system temp folder instead and the ``output`` check
+    reports the real problem. :meth:`discard` removes the staging folder, and OUTPUT_DIR too when this
+    run created it and left it empty.
+    """
+
+    def __init__(self) -> None:
+        self.staging: Path | None = None
+        self.created: list[Path] = []
+
+    def make_staging(self, output_dir: Path) -> Path:
+        try:
+            missing = [p for p in [output_dir, *output_dir.parents] if not p.exists()]
+            output_dir.mkdir(parents=True, exist_ok=True)
+            self.created = sorted(missing, key=lambda p: len(p.parts), reverse=True)
+            self.staging = make_private_dir_public(Path(tempfile.mkdtemp(prefix=".rocmft-staging-", dir=output_dir)))
+        except OSError:
+            self.staging = Path(tempfile.mkdtemp(prefix="rocmft-staging-"))
+        return self.staging
+
+    def discard(self) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+        for folder in self.created:  # deepest first; only folders this run created, only when empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+    def promote(self, run_dir: Path) -> None:
+        from .fsutil import replace_dir
+
+        assert self.staging is not None
+        replace_dir(self.staging, run_dir)
+        self.staging = None
+
+
+def _prepare(workspace: Workspace, timings: dict[str, float]):
+    """Settings → render → validate. Returns the plan, staged."""
+    from .checks import validate_skip
+    from .device import probe_device
+    from .render import render
+    from .settings import load_settings
+    from .validate import validate
+
+    started = time.monotonic()
+    settings = load_settings()
+    validate_skip(settings.rocmft.skip_checks)
+    device = probe_device()
+    timings["settings"] = time.monotonic() - started
+
+    started = time.monotonic()
+    plan = render(settings, device, workspace.make_staging)
+    timings["render"] = time.monotonic() - started
+    _say(f"precision: {plan.precision.policy} ({plan.precision.reason})")
+
+    started = time.monotonic()
+    validation = validate(plan)
+    timings["validate"] = time.monotonic() - started
+    _say(f"LLaMA-Factory accepted the configuration ({validation['seconds']:.1f} s)")
+    return plan
+
+
+def _run_checks(plan, workspace: Workspace, timings: dict[str, float]) -> dict[str, Any]:
+    from .checks import failed, print_table, report, run_checks
+    from .fsutil import atomic_write_json
+
+    started = time.monotonic()
+    results = run_checks(plan, plan.settings.rocmft.skip_checks)
+    timings["checks"] = time.monotonic() - started
+    data = report(results, timings["checks"])
+    if failed(results):
+        workspace.discard()
+        path = None
+        try:
+            path = atomic_write_json(plan.run_dir / CHECKS_FILE, data)
+        except OSError:
+            pass  # OUTPUT_DIR is not writable: the output check says so, the table is all there is
+        print_table(results, path)
+        names = ", ".join(r.id for r in failed(results))
+        raise ChecksFailed(f"Health checks failed: {names}.", "Fix what the table says, then run again.")
+    atomic_write_json(plan.staging / CHECKS_FILE, data)
+    print_table(results, plan.run_dir / CHECKS_FILE)
+    return data
+
+
+def cmd_render(_args) -> int:
+    workspace, timings = Workspace(), {}
+    try:
+        plan = _prepare(workspace, timings)
+        workspace.promote(plan.run_dir)
+    except BaseException:
+        workspace.discard()
+        raise
+    for path in plan.files.values():
+        _say(f"wrote {plan.run_dir / path.relative_to(plan.staging)}")
+    return ExitCode.OK
+
+
+def cmd_check(_args) -> int:
+    workspace, timings = Workspace(), {}
+    try:
+        plan = _prepare(workspace, timings)
+        _run_checks(plan, workspace, timings)
+        workspace.promote(plan.run_dir)
+    except BaseException:
+        workspace.discard()
+        raise
+    _say(f"checks passed in {sum(timings.values()):.1f} s (settings {timings['settings']:.1f}, render "
+         f"{timings['render']:.1f}, validate {timings['validate']:.1f}, checks {timings['checks']:.1f})")  # fmt: skip
+    return ExitCode.OK
+
+
+def cmd_train(_args) -> int:
+    from .launch import run_worker
+    from .manifest import now, write_manifest
+    from .worker import RESULT_FILE
+
+    started_at = now()
+    workspace, timings = Workspace(), {}
+    try:
+        plan = _prepare(workspace, timings)
+        checks = _run_checks(plan, workspace, timings)
+        workspace.promote(plan.run_dir)
+    except BaseException:
+        workspace.discard()
+        raise
+    manifest_path = plan.run_dir / MANIFEST_FILE
+    checks_summary = {
+        "status": checks["status"],
+        "seconds": checks["seconds"],
+        "report": str(plan.run_dir / CHECKS_FILE),
+    }
+    write_manifest(manifest_path, plan, status="running", exit_code=None, timings=timings, checks=checks_summary,
+                   worker=None, started_at=started_at)  # fmt: skip
+    _say(f"configs and manifest in {plan.run_dir}")
+
+    began = time.monotonic()
+    code = run_worker(plan, plan.settings.secrets)
+    timings["train"] = time.monotonic() - began
+    result_path = plan.run_dir / RESULT_FILE
+    worker = json.loads(result_path.read_text()) if result_path.is_file() else None
+    status = {ExitCode.OK: "finished", ExitCode.NON_FINITE_LOSS: "non-finite loss",
+              ExitCode.INTERRUPTED: "interrupted"}.get(code, "failed")  # fmt: skip
+    write_manifest(manifest_path, plan, status=status, exit_code=int(code), timings=timings, checks=checks_summary,
+                   worker=worker, started_at=started_at)  # fmt: skip
+    if code == ExitCode.OK:
+        losses = [entry["loss"] for entry in (worker or {}).get("losses", [])]
+        trend = f", loss {losses[0]:.3f} → {losses[-1]:.3f}" if losses else ""
+        _say(f"training finished in {timings['train']:.0f} s{trend}; outputs in {plan.output_dir}")
+    else:
+        _say(f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}")
+    return code
+
+
+def cmd_env(args) -> int:
+    if args.docs:
+        from .envdoc import reference
+
+        print(reference(full=args.full), end="")
+        return ExitCode.OK
+    from .device import probe_device
+    from .lfargs import stack_versions
+    from .manifest import build_record, host_facts
+
+    facts = {"rocmft": __version__, "versions": stack_versions(), "device": probe_device().as_dict(),
+             "host": host_facts(), "image": build_record()}  # fmt: skip
+    print(json.dumps(facts, indent=2))
+    return ExitCode.OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (all configuration comes from environment variables; see the README)."""
+    parser = argparse.ArgumentParser(
+        prog="rocmft",
+        description="Fine-tune LLMs with LLaMA-Factory: configured by environment variables, checked before "
+        "the model loads. Exit codes: 0 ok, 2 configuration error, 3 check failed, 4 training failed, "
+        "5 non-finite loss, 143 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version=f"rocmft {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("render", help="render and validate the configs into OUTPUT_DIR/rocmft; never trains")
+    sub.add_parser("check", help="render, validate and run the health checks; never trains")
+    sub.add_parser("train", help="render, validate, check, then train")
+    env = sub.add_parser("env", help="print versions, device facts and the image build record as JSON")
+    env.add_argument("--docs", action="store_true", help="print the environment-variable reference (Markdown)")
+    env.add_argument("--full", action="store_true", help="with --docs: list every training argument too")
+    return parser
+
+
+COMMANDS = {"render": cmd_render, "check": cmd_check, "train": cmd_train, "env": cmd_env}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``rocmft`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(COMMANDS[args.command](args))
+    except ConfigError as err:
+        print(f"[rocmft] CONFIGURATION ERROR: {err}", file=sys.stderr, flush=True)
+        return int(err.code)
+    except RocmftError as err:
+        print(f"[rocmft] {err}", file=sys.stderr, flush=True)
+        return int(err.code)
+    except KeyboardInterrupt:
+        print("[rocmft] interrupted", file=sys.stderr, flush=True)
+        return int(ExitCode.INTERRUPTED)

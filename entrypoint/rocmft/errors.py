@@ -1,0 +1,67 @@
+"""Exit codes and the error types that carry them.
+
+Every way rocmft can end has its own documented exit code, so that a scheduler, a compose restart
+policy or a person at 3 a.m. can tell "my .env is wrong" from "the GPU is broken" from "training
+diverged" without reading a log:
+
+====  =====================  ==========================================================================
+code  name                   meaning
+====  =====================  ==========================================================================
+0     OK                     success
+2     CONFIG_ERROR           bad settings (an environment variable, ROCMFT_CONFIG, a template); nothing
+                             is left in OUTPUT_DIR
+3     CHECK_FAILED           a health check failed; only OUTPUT_DIR/rocmft/checks.json is left
+4     TRAINING_FAILED        LLaMA-Factory / the worker raised during training
+5     NON_FINITE_LOSS        the loss or the gradient norm became NaN/Inf; training was stopped
+143   INTERRUPTED            stopped by SIGTERM/SIGINT (128 + 15, the shell convention)
+====  =====================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes of every rocmft command (see the module docstring for the table)."""
+
+    OK = 0
+    CONFIG_ERROR = 2
+    CHECK_FAILED = 3
+    TRAINING_FAILED = 4
+    NON_FINITE_LOSS = 5
+    INTERRUPTED = 143
+
+
+class RocmftError(Exception):
+    """An error with an exit code, the thing that is wrong and what to do about it.
+
+    Args:
+        message: what is wrong, naming the variable, file or device involved.
+        remedy: one concrete thing the user can do to fix it.
+        code: the process exit code this error ends the command with.
+    """
+
+    code: ExitCode = ExitCode.TRAINING_FAILED
+
+    def __init__(self, message: str, remedy: str = "", code: ExitCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.remedy = remedy
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  fix: {self.remedy}" if self.remedy else self.message
+
+
+class ConfigError(RocmftError):
+    """Bad settings: an environment variable, the user's YAML, a template. Exit code 2."""
+
+    code = ExitCode.CONFIG_ERROR
+
+
+class ChecksFailed(RocmftError):
+    """At least one health check failed. Exit code 3."""
+
+    code = ExitCode.CHECK_FAILED

@@ -1,0 +1,71 @@
+"""Atomic file writes: a reader (or a crash) never sees half a file.
+
+Each write goes to a temporary file in the same folder, is flushed to disk, and is renamed over the target
+(``os.replace`` is atomic on POSIX file systems). The standard library has no atomic-write helper; the
+well-known packages for it (atomicwrites) are unmaintained, hence these few lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def make_private_dir_public(path: Path) -> Path:
+    """Give a folder made by ``tempfile.mkdtemp`` (mode 0700) the mode a plain ``mkdir`` would have."""
+    os.chmod(path, 0o777 & ~_umask())
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically, creating parent folders. Returns ``path``.
+
+    The file gets the mode a plain ``open()`` would give it (0666 minus the umask), not mkstemp's 0600,
+    so that the host user can read what the container wrote.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON to ``path`` atomically. Returns ``path``."""
+    return atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def replace_dir(staging: Path, final: Path) -> None:
+    """Move the fully written folder ``staging`` to ``final``, replacing an older ``final``.
+
+    POSIX cannot rename a folder over a non-empty one, so the old folder is first renamed aside and
+    removed after the new one is in place: at every moment ``final`` is either the old or the new,
+    complete folder, or (for the instant between two renames) absent — never a mix.
+    """
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}-old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    staging.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,106 @@
+"""The run manifest (``OUTPUT_DIR/rocmft/manifest.json``): everything needed to understand and repeat a run.
+
+Written when training starts (status ``running``) and rewritten when it ends, atomically each time, so a
+crashed run still leaves a readable record. Secrets never appear: settings hold only the names of given
+secrets, and environment values of secret-named variables are replaced by ``<redacted>``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .fsutil import atomic_write_json
+from .lfargs import is_secret_name, stack_versions
+
+# Variables that change what a run does without being training arguments, recorded in the manifest.
+RECORDED_ENV_PREFIXES = ("ROCMFT_", "NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "GPU_", "CUDA_", "TORCH_",
+                         "PYTORCH_", "HF_", "OMP_", "FORCE_TORCHRUN", "NNODES", "NODE_RANK", "NPROC_PER_NODE",
+                         "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")  # fmt: skip
+BUILD_RECORD = Path(os.environ.get("ROCMFT_BUILD_RECORD_PATH", "/etc/rocmft/build.json"))
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601, seconds."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def redact_env(environ: dict[str, str]) -> dict[str, str]:
+    """The recorded subset of ``environ``, values of secret-named variables replaced by ``<redacted>``."""
+    return {
+        k: ("<redacted>" if is_secret_name(k) else v)
+        for k, v in sorted(environ.items())
+        if k.startswith(RECORDED_ENV_PREFIXES)
+    }
+
+
+def build_record() -> dict[str, Any] | None:
+    """The image's build record (written at image build time), or None outside a rocmft image."""
+    try:
+        return json.loads(BUILD_RECORD.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def host_facts() -> dict[str, Any]:
+    """Host facts (psutil): name, OS, Python, CPUs, memory, /dev/shm size."""
+    import psutil
+
+    facts: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpus_logical": psutil.cpu_count(logical=True),
+        "cpus_physical": psutil.cpu_count(logical=False),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+    }
+    if Path("/dev/shm").is_dir():
+        facts["shm_gib"] = round(psutil.disk_usage("/dev/shm").total / 2**30, 2)
+    return facts
+
+
+def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timings: dict[str, float],
+                   checks: dict[str, Any] | None, worker: dict[str, Any] | None, started_at: str) -> Path:  # fmt: skip
+    """Write the manifest for ``plan`` atomically to ``path`` (see the module docstring)."""
+    outputs = {}
+    if plan.output_dir.is_dir():
+        for item in sorted(plan.output_dir.iterdir()):
+            if not item.name.startswith("."):
+                outputs[item.name] = item.stat().st_size if item.is_file() else "folder"
+    data = {
+        "rocmft_version": __version__,
+        "status": status,
+        "exit_code": exit_code,
+        "started_at": started_at,
+        "updated_at": now(),
+        "command": sys.argv,
+        "timings_s": {k: round(v, 2) for k, v in timings.items()},
+        "precision": {
+            **plan.precision.as_dict(),
+            "parameter_dtypes": (worker or {}).get("parameter_dtypes"),
+            "trainable_dtypes": (worker or {}).get("trainable_dtypes"),
+        },
+        "versions": stack_versions(),
+        "image": build_record(),
+        "host": host_facts(),
+        "device": plan.device.as_dict(),
+        "launcher": plan.launcher,
+        "demo": plan.demo,
+        "settings": plan.settings.redacted(),
+        "arguments": plan.arguments,
+        "argument_sources": plan.sources,
+        "data_sets": plan.registry.entries,
+        "ds_config": plan.ds_config,
+        "checks": checks,
+        "worker": worker,
+        "environment": redact_env(dict(os.environ)),
+        "outputs": outputs,
+    }
+    return atomic_write_json(path, data)

@@ -1,0 +1,107 @@
+"""The precision policy: which dtype the weights load in and which mixed precision the trainer uses.
+
+Why rocmft decides this instead of passing BF16/FP16 through: LLaMA-Factory 0.9.5 sets a compute dtype
+only for bf16/fp16; with both off its model loader picks bf16 where supported, else **fp16**, without loss
+scaling, and logs ``compute dtype: None`` (DESIGN.md, "Facts found by measurement"). So "fp32" is not
+fp32 unless the worker forces the dtype (:mod:`rocmft.worker`) — and it does, for policy ``fp32``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .device import DeviceFacts
+from .errors import ConfigError
+from .settings import Settings
+
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The resolved precision.
+
+    Attributes:
+        policy: ``bf16``, ``fp16`` or ``fp32`` (``auto`` is resolved away).
+        compute_dtype: the torch dtype name the weights are loaded in (``bfloat16``/``float16``/``float32``).
+        bf16, fp16: the trainer's mixed-precision flags rendered into train.yaml.
+        reason: why this policy, for the log and the manifest.
+    """
+
+    policy: str
+    compute_dtype: str
+    bf16: bool
+    fp16: bool
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy."""
+        return asdict(self)
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"))
+
+
+def resolve_precision(settings: Settings, arguments: dict[str, Any], device: DeviceFacts) -> Precision:
+    """Resolve ``ROCMFT_PRECISION`` against BF16/FP16/PURE_BF16 and the device.
+
+    Rules, in order:
+
+    1. BF16 and FP16 both true (in any spelling LLaMA-Factory accepts) is an error.
+    2. An explicit ROCMFT_PRECISION wins, but contradicting an explicit BF16/FP16 true is an error.
+    3. Without ROCMFT_PRECISION, BF16=true (or PURE_BF16=true) means bf16, FP16=true means fp16, and both
+       explicitly false means real fp32.
+    4. ``auto``: bf16 where the GPU supports it, otherwise fp32. Never fp16 on its own: fp16 without bf16
+       hardware is a user's explicit choice, with the trainer's dynamic loss scaling.
+
+    Args:
+        settings: the read settings (for ROCMFT_PRECISION and whether it was given).
+        arguments: the user's training arguments (ROCMFT_CONFIG and environment merged).
+        device: the probed device.
+
+    Raises:
+        ConfigError: for rule 1 or 2, or bf16 asked for on a GPU that has no bf16.
+    """
+    bf16 = _truthy(arguments.get("bf16")) or _truthy(arguments.get("pure_bf16"))
+    fp16 = _truthy(arguments.get("fp16"))
+    if bf16 and fp16:
+        raise ConfigError(
+            f"Both bf16 ({settings.source_of('bf16')}) and fp16 ({settings.source_of('fp16')}) are enabled; "
+            "a run trains in one of them.",
+            "Remove both and set ROCMFT_PRECISION=auto|bf16|fp16|fp32 instead.",
+        )
+    asked = "bf16" if bf16 else "fp16" if fp16 else None
+    if "precision" in settings.explicit_rocmft:
+        policy = settings.rocmft.precision
+        if asked and policy != "auto" and asked != policy:
+            name = "bf16" if bf16 else "fp16"
+            raise ConfigError(
+                f"ROCMFT_PRECISION={policy} contradicts {settings.source_of(name)}=true.",
+                f"Keep one: ROCMFT_PRECISION alone is enough (remove {settings.source_of(name)}).",
+            )
+        reason = f"ROCMFT_PRECISION={policy}"
+        if policy == "auto" and asked:
+            policy, reason = asked, f"{settings.source_of(asked)}=true"
+    elif asked:
+        policy, reason = asked, f"{settings.source_of(asked)}=true"
+    elif "bf16" in arguments and "fp16" in arguments:
+        policy, reason = "fp32", "bf16 and fp16 both set to false: real fp32"
+    else:
+        policy, reason = "auto", "ROCMFT_PRECISION=auto (default)"
+
+    if policy == "auto":
+        if device.bf16:
+            policy, reason = "bf16", f"{reason}: the {device.backend} device supports bf16"
+        else:
+            where = "no GPU is visible" if device.backend == "cpu" else "this GPU has no bf16"
+            policy, reason = "fp32", f"{reason}: {where}, so fp32 (fp16 without loss scaling is never chosen)"
+    elif policy == "bf16" and device.backend != "cpu" and not device.bf16:
+        raise ConfigError(
+            f"bf16 was asked for ({reason}) but {device.names[0] if device.names else 'this GPU'} has no bf16.",
+            "Use ROCMFT_PRECISION=fp32 (or fp16 with loss scaling).",
+        )
+    return Precision(
+        policy=policy, compute_dtype=_DTYPE[policy], bf16=policy == "bf16", fp16=policy == "fp16", reason=reason
+    )

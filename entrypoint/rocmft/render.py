@@ -1,0 +1,361 @@
+"""Render: settings in, the run's files out (train.yaml, ds_config.json, data/dataset_info.json, run.json).
+
+Layers, lowest first: the template's defaults (templates/train.yaml.j2; the seed recipe for LoRA SFT) <
+the built-in default (templates/demo.yaml, only when no model is given) < ROCMFT_CONFIG < environment
+< what rocmft decides (output and data folders, precision, the distributed config). The rendered YAML is
+parsed back and *that* is the configuration every later step (validation, checks, the worker) reads, so
+what is saved is exactly what ran.
+
+Everything is written into a staging folder inside OUTPUT_DIR and moved to ``OUTPUT_DIR/rocmft`` only
+when validation and the checks pass (:func:`rocmft.fsutil.replace_dir`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from . import __version__
+from .datasets import Registry, build_registry, split_names
+from .device import DeviceFacts
+from .errors import ConfigError
+from .fsutil import atomic_write_json, atomic_write_text
+from .precision import Precision, resolve_precision
+from .settings import Settings
+
+RUN_SUBDIR = "rocmft"
+BUILTIN_SOURCE = "the built-in default (templates/demo.yaml)"
+TEMPLATE_SOURCE = "the default in train.yaml.j2"
+
+# FSDP through transformers' TrainingArguments (works under torchrun, as LLaMA-Factory requires): full
+# sharding with auto-wrap of the model's own decoder-layer class (_no_split_modules), PyTorch docs'
+# recommended prefetch, and the rank-0 loading that keeps host memory at one copy of the weights.
+FSDP_OPTIONS = "full_shard auto_wrap"
+FSDP_CONFIG = {
+    "backward_prefetch": "backward_pre",
+    "forward_prefetch": False,
+    "use_orig_params": True,
+    "sync_module_states": True,
+    "cpu_ram_efficient_loading": True,
+    "activation_checkpointing": False,
+}
+
+
+def builtin_templates() -> Path:
+    """The folder of the templates shipped with rocmft: ``rocmft/templates`` in an installed wheel,
+    ``templates/`` at the top of the repository in a source checkout (editable install)."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "templates", package.parents[1] / "templates"):
+        if (candidate / "train.yaml.j2").is_file():
+            return candidate
+    raise ConfigError(f"rocmft's built-in templates are missing next to {package}.", "Reinstall rocmft.")
+
+
+@dataclass
+class Plan:
+    """One run, rendered: what later steps read.
+
+    Attributes:
+        settings: the read settings.
+        output_dir: absolute OUTPUT_DIR.
+        run_dir: ``OUTPUT_DIR/rocmft``, where the rendered files end up.
+        staging: the folder they are written to first.
+        arguments: the effective training arguments, parsed back from the rendered train.yaml.
+        sources: argument name -> where its value came from (variable, file, built-in or template default).
+        precision: the resolved precision policy.
+        device: the probed device.
+        registry: the data sets.
+        ds_config: the rendered DeepSpeed config, when ROCMFT_DISTRIBUTED=deepspeed.
+        demo: whether this is the built-in default (tiny model, demo data).
+        launcher: ``"python"`` (one process) or ``"torchrun"``.
+        files: name -> staged path of each rendered file.
+    """
+
+    settings: Settings
+    output_dir: Path
+    run_dir: Path
+    staging: Path
+    arguments: dict[str, Any]
+    sources: dict[str, str]
+    precision: Precision
+    device: DeviceFacts
+    registry: Registry
+    ds_config: dict[str, Any] | None = None
+    demo: bool = False
+    launcher: str = "python"
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def staged(self, final: str | Path) -> Path:
+        """Map a path under ``run_dir`` to its staged twin (used to validate before files move)."""
+        final = Path(final)
+        try:
+            return self.staging / final.relative_to(self.run_dir)
+        except ValueError:
+            return final
+
+
+def _yaml_value(value: Any) -> str:
+    """One YAML flow value (scalar, list or mapping) that reads back as ``value``."""
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10**6).strip()
+    return text[: -len("\n...")].strip() if text.endswith("\n...") else text.removesuffix("...").strip()
+
+
+class _Renderer:
+    """The Jinja side of rendering: arg()/value()/is_set()/rest() over the layered values."""
+
+    def __init__(self, layered: dict[str, Any], fixed: dict[str, Any]) -> None:
+        self.layered = layered
+        self.fixed = fixed
+        self.used: set[str] = set()
+
+    def value(self, name: str, default: Any = None) -> Any:
+        if name in self.fixed:
+            return self.fixed[name]
+        return self.layered.get(name, default)
+
+    def arg(self, name: str, default: Any = None) -> Any:
+        self.used.add(name)
+        return self.value(name, default)
+
+    def is_set(self, name: str) -> bool:
+        return self.value(name) is not None
+
+    def rest(self) -> list[tuple[str, Any]]:
+        merged = {**self.layered, **self.fixed}
+        names = [n for n in merged if n not in self.used and merged[n] is not None]
+        self.used.update(names)
+        return [(n, merged[n]) for n in names]
+
+
+def _environment(settings: Settings) -> jinja2.Environment:
+    loaders: list[jinja2.BaseLoader] = []
+    if settings.rocmft.templates is not None:
+        if not settings.rocmft.templates.is_dir():
+            raise ConfigError(
+                f"ROCMFT_TEMPLATES={settings.rocmft.templates} is not a folder.",
+                "Mount your template folder and point ROCMFT_TEMPLATES at it, or unset it.",
+            )
+        loaders.append(jinja2.FileSystemLoader(str(settings.rocmft.templates)))
+    loaders.append(jinja2.FileSystemLoader(str(builtin_templates())))
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(loaders),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # YAML and JSON, not HTML
+    )
+    env.filters["y"] = _yaml_value
+    return env
+
+
+def _render(env: jinja2.Environment, name: str, **context: Any) -> str:
+    try:
+        return env.get_template(name).render(**context)
+    except jinja2.TemplateError as err:
+        where = getattr(err, "filename", None) or name
+        line = getattr(err, "lineno", None)
+        raise ConfigError(
+            f"Template {where}{f' line {line}' if line else ''} failed to render: {err}",
+            "Fix the template (or unset ROCMFT_TEMPLATES to use the built-in ones).",
+        ) from err
+
+
+def _load_rendered_yaml(text: str, name: str) -> dict[str, Any]:
+    """Parse the rendered YAML the way LLaMA-Factory will (OmegaConf: duplicate keys are errors)."""
+    from omegaconf import OmegaConf
+
+    try:
+        loaded = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+    except Exception as err:  # OmegaConf's parse errors have many types
+        raise ConfigError(f"The rendered {name} is not valid YAML: {err}", "Fix the template.") from err
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"The rendered {name} is not a mapping.", "Fix the template.")
+    return loaded
+
+
+def default_run_name(arguments: dict[str, Any], demo: bool) -> str:
+    """``rocmft-demo`` for the built-in default, else ``<model folder or repo name>-<stage>-<method>``."""
+    if demo:
+        return "rocmft-demo"
+    model = str(arguments.get("model_name_or_path", "model")).rstrip("/")
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", model.split("/")[-1]) or "model"
+    return f"{base}-{arguments.get('stage', 'sft')}-{arguments.get('finetuning_type', 'lora')}"
+
+
+def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
+    """Render the run's files into a staging folder and return the :class:`Plan`.
+
+    Args:
+        settings: the read settings.
+        device: the probed device (for the precision policy).
+        make_staging: ``callable(output_dir) -> Path`` creating the staging folder (the caller owns its
+            clean-up, see :mod:`rocmft.cli`).
+
+    Raises:
+        ConfigError: precision conflicts, a bad template, a template that dropped a given argument, or
+            mutually exclusive distributed settings.
+    """
+    from .demo import ensure_demo_data, ensure_tiny_model
+
+    layered: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    demo = "model_name_or_path" not in settings.arguments
+    if demo:
+        builtin = yaml.safe_load((builtin_templates() / "demo.yaml").read_text(encoding="utf-8"))
+        cache = settings.rocmft.cache_dir
+        builtin["model_name_or_path"] = str(ensure_tiny_model(cache))
+        if "dataset" not in settings.arguments and "dataset_dir" not in settings.arguments:
+            builtin["dataset_dir"] = str(ensure_demo_data(cache))
+        layered.update(builtin)
+        sources.update(dict.fromkeys(builtin, BUILTIN_SOURCE))
+    layered.update(settings.arguments)
+    sources.update(settings.sources)
+
+    precision = resolve_precision(settings, layered, device)
+    rocmft = settings.rocmft
+    _check_distributed(settings, layered)
+
+    output_dir = (
+        Path(layered.get("output_dir") or Path("saves") / (rocmft.run_name or default_run_name(layered, demo)))
+        .expanduser()
+        .absolute()
+    )
+    if "output_dir" not in layered:
+        sources["output_dir"] = "ROCMFT_RUN_NAME" if rocmft.run_name else "rocmft's default (saves/<run name>)"
+    run_dir = output_dir / RUN_SUBDIR
+    staging = make_staging(output_dir)
+
+    names = split_names(layered.get("dataset")) + split_names(layered.get("eval_dataset"))
+    source_dir = Path(layered.get("dataset_dir") or "data").expanduser().absolute()
+    registry = build_registry(list(dict.fromkeys(names)), source_dir)
+
+    fixed: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "dataset_dir": str(run_dir / "data"),
+        "bf16": precision.bf16,
+        "fp16": precision.fp16,
+    }
+    fixed_sources = {
+        "output_dir": sources.get("output_dir", "OUTPUT_DIR"),
+        "dataset_dir": f"rocmft's data set registry of {source_dir} ({sources.get('dataset_dir', 'default data/')})",
+        "bf16": f"precision policy ({precision.reason})",
+        "fp16": f"precision policy ({precision.reason})",
+    }
+    env = _environment(settings)
+    ds_config = None
+    launcher = "python"
+    if rocmft.distributed == "deepspeed" and "deepspeed" not in layered:
+        text = _render(env, "deepspeed.json.j2", zero_stage=rocmft.zero_stage, offload=rocmft.offload)
+        try:
+            ds_config = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"The rendered deepspeed.json.j2 is not JSON: {err}", "Fix the template.") from err
+        fixed["deepspeed"] = str(run_dir / "ds_config.json")
+        fixed_sources["deepspeed"] = f"ROCMFT_DISTRIBUTED=deepspeed, ZeRO-{rocmft.zero_stage}, offload {rocmft.offload}"
+    if rocmft.distributed == "fsdp":
+        fixed["fsdp"] = FSDP_OPTIONS
+        fixed["fsdp_config"] = {**FSDP_CONFIG, **(layered.get("fsdp_config") or {})}
+        fixed_sources["fsdp"] = fixed_sources["fsdp_config"] = "ROCMFT_DISTRIBUTED=fsdp"
+    if rocmft.distributed != "none" or layered.get("deepspeed"):
+        launcher = "torchrun"
+
+    renderer = _Renderer(layered, fixed)
+    text = _render(
+        env,
+        "train.yaml.j2",
+        arg=renderer.arg,
+        value=renderer.value,
+        is_set=renderer.is_set,
+        rest=renderer.rest,
+        rocmft_version=__version__,
+        rendered_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+    text = text.rstrip("\n") + "\n"
+    arguments = _load_rendered_yaml(text, "train.yaml")
+    dropped = [name for name, val in {**layered, **fixed}.items() if val is not None and name not in arguments]
+    if dropped:
+        raise ConfigError(
+            f"The train.yaml template dropped given arguments: {', '.join(sorted(dropped))}.",
+            "A replacement template must end with the rest() block of the built-in train.yaml.j2.",
+        )
+    for name in arguments:
+        if name in fixed:
+            sources[name] = fixed_sources[name]
+        elif name not in sources:
+            sources[name] = TEMPLATE_SOURCE
+
+    plan = Plan(
+        settings=settings,
+        output_dir=output_dir,
+        run_dir=run_dir,
+        staging=staging,
+        arguments=arguments,
+        sources=sources,
+        precision=precision,
+        device=device,
+        registry=registry,
+        ds_config=ds_config,
+        demo=demo,
+        launcher=launcher,
+    )
+    plan.files["train.yaml"] = atomic_write_text(staging / "train.yaml", text)
+    plan.files["dataset_info.json"] = atomic_write_json(staging / "data" / "dataset_info.json", registry.entries)
+    if ds_config is not None:
+        plan.files["ds_config.json"] = atomic_write_json(staging / "ds_config.json", ds_config)
+    plan.files["run.json"] = atomic_write_json(staging / "run.json", worker_policy(plan))
+    return plan
+
+
+def worker_policy(plan: Plan) -> dict[str, Any]:
+    """What the worker needs beyond train.yaml (rocmft/run.json): the forced dtype, fault injection."""
+    return {
+        "rocmft_version": __version__,
+        "precision": plan.precision.as_dict(),
+        "distributed": plan.settings.rocmft.distributed,
+        "launcher": plan.launcher,
+        "fault_nan_at_step": plan.settings.rocmft.fault_nan_at_step,
+        "demo": plan.demo,
+    }
+
+
+def _check_distributed(settings: Settings, arguments: dict[str, Any]) -> None:
+    """Refuse distributed settings that cannot work together (each with the variables involved)."""
+    rocmft, explicit = settings.rocmft, settings.explicit_rocmft
+    if rocmft.distributed != "deepspeed":
+        for name in ("zero_stage", "offload"):
+            if name in explicit and not (name == "offload" and rocmft.offload == "none"):
+                raise ConfigError(
+                    f"ROCMFT_{name.upper()}={getattr(rocmft, name)} has no effect with "
+                    f"ROCMFT_DISTRIBUTED={rocmft.distributed}.",
+                    "Set ROCMFT_DISTRIBUTED=deepspeed, or remove the variable.",
+                )
+    if rocmft.offload == "optimizer+params" and rocmft.zero_stage != 3:
+        raise ConfigError(
+            f"ROCMFT_OFFLOAD=optimizer+params needs ZeRO stage 3 (ROCMFT_ZERO_STAGE={rocmft.zero_stage}): "
+            "only stage 3 partitions, and so can offload, the parameters.",
+            "Set ROCMFT_ZERO_STAGE=3, or ROCMFT_OFFLOAD=optimizer.",
+        )
+    if arguments.get("deepspeed") and rocmft.distributed in ("fsdp", "ddp"):
+        raise ConfigError(
+            f"{settings.source_of('deepspeed')} gives a DeepSpeed config but ROCMFT_DISTRIBUTED={rocmft.distributed}.",
+            "Use one strategy: ROCMFT_DISTRIBUTED=deepspeed (rocmft renders the config), or drop DEEPSPEED.",
+        )
+    if arguments.get("fsdp") and rocmft.distributed == "deepspeed":
+        raise ConfigError(
+            f"{settings.source_of('fsdp')} asks for FSDP but ROCMFT_DISTRIBUTED=deepspeed; they exclude each other.",
+            "Use one strategy: ROCMFT_DISTRIBUTED=fsdp or ROCMFT_DISTRIBUTED=deepspeed.",
+        )
+    if arguments.get("deepspeed") and rocmft.distributed == "deepspeed":
+        raise ConfigError(
+            f"{settings.source_of('deepspeed')} gives a DeepSpeed config and ROCMFT_DISTRIBUTED=deepspeed renders one.",
+            "Keep one: unset DEEPSPEED to use rocmft's ZeRO settings, or unset ROCMFT_DISTRIBUTED.",
+        )
+
+
+__all__ = ["RUN_SUBDIR", "Plan", "builtin_templates", "render", "worker_policy"]

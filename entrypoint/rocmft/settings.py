@@ -1,0 +1,402 @@
+"""Settings: environment variables (and an optional LLaMA-Factory YAML) in, typed values out.
+
+Two kinds of variables (DESIGN.md, "Interface conventions"):
+
+* **Training arguments** — every argument of the installed LLaMA-Factory, by its UPPER_SNAKE_CASE name
+  (``LEARNING_RATE=1e-4``), typed by LLaMA-Factory's own dataclass annotations (see :mod:`rocmft.lfargs`).
+* **rocmft's own knobs** — the ``ROCMFT_`` prefix (:class:`RocmftSettings`).
+
+Both are read with pydantic-settings. A misspelled ``ROCMFT_`` variable, or a variable that is not an
+argument of the installed LLaMA-Factory but looks like one (``INCLUDE_TOKENS_PER_SECOND``, removed in
+transformers 5), is a :class:`~rocmft.errors.ConfigError` with a did-you-mean — never silently ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, ValidationError, create_model, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .errors import ConfigError
+from .lfargs import LfArgument, env_arguments, is_secret_name, lf_arguments, stack_versions
+
+PREFIX = "ROCMFT_"
+
+
+def _default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rocmft"
+
+
+class RocmftSettings(BaseSettings):
+    """rocmft's own knobs, each read from ``ROCMFT_<NAME>`` (e.g. ``ROCMFT_PRECISION=fp32``).
+
+    The field descriptions below are the reference documentation: ``rocmft env --docs`` and the README's
+    variable table are generated from them.
+    """
+
+    model_config = SettingsConfigDict(env_prefix=PREFIX, case_sensitive=False, extra="ignore")
+
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto",
+        description="Training precision policy. `auto`: bf16 where the GPU supports it, otherwise fp32 (never "
+        "fp16 without loss scaling). `fp32` really loads and trains fp32 weights (LLaMA-Factory 0.9.5 "
+        "otherwise picks bf16/fp16 by itself). `fp16` uses the trainer's dynamic loss scaling.",
+    )
+    distributed: Literal["none", "ddp", "deepspeed", "fsdp"] = Field(
+        "none",
+        description="Distributed strategy. `deepspeed` renders ds_config.json from the ZeRO settings; `fsdp` "
+        "renders full-shard FSDP with transformer-layer auto-wrap; any strategy but `none` launches through "
+        "torchrun.",
+    )
+    zero_stage: Literal[2, 3] = Field(2, description="DeepSpeed ZeRO stage (with ROCMFT_DISTRIBUTED=deepspeed).")
+    offload: Literal["none", "optimizer", "optimizer+params"] = Field(
+        "none",
+        description="DeepSpeed CPU offload: `optimizer` moves optimizer states to CPU memory, "
+        "`optimizer+params` also the parameters (needs ROCMFT_ZERO_STAGE=3).",
+    )
+    config: Path | None = Field(
+        None,
+        description="A LLaMA-Factory training YAML to start from; environment variables override its keys.",
+    )
+    skip_checks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated ids of health checks to skip (see `rocmft check`)."
+    )
+    templates: Path | None = Field(
+        None,
+        description="A folder of Jinja templates that replace the built-in ones file by file "
+        "(train.yaml.j2, deepspeed.json.j2).",
+    )
+    run_name: str | None = Field(None, description="Name of the run; the default OUTPUT_DIR is saves/<run name>.")
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Where the built-in tiny model and demo data are built once and kept.",
+    )
+    nproc_per_node: int | None = Field(
+        None, ge=1, description="Processes per node when launching through torchrun (default: visible GPUs, ≥1)."
+    )
+    fault_nan_at_step: int | None = Field(
+        None,
+        ge=1,
+        description="TEST ONLY: after optimizer step N, poison the weights with NaN so the loss becomes "
+        "non-finite for real; proves the non-finite-loss stop (exit 5).",
+    )
+
+    @field_validator("skip_checks", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training arguments from the environment
+
+
+def _admits(annotation: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether a (possibly Optional/Union/generic) annotation admits a value of one of ``kinds``."""
+    origin = typing.get_origin(annotation)
+    if origin is None:
+        return isinstance(annotation, type) and issubclass(annotation, kinds)
+    if origin in kinds:
+        return True
+    return any(_admits(arg, kinds) for arg in typing.get_args(annotation))
+
+
+def _lenient(annotation: Any):
+    """A before-validator that reads environment strings the way users write them.
+
+    pydantic's smart unions keep ``"true"`` a string for ``str | bool`` fields and want JSON for lists;
+    users write ``GRADIENT_CHECKPOINTING=true`` and ``REPORT_TO=wandb,tensorboard``.
+    """
+    takes_bool = _admits(annotation, (bool,))
+    takes_list = _admits(annotation, (list,))
+
+    def coerce(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if takes_bool and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        if takes_list and "," in value and not value.lstrip().startswith("["):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    return coerce
+
+
+@functools.lru_cache(maxsize=1)
+def _training_env_model() -> type[BaseSettings]:
+    """A pydantic-settings model with one optional field per training argument read from the environment."""
+    from pydantic import TypeAdapter
+
+    fields: dict[str, Any] = {}
+    for arg in env_arguments().values():
+        annotation = arg.annotation
+        try:
+            TypeAdapter(annotation)
+        except Exception:  # e.g. GenerationConfig objects: pass the string on, LLaMA-Factory parses it
+            annotation = str
+        fields[arg.name] = (Annotated[annotation | None, BeforeValidator(_lenient(annotation))], None)
+    return create_model("TrainingEnvironment", __base__=_EnvBase, **fields)
+
+
+class _EnvBase(BaseSettings):
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
+
+
+# Variables that belong to other software and are never taken for misspelled training arguments, however
+# close their names come to one (NODE_RANK vs local_rank, say). Prefixes end with "_".
+FOREIGN_PREFIXES = (
+    "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "DATASETS_", "TORCH_", "TORCHELASTIC_", "PYTORCH_",
+    "CUDA_", "CUDNN_", "NVIDIA_", "NCCL_", "RCCL_", "GLOO_", "UCX_", "FI_", "HIP_", "HSA_", "ROCM_", "ROCR_",
+    "GPU_", "AMD_", "MIOPEN_", "HIPBLASLT_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTHON", "PIP_", "VIRTUAL_",
+    "LC_", "XDG_", "SSH_", "DOCKER_", "COMPOSE_", "KUBERNETES_", "SLURM_", "WANDB_", "SWANLAB_", "MLFLOW_",
+    "ACCELERATE_", "DS_", "DEEPSPEED_", "LLAMAFACTORY_", "USE_", "GITHUB_", "CI_", "TERM", "LS_", "GIT_",
+)  # fmt: skip
+FOREIGN_NAMES = {
+    "PATH", "HOME", "USER", "SHELL", "PWD", "OLDPWD", "HOSTNAME", "LANG", "LANGUAGE", "TZ", "SHLVL", "MAIL",
+    "LOGNAME", "EDITOR", "PAGER", "DISPLAY", "TMPDIR", "CI", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+    "NODE_RANK", "NNODES", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
+    "FORCE_TORCHRUN", "ALLOW_EXTRA_ARGS", "DISABLE_VERSION_CHECK", "OUT", "_",
+}  # fmt: skip
+# How close (difflib ratio, 0..1) a variable name must come to an argument name to be taken for a typo.
+# 0.8 catches INCLUDE_TOKENS_PER_SECOND (0.83 to include_effective_tokens_per_second), LEARNING_RTE
+# (0.96) and EVALUATION_STRATEGY (0.81, renamed eval_strategy) and, measured on the developer machine's
+# own shell environment, flags none of its variables.
+TYPO_CUTOFF = 0.8
+
+
+def _is_foreign(name: str) -> bool:
+    return name in FOREIGN_NAMES or name.startswith(FOREIGN_PREFIXES)
+
+
+def _did_you_mean(name: str, candidates: list[str], cutoff: float = 0.6) -> str:
+    matches = difflib.get_close_matches(name, candidates, n=3, cutoff=cutoff)
+    return f" Did you mean {' or '.join(matches)}?" if matches else ""
+
+
+def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
+    """Messages for variables that look meant for rocmft but are not understood by it.
+
+    * every ``ROCMFT_*`` variable that is not a field of :class:`RocmftSettings`;
+    * every other variable that is not a training argument of the installed LLaMA-Factory, does not belong
+      to known other software (:data:`FOREIGN_PREFIXES`, :data:`FOREIGN_NAMES`) and comes within
+      :data:`TYPO_CUTOFF` of an argument name.
+    """
+    known_rocmft = sorted(PREFIX + name.upper() for name in RocmftSettings.model_fields)
+    arguments = env_arguments()
+    versions = stack_versions()
+    errors = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if upper.startswith(PREFIX):
+            if upper not in known_rocmft:
+                errors.append(f"{name} is not a rocmft setting.{_did_you_mean(upper, known_rocmft)}")
+            continue
+        if upper in arguments or _is_foreign(upper) or not name.isupper():
+            continue
+        close = difflib.get_close_matches(upper, list(arguments), n=2, cutoff=TYPO_CUTOFF)
+        if close:
+            errors.append(
+                f"{name} is not an argument of the installed LLaMA-Factory {versions['llamafactory']} / "
+                f"transformers {versions['transformers']} (it may have been removed or renamed). "
+                f"Did you mean {' or '.join(close)}?"
+            )
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The user's own LLaMA-Factory YAML
+
+
+def load_user_config(path: Path) -> dict[str, Any]:
+    """Load ``ROCMFT_CONFIG``: a LLaMA-Factory training YAML, read the way LLaMA-Factory reads it.
+
+    LLaMA-Factory loads YAML with OmegaConf, which rejects duplicate keys (DESIGN.md); so does this.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not a mapping, or has keys that are not arguments
+            of the installed LLaMA-Factory (listed with a did-you-mean).
+    """
+    from omegaconf import OmegaConf
+
+    if not path.is_file():
+        raise ConfigError(
+            f"ROCMFT_CONFIG={path}: no such file.", "Mount the YAML into the container and point ROCMFT_CONFIG at it."
+        )
+    try:
+        loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as err:  # OmegaConf raises many types (parser errors, duplicate keys, interpolation)
+        raise ConfigError(f"ROCMFT_CONFIG={path} is not valid YAML: {err}", "Fix the YAML syntax.") from err
+    if not isinstance(loaded, dict):
+        raise ConfigError(
+            f"ROCMFT_CONFIG={path} must be a mapping of argument: value.", "See LLaMA-Factory's examples/."
+        )
+    names = list(lf_arguments())
+    unknown = [key for key in loaded if key not in lf_arguments()]
+    if unknown:
+        lines = [f"  {key}:{_did_you_mean(key, names)}" for key in unknown]
+        raise ConfigError(
+            f"ROCMFT_CONFIG={path} has keys that are not arguments of the installed LLaMA-Factory "
+            f"{stack_versions()['llamafactory']} / transformers {stack_versions()['transformers']}:\n"
+            + "\n".join(lines),
+            "Remove or rename them.",
+        )
+    return loaded
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    """Everything the environment says, typed and checked, before any default is applied.
+
+    Attributes:
+        rocmft: rocmft's own knobs.
+        explicit_rocmft: names of the ROCMFT_ fields that were set (``precision``, ...), to tell a default
+            from a choice.
+        arguments: training arguments given by the user (ROCMFT_CONFIG first, environment over it), by
+            field name, secrets excluded.
+        sources: where each argument came from, e.g. ``{"learning_rate": "LEARNING_RATE"}`` or
+            ``{"cutoff_len": "ROCMFT_CONFIG (/config/my.yaml)"}``, for error messages and the manifest.
+        secrets: secret-valued arguments given in the environment (env name -> value). Never rendered; the
+            worker receives them through its environment.
+    """
+
+    rocmft: RocmftSettings
+    explicit_rocmft: set[str]
+    arguments: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)
+
+    def source_of(self, name: str) -> str:
+        """The variable or file an argument came from, or ``the default of <name>``."""
+        return self.sources.get(name, f"the default of {name}")
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings for the manifest: rocmft knobs, arguments and their sources; secrets as names only."""
+        return {
+            "rocmft": self.rocmft.model_dump(mode="json"),
+            "explicit_rocmft": sorted(self.explicit_rocmft),
+            "arguments": self.arguments,
+            "sources": self.sources,
+            "secrets_given": sorted(self.secrets),
+        }
+
+
+def _validation_messages(err: ValidationError, env_name: typing.Callable[[str], str], arguments: dict) -> list[str]:
+    messages = []
+    for item in err.errors():
+        name = str(item["loc"][0]) if item["loc"] else "?"
+        given = item.get("input")
+        expected = ""
+        if name in arguments:
+            expected = f" (expected {arguments[name].annotation})".replace("typing.", "")
+        messages.append(f"{env_name(name)}={given!r}: {item['msg']}{expected}")
+    return messages
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read and check every setting from ``environ`` (default: ``os.environ``).
+
+    Raises:
+        ConfigError: an unknown ``ROCMFT_`` variable, a variable that looks like a removed or misspelled
+            argument, a value of the wrong type (naming the variable and the expected type), or a bad
+            ``ROCMFT_CONFIG`` file.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    errors = unknown_variable_errors(environ)
+    if errors:
+        raise ConfigError(
+            "Unknown settings:\n  " + "\n  ".join(errors),
+            "Rename or remove these variables (the variable reference is in the README).",
+        )
+
+    scoped = _Scoped(environ)
+    try:
+        with scoped:
+            rocmft = RocmftSettings()
+    except ValidationError as err:
+        raise ConfigError(
+            "Invalid rocmft settings:\n  " + "\n  ".join(_validation_messages(err, lambda n: PREFIX + n.upper(), {})),
+            "Use one of the values listed (see the README's variable reference).",
+        ) from err
+    explicit = {name for name in RocmftSettings.model_fields if PREFIX + name.upper() in {k.upper() for k in environ}}
+
+    arguments_by_name = lf_arguments()
+    try:
+        with scoped:
+            values = _training_env_model()().model_dump(exclude_none=True, mode="json")
+    except ValidationError as err:
+        raise ConfigError(
+            "Invalid training arguments:\n  " + "\n  ".join(_validation_messages(err, str.upper, arguments_by_name)),
+            "Give each variable a value of the type shown (e.g. LEARNING_RATE=1e-4, BF16=true).",
+        ) from err
+
+    settings = Settings(rocmft=rocmft, explicit_rocmft=explicit)
+    if rocmft.config is not None:
+        for key, value in load_user_config(rocmft.config).items():
+            if arguments_by_name[key].secret:
+                raise ConfigError(
+                    f"ROCMFT_CONFIG={rocmft.config} holds the secret `{key}`; it would be copied into the run's "
+                    "saved configs.",
+                    f"Remove it from the file and pass it as the environment variable {key.upper()} (or HF_TOKEN).",
+                )
+            settings.arguments[key] = value
+            settings.sources[key] = f"ROCMFT_CONFIG ({rocmft.config})"
+    for key, value in values.items():
+        argument = arguments_by_name[key]
+        if argument.secret:
+            settings.secrets[argument.env] = str(value)
+            continue
+        settings.arguments[key] = value
+        settings.sources[key] = argument.env
+    return settings
+
+
+class _Scoped:
+    """Make ``environ`` the process environment while pydantic-settings reads it.
+
+    pydantic-settings reads ``os.environ``; swapping it (instead of copying values into init kwargs) keeps
+    its own parsing rules (case, JSON for dicts) in force for both real runs and tests that pass a mapping.
+    """
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = dict(environ)
+
+    def __enter__(self) -> None:
+        self.saved = dict(os.environ)
+        if self.saved != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+
+    def __exit__(self, *exc: object) -> None:
+        if dict(os.environ) != self.saved:
+            os.environ.clear()
+            os.environ.update(self.saved)
+
+
+def argument_for_env(name: str) -> LfArgument | None:
+    """The training argument an environment variable sets, if any."""
+    return env_arguments().get(name.upper())
+
+
+__all__ = [
+    "PREFIX",
+    "RocmftSettings",
+    "Settings",
+    "argument_for_env",
+    "is_secret_name",
+    "load_settings",
+    "load_user_config",
+    "unknown_variable_errors",
+]

@@ -1,0 +1,148 @@
+"""Validate: the rendered configuration goes through LLaMA-Factory's own argument parser, no model load.
+
+``llamafactory.hparams.get_train_args`` is the parser the training run will use, with every cross-field
+rule LLaMA-Factory and transformers have (removed arguments, DeepSpeed without torchrun, quantization with
+full fine-tuning, ...). rocmft runs it in a child process because it has side effects that must not leak
+into the entrypoint: it initialises a (one-rank) process group for DeepSpeed/FSDP, sets environment
+variables (ACCELERATE_USE_DEEPSPEED) and configures logging. For torchrun launches the child gets the
+environment torchrun would give rank 0 of a one-process job, so the distributed rules are checked too.
+Takes ~6 s, nearly all of it importing transformers.
+
+Run as ``python -m rocmft.validate ARGS.json RESULT.json`` (internal).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .render import Plan
+
+TIMEOUT_S = 180
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_rank0_env(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` plus what torchrun sets for rank 0 of a one-process job on this host."""
+    return {
+        **environ,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+
+
+def _names_in(message: str) -> list[str]:
+    """Argument names a LLaMA-Factory/transformers error message mentions (`name` or ['name'])."""
+    found = re.findall(r"`([a-z0-9_]+)`", message) + re.findall(r"'([a-z0-9_]+)'", message)
+    return list(dict.fromkeys(found))
+
+
+def validate(plan: Plan) -> dict[str, Any]:
+    """Parse ``plan.arguments`` with LLaMA-Factory's ``get_train_args`` in a child process.
+
+    Paths under ``OUTPUT_DIR/rocmft`` are pointed at their staged copies for the check.
+
+    Returns:
+        Facts the parser derived: ``world_size``, ``parallel_mode``, ``compute_dtype`` (the parser's,
+        before rocmft's precision policy), ``seconds``.
+
+    Raises:
+        ConfigError: the parser rejected the configuration; the message names the environment variables
+            (or ROCMFT_CONFIG keys) involved.
+    """
+    arguments = dict(plan.arguments)
+    for key in ("deepspeed",):
+        if isinstance(arguments.get(key), str):
+            arguments[key] = str(plan.staged(arguments[key]))
+    environ = {k: v for k, v in os.environ.items() if k not in plan.settings.secrets}
+    if plan.launcher == "torchrun":
+        environ = torchrun_rank0_env(environ)
+    with tempfile.TemporaryDirectory(prefix="rocmft-validate-") as tmp:
+        args_path, result_path = Path(tmp) / "args.json", Path(tmp) / "result.json"
+        args_path.write_text(json.dumps(arguments))
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "rocmft.validate", str(args_path), str(result_path)],
+                env=environ,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired as err:
+            raise ConfigError(
+                f"LLaMA-Factory's argument parser did not finish in {TIMEOUT_S} s.",
+                "Run `rocmft render` again; if it hangs, look for a stuck process-group setup (MASTER_ADDR).",
+            ) from err
+        result = json.loads(result_path.read_text()) if result_path.is_file() else None
+    if result is None:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise ConfigError(
+            f"LLaMA-Factory's argument parser crashed (exit {proc.returncode}):\n{tail}",
+            "Check the installation with `rocmft env`.",
+        )
+    if not result["ok"]:
+        message = result["error"]
+        involved = [
+            f"{name} (from {plan.sources.get(name, 'an argument rocmft does not set')})" for name in _names_in(message)
+        ]
+        detail = f"\n  involved: {', '.join(involved)}" if involved else ""
+        raise ConfigError(
+            f"LLaMA-Factory {result.get('llamafactory', '')} rejected the configuration: "
+            f"{result['type']}: {message}{detail}",
+            "Change or remove the variables named above; `rocmft render` checks again in seconds.",
+        )
+    return result
+
+
+def _child(args_path: str, result_path: str) -> int:
+    """In the child: parse, write {ok, error|facts} as JSON. Never raises."""
+    import time
+
+    started = time.monotonic()
+    result: dict[str, Any]
+    try:
+        from importlib import metadata
+
+        from llamafactory.hparams import get_train_args
+
+        arguments = json.loads(Path(args_path).read_text())
+        model_args, _data, training_args, _ft, _gen = get_train_args(arguments)
+        result = {
+            "ok": True,
+            "world_size": training_args.world_size,
+            "parallel_mode": str(training_args.parallel_mode),
+            "compute_dtype": str(model_args.compute_dtype),
+            "llamafactory": metadata.version("llamafactory"),
+        }
+    except BaseException as err:  # the parser raises ValueError, TypeError, SystemExit (argparse), ...
+        result = {"ok": False, "type": type(err).__name__, "error": str(err)}
+        try:
+            from importlib import metadata
+
+            result["llamafactory"] = metadata.version("llamafactory")
+        except Exception:
+            pass
+    result["seconds"] = round(time.monotonic() - started, 2)
+    Path(result_path).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,218 @@
+"""The training worker: LLaMA-Factory's ``run_exp`` with rocmft's callbacks, one per rank.
+
+Started as ``python -m rocmft.worker RUN_DIR`` for one process, or by torchrun (``torchrun ... -m
+rocmft.worker RUN_DIR``) once per rank; it reads only the rendered files in RUN_DIR (train.yaml and
+run.json), so a run can be repeated from its output folder alone. Secret arguments (HF_HUB_TOKEN, ...)
+are never in those files: they are taken from the worker's environment.
+
+Exit codes (rocmft.errors.ExitCode): 0 done, 4 training raised, 5 non-finite loss or gradient norm,
+143 SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .errors import ExitCode
+from .fsutil import atomic_write_json
+
+RESULT_FILE = "worker-result.json"
+
+
+class NonFiniteLoss(RuntimeError):
+    """The logged loss or gradient norm is NaN or infinite at ``step``."""
+
+    def __init__(self, step: int, key: str, value: float) -> None:
+        super().__init__(f"{key} is {value} at step {step}")
+        self.step, self.key, self.value = step, key, value
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived (BaseException, so library code catching Exception lets it through)."""
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _rocmft_callback(policy: dict[str, Any], result_path: Path):
+    """Build the TrainerCallback (imported lazily: transformers takes seconds to import)."""
+    import torch
+    from transformers import TrainerCallback
+
+    class RocmftCallback(TrainerCallback):
+        """Progress lines, the non-finite watchdog, the dtype record and the test-only NaN fault.
+
+        * one line per logging step on rank 0: step, loss, learning rate, grad norm, tokens/s (from the
+          trainer's non-padding token count), elapsed, ETA;
+        * a NaN/Inf loss or grad norm in a log raises :class:`NonFiniteLoss` (exit 5) — the template
+          turns off transformers' ``logging_nan_inf_filter``, which would otherwise hide NaN losses;
+        * at train start, the dtypes of the parameters are recorded, and a ``fp32`` policy whose
+          parameters are not all float32 stops the run (the policy must never silently not apply);
+        * ``fault_nan_at_step`` (ROCMFT_FAULT_NAN_AT_STEP, tests only) fills the weights with NaN after
+          that optimizer step, so the following loss is non-finite for real.
+        """
+
+        def __init__(self) -> None:
+            self.result: dict[str, Any] = {"status": "running", "losses": []}
+            self.started = time.monotonic()
+            self.last_time = self.started
+            self.last_tokens = 0
+
+        def _save(self, state) -> None:
+            if state.is_world_process_zero:
+                atomic_write_json(result_path, self.result)
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            dtypes = Counter(str(p.dtype).replace("torch.", "") for p in model.parameters()) if model else Counter()
+            trainable = Counter(
+                str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad
+            ) if model else Counter()  # fmt: skip
+            self.result.update(
+                parameter_dtypes=dict(dtypes), trainable_dtypes=dict(trainable), max_steps=state.max_steps,
+                world_size=args.world_size,
+            )  # fmt: skip
+            if policy["precision"]["policy"] == "fp32" and set(dtypes) - {"float32"}:
+                raise RuntimeError(
+                    f"precision policy fp32 is not in effect: parameters are {dict(dtypes)}. "
+                    "This is a rocmft bug (LLaMA-Factory changed how it picks the dtype); please report it."
+                )
+            self._save(state)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            fault = policy.get("fault_nan_at_step")
+            if fault and state.global_step == fault and model is not None:
+                with torch.no_grad():
+                    for param in model.parameters():
+                        if param.is_floating_point():
+                            param.fill_(float("nan"))
+                print(f"[rocmft] TEST FAULT: weights set to NaN after step {state.global_step}", flush=True)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            for key in ("loss", "grad_norm"):
+                value = logs.get(key)
+                if isinstance(value, (int, float)) and not math.isfinite(value):
+                    self.result.update(
+                        status="non-finite", non_finite={"step": state.global_step, "key": key, "value": str(value)}
+                    )
+                    self._save(state)
+                    raise NonFiniteLoss(state.global_step, key, value)
+            if "loss" not in logs or not state.is_world_process_zero:
+                return
+            now = time.monotonic()
+            tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+            rate = (tokens - self.last_tokens) / max(now - self.last_time, 1e-9) if tokens else float("nan")
+            self.last_time, self.last_tokens = now, tokens
+            elapsed = now - self.started
+            done = state.global_step / max(state.max_steps, 1)
+            eta = elapsed / done - elapsed if done > 0 else float("nan")
+            self.result["losses"].append({"step": state.global_step, "loss": logs["loss"]})
+            self.result.update(last_step=state.global_step, tokens_seen=tokens, elapsed_s=round(elapsed, 2))
+            self._save(state)
+            print(
+                f"[rocmft] step {state.global_step}/{state.max_steps} ({done:.0%}) loss {logs['loss']:.4f} "
+                f"lr {logs.get('learning_rate', float('nan')):.2e} grad_norm {logs.get('grad_norm', float('nan')):.3g} "
+                f"tok/s {rate:,.0f} elapsed {_fmt_duration(elapsed)} "
+                f"eta {_fmt_duration(eta) if math.isfinite(eta) else '?'}",
+                flush=True,
+            )
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.result.update(status="finished", last_step=state.global_step,
+                               elapsed_s=round(time.monotonic() - self.started, 2))  # fmt: skip
+            self._save(state)
+
+    return RocmftCallback()
+
+
+def _force_compute_dtype(dtype_name: str) -> None:
+    """Make LLaMA-Factory load the weights in ``dtype_name``.
+
+    LLaMA-Factory 0.9.5 has no training argument for the weights' dtype: ``get_train_args`` sets
+    ``model_args.compute_dtype`` only for bf16/fp16 and the loader otherwise picks bf16/fp16 itself
+    (DESIGN.md). ``run_exp`` calls ``get_train_args`` through the name bound in
+    ``llamafactory.train.tuner``; wrapping that one name sets the dtype right after parsing. The dtype
+    actually used is verified by the callback at train start, so a future LLaMA-Factory that bypasses
+    this cannot make "fp32" silently not fp32.
+    """
+    import torch
+    from llamafactory.train import tuner
+
+    parse = tuner.get_train_args
+
+    def get_train_args_with_dtype(args=None):
+        model_args, data_args, training_args, finetuning_args, generating_args = parse(args)
+        model_args.compute_dtype = getattr(torch, dtype_name)
+        return model_args, data_args, training_args, finetuning_args, generating_args
+
+    tuner.get_train_args = get_train_args_with_dtype
+
+
+def _secret_arguments() -> dict[str, str]:
+    from .lfargs import env_arguments
+
+    return {a.name: os.environ[env] for env, a in env_arguments().items() if a.secret and env in os.environ}
+
+
+def main(run_dir: str) -> int:
+    """Train from RUN_DIR/train.yaml and RUN_DIR/run.json; return the exit code."""
+    run_path = Path(run_dir)
+    policy = json.loads((run_path / "run.json").read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    result_path = run_path / RESULT_FILE
+
+    def on_signal(signum, _frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    from omegaconf import OmegaConf
+
+    arguments = OmegaConf.to_container(OmegaConf.load(run_path / "train.yaml"), resolve=True)
+    arguments.update(_secret_arguments())
+    if policy["precision"]["policy"] == "fp32":
+        _force_compute_dtype("float32")
+
+    from llamafactory.train.tuner import run_exp
+
+    callback = _rocmft_callback(policy, result_path)
+    try:
+        run_exp(args=arguments, callbacks=[callback])
+    except NonFiniteLoss as err:
+        print(
+            f"[rocmft] STOPPED: {err}. The weights or the optimizer state diverged; nothing after step "
+            f"{err.step} is trustworthy. Try: a lower LEARNING_RATE, MAX_GRAD_NORM=1.0, or "
+            "ROCMFT_PRECISION=fp32 to rule out mixed precision.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return ExitCode.NON_FINITE_LOSS
+    except Interrupted as err:
+        callback.result["status"] = f"interrupted ({err})"
+        if rank == 0:
+            atomic_write_json(result_path, callback.result)
+        print(f"[rocmft] interrupted by {err}", file=sys.stderr, flush=True)
+        return ExitCode.INTERRUPTED
+    except Exception as err:
+        traceback.print_exc()
+        callback.result.update(status="failed", error=f"{type(err).__name__}: {err}")
+        if rank == 0:
+            atomic_write_json(result_path, callback.result)
+        return ExitCode.TRAINING_FAILED
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))
