@@ -41,6 +41,12 @@ def is_secret_name(name: str) -> bool:
     return any(word in _SECRET_WORDS for word in re.split(r"[_\-.]", name.lower()))
 
 
+def type_text(annotation: Any) -> str:
+    """A short readable form of a type annotation: ``float``, ``str | None``, ``SchedulerType | str``."""
+    text = str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    return re.sub(r"\b[a-z_][a-z0-9_]*\.(?:[a-z_][a-z0-9_]*\.)*(?=[A-Z])", "", text)
+
+
 @dataclass(frozen=True)
 class LfArgument:
     """One training argument of the installed LLaMA-Factory.

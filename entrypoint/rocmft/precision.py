@@ -64,28 +64,29 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
     Raises:
         ConfigError: for rule 1 or 2, or bf16 asked for on a GPU that has no bf16.
     """
-    bf16 = _truthy(arguments.get("bf16")) or _truthy(arguments.get("pure_bf16"))
+    bf16_name = "pure_bf16" if _truthy(arguments.get("pure_bf16")) else "bf16"
+    bf16 = _truthy(arguments.get(bf16_name))
     fp16 = _truthy(arguments.get("fp16"))
     if bf16 and fp16:
         raise ConfigError(
-            f"Both bf16 ({settings.source_of('bf16')}) and fp16 ({settings.source_of('fp16')}) are enabled; "
+            f"Both bf16 ({settings.source_of(bf16_name)}) and fp16 ({settings.source_of('fp16')}) are enabled; "
             "a run trains in one of them.",
-            "Remove both and set ROCMFT_PRECISION=auto|bf16|fp16|fp32 instead.",
+            "Keep at most one of them, or remove both and set ROCMFT_PRECISION=auto|bf16|fp16|fp32.",
         )
     asked = "bf16" if bf16 else "fp16" if fp16 else None
     if "precision" in settings.explicit_rocmft:
         policy = settings.rocmft.precision
         if asked and policy != "auto" and asked != policy:
-            name = "bf16" if bf16 else "fp16"
+            name = bf16_name if bf16 else "fp16"
             raise ConfigError(
                 f"ROCMFT_PRECISION={policy} contradicts {settings.source_of(name)}=true.",
                 f"Keep one: ROCMFT_PRECISION alone is enough (remove {settings.source_of(name)}).",
             )
         reason = f"ROCMFT_PRECISION={policy}"
         if policy == "auto" and asked:
-            policy, reason = asked, f"{settings.source_of(asked)}=true"
+            policy, reason = asked, f"{settings.source_of(bf16_name if bf16 else 'fp16')}=true"
     elif asked:
-        policy, reason = asked, f"{settings.source_of(asked)}=true"
+        policy, reason = asked, f"{settings.source_of(bf16_name if bf16 else 'fp16')}=true"
     elif "bf16" in arguments and "fp16" in arguments:
         policy, reason = "fp32", "bf16 and fp16 both set to false: real fp32"
     else:

@@ -26,7 +26,15 @@ from pydantic import BeforeValidator, Field, ValidationError, create_model, fiel
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import ConfigError
-from .lfargs import LfArgument, env_arguments, is_secret_name, lf_arguments, stack_versions
+from .lfargs import (
+    NOT_FROM_ENVIRONMENT,
+    LfArgument,
+    env_arguments,
+    is_secret_name,
+    lf_arguments,
+    stack_versions,
+    type_text,
+)
 
 PREFIX = "ROCMFT_"
 
@@ -56,7 +64,9 @@ class RocmftSettings(BaseSettings):
         "renders full-shard FSDP with transformer-layer auto-wrap; any strategy but `none` launches through "
         "torchrun.",
     )
-    zero_stage: Literal[2, 3] = Field(2, description="DeepSpeed ZeRO stage (with ROCMFT_DISTRIBUTED=deepspeed).")
+    zero_stage: Annotated[Literal[2, 3], BeforeValidator(lambda v: int(v) if str(v).strip().isdigit() else v)] = Field(
+        2, description="DeepSpeed ZeRO stage (with ROCMFT_DISTRIBUTED=deepspeed)."
+    )
     offload: Literal["none", "optimizer", "optimizer+params"] = Field(
         "none",
         description="DeepSpeed CPU offload: `optimizer` moves optimizer states to CPU memory, "
@@ -175,7 +185,8 @@ TYPO_CUTOFF = 0.8
 
 
 def _is_foreign(name: str) -> bool:
-    return name in FOREIGN_NAMES or name.startswith(FOREIGN_PREFIXES)
+    owned_elsewhere = {n.upper() for n in NOT_FROM_ENVIRONMENT}
+    return name in FOREIGN_NAMES or name in owned_elsewhere or name.startswith(FOREIGN_PREFIXES)
 
 
 def _did_you_mean(name: str, candidates: list[str], cutoff: float = 0.6) -> str:
@@ -300,7 +311,7 @@ def _validation_messages(err: ValidationError, env_name: typing.Callable[[str], 
         given = item.get("input")
         expected = ""
         if name in arguments:
-            expected = f" (expected {arguments[name].annotation})".replace("typing.", "")
+            expected = f" (expected {type_text(arguments[name].annotation)})"
         messages.append(f"{env_name(name)}={given!r}: {item['msg']}{expected}")
     return messages
 

@@ -93,9 +93,13 @@ def dataset(plan) -> Outcome:
             "Set DATASET to a name in dataset_info.json or a .json/.jsonl file name.",
         )
     if not registry.source_dir.is_dir() and registry.missing:
+        names = ", ".join(repr(n) for n in registry.missing)
         return Outcome(
-            FAIL, "folder missing", f"DATASET_DIR {registry.source_dir} does not exist.",
+            FAIL, "folder missing",
+            f"data set {names} not found: DATASET_DIR {registry.source_dir} does not exist "
+            f"({plan.sources.get('dataset_dir', 'LLaMA-Factory default data/')}).",
             "Mount your data folder (compose: ./data:/data) and set DATASET_DIR to it.",
+            data={"missing": list(registry.missing), "folder": str(registry.source_dir)},
         )  # fmt: skip
     problems: list[str] = []
     if registry.info_error:

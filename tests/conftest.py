@@ -1,0 +1,96 @@
+"""Shared fixtures: the tiny model, the shared demo data, and a way to run `rocmft` as a user would.
+
+Tests run the real `rocmft` command in a child process with a clean environment (the developer's own
+ROCMFT_* and training variables removed), a private cache folder and HF_HUB_OFFLINE=1: nothing is
+downloaded, as on CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """LLaMA-Factory's demo data sets in ../shared/data (ENVIRONMENT.md)."""
+    root = Path(os.environ.get("ROCMFT_SHARED_DIR") or REPO.parent / "shared")
+    data = root / "data"
+    if not (data / "alpaca_zh_demo.json").is_file():
+        pytest.fail(f"the shared demo data is missing: expected {data}/alpaca_zh_demo.json (set ROCMFT_SHARED_DIR)")
+    return data
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One rocmft cache (tiny model, demo data) for the whole session."""
+    return tmp_path_factory.mktemp("rocmft-cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(cache_dir) -> Path:
+    """The built-in tiny Qwen2 model folder (built once per session, ~2 s)."""
+    from rocmft.demo import ensure_tiny_model
+
+    return ensure_tiny_model(cache_dir)
+
+
+def _clean_environment() -> dict[str, str]:
+    from rocmft.lfargs import env_arguments
+
+    arguments = env_arguments()
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.upper().startswith("ROCMFT_") and k.upper() not in arguments and not k.startswith("PYTEST_")
+    }
+
+
+@pytest.fixture
+def run_rocmft(tmp_path, cache_dir):
+    """Run ``rocmft <args>`` in a child process with ``env`` added to a clean environment.
+
+    Returns the CompletedProcess (stdout and stderr together in ``.stdout``). The working folder is the
+    test's tmp_path, so the default OUTPUT_DIR (saves/...) lands there.
+    """
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+        environ = _clean_environment()
+        environ.update({"ROCMFT_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+        environ.update(env or {})
+        return subprocess.run(
+            [sys.executable, "-m", "rocmft", *args],
+            cwd=tmp_path,
+            env=environ,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run
+
+
+def logged_losses(output_dir: Path) -> list[float]:
+    """The training losses LLaMA-Factory logged to trainer_log.jsonl, in order."""
+    lines = (output_dir / "trainer_log.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines if '"loss"' in line]
+
+
+def all_text_under(folder: Path) -> str:
+    """Every readable text file under ``folder`` concatenated (for leak checks)."""
+    chunks = []
+    for path in folder.rglob("*"):
+        if path.is_file() and path.stat().st_size < 5_000_000:
+            try:
+                chunks.append(path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError:
+                chunks.append(path.read_bytes().decode("latin-1"))
+    return "\n".join(chunks)

@@ -1,0 +1,54 @@
+"""The precision policy, with the device probe's result injected (the CPU cannot show a GPU's answer)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rocmft.device import DeviceFacts
+from rocmft.errors import ConfigError
+from rocmft.precision import resolve_precision
+from rocmft.settings import load_settings
+
+CPU = DeviceFacts(backend="cpu")
+# What probe_device() returns on an MI300X (gcnArchName and bf16 support as torch reports them on ROCm).
+MI300X = DeviceFacts(backend="rocm", count=8, names=["AMD Instinct MI300X"] * 8,
+                     archs=["gfx942:sramecc+:xnack-"] * 8, memory_gib=[192.0] * 8, bf16=True)  # fmt: skip
+NO_BF16_GPU = DeviceFacts(backend="rocm", count=1, names=["AMD Instinct MI100"], archs=["gfx908"], bf16=False)
+
+
+def resolve(environ, device):
+    settings = load_settings(environ)
+    return resolve_precision(settings, settings.arguments, device)
+
+
+def test_auto_is_bf16_on_a_bf16_gpu_and_fp32_on_cpu():
+    assert resolve({}, MI300X).policy == "bf16"
+    cpu = resolve({}, CPU)
+    assert (cpu.policy, cpu.compute_dtype, cpu.bf16, cpu.fp16) == ("fp32", "float32", False, False)
+    assert resolve({}, NO_BF16_GPU).policy == "fp32"  # never fp16 without being asked
+
+
+def test_explicit_flags_are_honoured():
+    assert resolve({"BF16": "true"}, MI300X).policy == "bf16"
+    assert resolve({"FP16": "1"}, MI300X).policy == "fp16"
+    both_off = resolve({"BF16": "false", "FP16": "false"}, MI300X)
+    assert both_off.policy == "fp32" and both_off.compute_dtype == "float32"  # the "fp32 that is not fp32" fix
+    assert resolve({"ROCMFT_PRECISION": "fp32"}, MI300X).compute_dtype == "float32"
+
+
+@pytest.mark.parametrize("environ", [
+    {"FP16": "true", "BF16": "true"},
+    {"FP16": "True", "PURE_BF16": "true"},
+    {"ROCMFT_PRECISION": "fp32", "BF16": "true"},
+    {"ROCMFT_PRECISION": "bf16", "FP16": "true"},
+])  # fmt: skip
+def test_contradictions_are_errors(environ):
+    with pytest.raises(ConfigError) as caught:
+        resolve(environ, MI300X)
+    for name in environ:
+        assert name in str(caught.value)
+
+
+def test_bf16_on_a_gpu_without_bf16_is_an_error():
+    with pytest.raises(ConfigError, match="MI100"):
+        resolve({"ROCMFT_PRECISION": "bf16"}, NO_BF16_GPU)

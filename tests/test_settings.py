@@ -1,0 +1,120 @@
+"""Settings: every LLaMA-Factory argument from its UPPER_SNAKE_CASE variable, typed; ROCMFT_ knobs; typos."""
+
+from __future__ import annotations
+
+import pytest
+
+from rocmft.errors import ConfigError, ExitCode
+from rocmft.lfargs import env_arguments, is_secret_name, lf_arguments
+from rocmft.settings import load_settings
+
+
+def test_arguments_come_from_the_installed_llamafactory():
+    names = lf_arguments()
+    # one from each of the five dataclasses get_train_args parses
+    for name, owner in [("model_name_or_path", "ModelArguments"), ("cutoff_len", "DataArguments"),
+                        ("learning_rate", "TrainingArguments"), ("lora_rank", "FinetuningArguments"),
+                        ("max_new_tokens", "GeneratingArguments")]:  # fmt: skip
+        assert names[name].owner == owner
+    # transformers 5 removed include_tokens_per_second: the vocabulary follows the installed version
+    assert "include_tokens_per_second" not in names
+    assert "LOCAL_RANK" not in env_arguments()  # owned by torchrun
+
+
+def test_values_are_typed_as_users_expect():
+    settings = load_settings({
+        "LEARNING_RATE": "1e-4", "BF16": "true", "NUM_TRAIN_EPOCHS": "2", "LORA_RANK": "16",
+        "REPORT_TO": "wandb,tensorboard", "LR_SCHEDULER_KWARGS": '{"min_lr": 1e-6}', "DATASET": "a,b",
+        "GRADIENT_CHECKPOINTING": "false",
+    })  # fmt: skip
+    args = settings.arguments
+    assert args["learning_rate"] == pytest.approx(1e-4) and isinstance(args["learning_rate"], float)
+    assert args["bf16"] is True and args["gradient_checkpointing"] is False
+    assert args["num_train_epochs"] == 2.0 and args["lora_rank"] == 16
+    assert args["report_to"] == ["wandb", "tensorboard"]
+    assert args["lr_scheduler_kwargs"] == {"min_lr": 1e-6}
+    assert args["dataset"] == "a,b"  # LLaMA-Factory splits data set names itself
+    assert settings.sources["learning_rate"] == "LEARNING_RATE"
+
+
+def test_a_bad_value_names_the_variable_and_the_type():
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"LEARNING_RATE": "abc"})
+    assert caught.value.code == ExitCode.CONFIG_ERROR
+    assert "LEARNING_RATE='abc'" in str(caught.value) and "float" in str(caught.value)
+
+
+def test_misspelled_rocmft_variable_gets_a_did_you_mean():
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"ROCMFT_PRECISON": "fp32"})
+    assert "ROCMFT_PRECISON" in str(caught.value) and "ROCMFT_PRECISION" in str(caught.value)
+
+
+@pytest.mark.parametrize(("variable", "suggestion"), [
+    ("INCLUDE_TOKENS_PER_SECOND", "INCLUDE_EFFECTIVE_TOKENS_PER_SECOND"),  # removed in transformers 5
+    ("EVALUATION_STRATEGY", "EVAL_STRATEGY"),  # renamed in transformers 4.46
+    ("LEARNING_RTE", "LEARNING_RATE"),
+])  # fmt: skip
+def test_removed_or_misspelled_arguments_are_errors(variable, suggestion):
+    with pytest.raises(ConfigError) as caught:
+        load_settings({variable: "true"})
+    assert variable in str(caught.value) and suggestion in str(caught.value)
+
+
+def test_other_softwares_variables_are_left_alone():
+    environ = {
+        "PATH": "/usr/bin", "HOME": "/root", "HOSTNAME": "node-1", "NODE_RANK": "0", "NNODES": "2",
+        "MASTER_ADDR": "10.0.0.1", "LOCAL_RANK": "0", "HF_HOME": "/hf", "NCCL_DEBUG": "WARN",
+        "HSA_OVERRIDE_GFX_VERSION": "11.0.0", "HIP_VISIBLE_DEVICES": "0,1", "OMP_NUM_THREADS": "8",
+        "PYTORCH_ROCM_ARCH": "gfx942", "WANDB_API_KEY": "x", "DEBUG": "1", "LANG": "C.UTF-8",
+    }  # fmt: skip
+    settings = load_settings(environ)
+    assert settings.arguments == {}
+
+
+def test_secrets_are_kept_out_of_arguments():
+    assert is_secret_name("HF_HUB_TOKEN") and is_secret_name("swanlab_api_key") and not is_secret_name("add_tokens")
+    settings = load_settings({"HF_HUB_TOKEN": "hf_abcdefgh", "LEARNING_RATE": "1e-4"})
+    assert "hf_hub_token" not in settings.arguments
+    assert settings.secrets == {"HF_HUB_TOKEN": "hf_abcdefgh"}
+    assert "hf_abcdefgh" not in str(settings.redacted())
+
+
+def test_rocmft_knobs(tmp_path):
+    settings = load_settings({"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3",
+                              "ROCMFT_SKIP_CHECKS": "disk, lengths"})  # fmt: skip
+    assert settings.rocmft.zero_stage == 3 and settings.rocmft.skip_checks == ["disk", "lengths"]
+    assert settings.explicit_rocmft == {"distributed", "zero_stage", "skip_checks"}
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"ROCMFT_OFFLOAD": "everything"})
+    assert "ROCMFT_OFFLOAD" in str(caught.value)
+
+
+def test_user_yaml_is_a_starting_point_and_environment_wins(tmp_path):
+    config = tmp_path / "my.yaml"
+    config.write_text("learning_rate: 5.0e-5\ncutoff_len: 1024\nlora_rank: 32\n")
+    settings = load_settings({"ROCMFT_CONFIG": str(config), "LORA_RANK": "8"})
+    assert settings.arguments == {"learning_rate": 5e-5, "cutoff_len": 1024, "lora_rank": 8}
+    assert settings.sources["cutoff_len"].startswith("ROCMFT_CONFIG") and settings.sources["lora_rank"] == "LORA_RANK"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("cutoff_len: 1\ncutoff_len: 2\n", "not valid YAML"),  # OmegaConf rejects duplicate keys, as LLaMA-Factory does
+    ("learning_rte: 1.0e-4\n", "learning_rate"),  # did-you-mean for a key of the installed parser
+    ("- a\n- b\n", "mapping"),
+    ("hf_hub_token: hf_x\n", "secret"),
+])  # fmt: skip
+def test_bad_user_yaml_is_refused(tmp_path, text, expected):
+    config = tmp_path / "my.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"ROCMFT_CONFIG": str(config)})
+    assert str(config) in str(caught.value) and expected in str(caught.value)
+
+
+def test_unknown_check_ids_are_refused():
+    from rocmft.checks import check_ids, validate_skip
+
+    assert {"output", "dataset", "model", "lengths", "disk"} <= set(check_ids())
+    with pytest.raises(ConfigError, match="did you mean dataset"):
+        validate_skip(["datset"])
