@@ -42,6 +42,14 @@ def tiny_model(cache_dir) -> Path:
     return ensure_tiny_model(cache_dir)
 
 
+@pytest.fixture(scope="session")
+def demo_data(cache_dir) -> Path:
+    """The built-in demo data set's folder (rocmft_demo)."""
+    from rocmft.demo import ensure_demo_data
+
+    return ensure_demo_data(cache_dir)
+
+
 def _clean_environment() -> dict[str, str]:
     from rocmft.lfargs import env_arguments
 

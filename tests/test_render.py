@@ -93,7 +93,8 @@ def test_deepspeed_configs(render_env, stage, offload, has_opt, has_param):
 
 
 @pytest.mark.parametrize(("environ", "names"), [
-    ({"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_OFFLOAD": "optimizer+params"}, ["ROCMFT_OFFLOAD", "ROCMFT_ZERO_STAGE"]),
+    ({"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_OFFLOAD": "optimizer+params"},
+     ["ROCMFT_OFFLOAD", "ROCMFT_ZERO_STAGE"]),
     ({"ROCMFT_ZERO_STAGE": "3"}, ["ROCMFT_ZERO_STAGE", "ROCMFT_DISTRIBUTED"]),
     ({"ROCMFT_DISTRIBUTED": "fsdp", "DEEPSPEED": "/x/ds.json"}, ["DEEPSPEED", "ROCMFT_DISTRIBUTED"]),
 ])  # fmt: skip

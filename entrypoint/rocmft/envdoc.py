@@ -45,9 +45,9 @@ def reference(full: bool = False) -> str:
     count = len(env_arguments())
     skipped = ", ".join(f"`{n.upper()}` ({why})" for n, why in NOT_FROM_ENVIRONMENT.items())
     parts = [
-        "### rocmft's own settings\n",
+        "### rocmft's own settings\n\n",
         rocmft_table(),
-        "\n\n### Training arguments\n",
+        "\n\n### Training arguments\n\n",
         f"Every training argument of the installed LLaMA-Factory {versions['llamafactory']} (with transformers "
         f"{versions['transformers']}) is read from the environment by its UPPER_SNAKE_CASE name — {count} of them, "
         "discovered from LLaMA-Factory's own argument dataclasses, typed by them: `MODEL_NAME_OR_PATH`, `DATASET`, "

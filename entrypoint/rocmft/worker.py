@@ -137,26 +137,40 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
 
 
 def _force_compute_dtype(dtype_name: str) -> None:
-    """Make LLaMA-Factory load the weights in ``dtype_name``.
+    """Make LLaMA-Factory load and train the weights in ``dtype_name`` (used for the fp32 policy).
 
-    LLaMA-Factory 0.9.5 has no training argument for the weights' dtype: ``get_train_args`` sets
-    ``model_args.compute_dtype`` only for bf16/fp16 and the loader otherwise picks bf16/fp16 itself
-    (DESIGN.md). ``run_exp`` calls ``get_train_args`` through the name bound in
-    ``llamafactory.train.tuner``; wrapping that one name sets the dtype right after parsing. The dtype
-    actually used is verified by the callback at train start, so a future LLaMA-Factory that bypasses
-    this cannot make "fp32" silently not fp32.
+    LLaMA-Factory 0.9.5 has no training argument for the weights' dtype (DESIGN.md): ``get_train_args``
+    sets ``model_args.compute_dtype`` only for bf16/fp16, and its loader calls ``from_pretrained`` with
+    ``torch_dtype="auto"``, which transformers 5 resolves from the config, i.e. the checkpoint's own
+    dtype — a bf16 checkpoint loads in bf16 whatever the flags say (measured: a LoRA run of a bf16
+    checkpoint with bf16 and fp16 off had 26 bf16 base tensors). So two names are wrapped, both bound
+    at module level where LLaMA-Factory calls them:
+
+    * ``llamafactory.train.tuner.get_train_args``: set ``model_args.compute_dtype`` after parsing
+      (autocast, upcasting and quantization read it);
+    * ``llamafactory.model.loader.patch_config``: set ``config.dtype`` so that ``"auto"`` resolves to it.
+
+    The dtypes actually used are verified by the worker's callback at train start, so a future
+    LLaMA-Factory that bypasses these cannot make "fp32" silently not fp32.
     """
     import torch
+    from llamafactory.model import loader
     from llamafactory.train import tuner
 
-    parse = tuner.get_train_args
+    dtype = getattr(torch, dtype_name)
+    parse, patch_config = tuner.get_train_args, loader.patch_config
 
     def get_train_args_with_dtype(args=None):
         model_args, data_args, training_args, finetuning_args, generating_args = parse(args)
-        model_args.compute_dtype = getattr(torch, dtype_name)
+        model_args.compute_dtype = dtype
         return model_args, data_args, training_args, finetuning_args, generating_args
 
+    def patch_config_with_dtype(config, *args, **kwargs):
+        patch_config(config, *args, **kwargs)
+        config.dtype = dtype
+
     tuner.get_train_args = get_train_args_with_dtype
+    loader.patch_config = patch_config_with_dtype
 
 
 def _secret_arguments() -> dict[str, str]:

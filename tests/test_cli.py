@@ -1,0 +1,113 @@
+"""The `rocmft` command as a user runs it: exit codes, messages, and what is (not) left behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rocmft.errors import ExitCode
+
+
+@pytest.mark.parametrize(("environ", "named"), [
+    ({"LEARNING_RATE": "abc"}, ["LEARNING_RATE"]),
+    ({"FP16": "true", "BF16": "true"}, ["FP16", "BF16"]),
+    ({"ROCMFT_PRECISON": "fp32"}, ["ROCMFT_PRECISON", "ROCMFT_PRECISION"]),
+    ({"INCLUDE_TOKENS_PER_SECOND": "true"}, ["INCLUDE_TOKENS_PER_SECOND"]),
+    ({"ROCMFT_SKIP_CHECKS": "disks"}, ["ROCMFT_SKIP_CHECKS", "disk"]),
+])  # fmt: skip
+@pytest.mark.parametrize("command", ["render", "train"])
+def test_configuration_errors_exit_2_and_leave_nothing(run_rocmft, tmp_path, environ, named, command):
+    output = tmp_path / "run"
+    result = run_rocmft(command, env={**environ, "OUTPUT_DIR": str(output)})
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout
+    assert "CONFIGURATION ERROR" in result.stdout
+    for name in named:
+        assert name in result.stdout
+    assert not output.exists()
+
+
+def test_parser_rejection_names_the_variable(run_rocmft, tmp_path, tiny_model):
+    # DO_PREDICT without PREDICT_WITH_GENERATE is refused by LLaMA-Factory's own parser, not by a rocmft rule
+    output = tmp_path / "run"
+    result = run_rocmft("render", env={"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "identity",
+                                       "DO_PREDICT": "true", "OUTPUT_DIR": str(output)})  # fmt: skip
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout
+    assert "rejected the configuration" in result.stdout and "predict_with_generate" in result.stdout
+    assert not output.exists()
+
+
+def test_missing_data_set_exits_3_with_only_the_check_report(run_rocmft, tmp_path, shared_data):
+    output = tmp_path / "run"
+    result = run_rocmft(
+        "check", env={"DATASET": "not_there", "DATASET_DIR": str(shared_data), "OUTPUT_DIR": str(output)}
+    )
+    assert result.returncode == ExitCode.CHECK_FAILED, result.stdout
+    assert "not_there" in result.stdout and str(shared_data) in result.stdout
+    assert sorted(p.relative_to(output).as_posix() for p in output.rglob("*")) == ["rocmft", "rocmft/checks.json"]
+    report = json.loads((output / "rocmft" / "checks.json").read_text())
+    dataset = next(c for c in report["checks"] if c["id"] == "dataset")
+    assert report["status"] == "fail" and dataset["status"] == "fail" and "not_there" in dataset["message"]
+
+
+def test_misspelled_data_set_gets_a_did_you_mean(run_rocmft, tmp_path, shared_data):
+    result = run_rocmft("check", env={"DATASET": "alpaca_zh_dmo", "DATASET_DIR": str(shared_data),
+                                      "OUTPUT_DIR": str(tmp_path / "run")})  # fmt: skip
+    assert result.returncode == ExitCode.CHECK_FAILED
+    assert "alpaca_zh_demo" in result.stdout
+
+
+def test_column_mismatch_lists_missing_and_available_keys(run_rocmft, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "mine.json").write_text(json.dumps([{"question": "q", "answer": "a"}]))
+    (data / "dataset_info.json").write_text(json.dumps({"mine": {"file_name": "mine.json"}}))
+    result = run_rocmft("check", env={"DATASET": "mine", "DATASET_DIR": str(data), "OUTPUT_DIR": str(tmp_path / "run")})
+    assert result.returncode == ExitCode.CHECK_FAILED
+    assert "lacks instruction, output" in result.stdout and "answer, question" in result.stdout
+
+
+def test_missing_model_folder_fails_the_model_check(run_rocmft, tmp_path):
+    environ = {"MODEL_NAME_OR_PATH": "/models/not-mounted", "DATASET": "rocmft_demo",
+               "OUTPUT_DIR": str(tmp_path / "run"), "ROCMFT_SKIP_CHECKS": "dataset"}  # fmt: skip
+    result = run_rocmft("check", env=environ)
+    assert result.returncode == ExitCode.CHECK_FAILED
+    assert "/models/not-mounted" in result.stdout and "Mount the model folder" in result.stdout
+
+
+def test_uncached_hub_model_offline_fails_with_what_to_do(run_rocmft, tmp_path):
+    result = run_rocmft("check", env={"MODEL_NAME_OR_PATH": "Qwen/Qwen2-7B", "DATASET": "x",
+                                      "ROCMFT_SKIP_CHECKS": "dataset", "OUTPUT_DIR": str(tmp_path / "run"),
+                                      "HF_HOME": str(tmp_path / "hf")})  # fmt: skip
+    assert result.returncode == ExitCode.CHECK_FAILED
+    assert "HF_HUB_OFFLINE" in result.stdout and "hf download" in result.stdout
+
+
+def test_deepspeed_zero3_offload_render_is_accepted_by_llamafactory(run_rocmft, tmp_path):
+    output = tmp_path / "run"
+    result = run_rocmft("render", env={"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3",
+                                       "ROCMFT_OFFLOAD": "optimizer", "OUTPUT_DIR": str(output)})  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout
+    assert "LLaMA-Factory accepted the configuration" in result.stdout
+    ds = json.loads((output / "rocmft" / "ds_config.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert not list(output.glob(".rocmft-staging-*"))
+
+
+def test_env_prints_versions_and_device(run_rocmft):
+    result = run_rocmft("env")
+    assert result.returncode == ExitCode.OK
+    facts = json.loads(result.stdout[result.stdout.index("{") :])
+    assert facts["versions"]["llamafactory"] == "0.9.5" and facts["device"]["backend"] in ("cpu", "cuda", "rocm")
+
+
+def test_readme_variable_reference_is_generated_from_the_code():
+    from pathlib import Path
+
+    from rocmft.envdoc import reference, updated_readme
+
+    repo = Path(__file__).resolve().parents[1]
+    readme = (repo / "README.md").read_text()
+    assert updated_readme(readme) == readme, "README's variable reference is stale: run `make docs`"
+    assert (repo / "docs" / "training-arguments.md").read_text() == reference(full=True), "run `make docs`"

@@ -1,0 +1,88 @@
+"""Real LLaMA-Factory training runs on the CPU with the tiny model (tens of seconds each)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from conftest import all_text_under, logged_losses
+from rocmft.errors import ExitCode
+
+pytestmark = pytest.mark.train
+SECRET = "hf_rocmftTestSecret123"
+
+
+def test_builtin_default_trains_and_leaves_a_complete_record(run_rocmft, tmp_path):
+    result = run_rocmft("train", env={"HF_TOKEN": SECRET, "HF_HUB_TOKEN": SECRET})
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:]
+    output = tmp_path / "saves" / "rocmft-demo"
+    losses = logged_losses(output)
+    assert losses[-1] <= losses[0] / 2, f"loss did not halve: {losses[0]} -> {losses[-1]}"
+    for name in ("model.safetensors", "config.json", "trainer_log.jsonl", "training_loss.png",
+                 "rocmft/train.yaml", "rocmft/checks.json", "rocmft/manifest.json", "rocmft/train.log",
+                 "rocmft/data/dataset_info.json"):  # fmt: skip
+        assert (output / name).is_file(), name
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and manifest["exit_code"] == 0
+    assert manifest["precision"]["policy"] == "fp32" and manifest["precision"]["parameter_dtypes"] == {"float32": 26}
+    assert manifest["versions"]["llamafactory"] == "0.9.5" and manifest["host"]["cpus_logical"] >= 1
+    assert {"settings", "render", "validate", "checks", "train"} <= set(manifest["timings_s"])
+    assert manifest["environment"]["HF_TOKEN"] == "<redacted>"
+    assert manifest["settings"]["secrets_given"] == ["HF_HUB_TOKEN"]
+    assert "[rocmft] step " in result.stdout and "tok/s" in result.stdout
+    assert SECRET not in all_text_under(output) and SECRET not in result.stdout
+
+
+def test_fp32_policy_really_trains_fp32_weights(run_rocmft, tmp_path, tiny_model, demo_data):
+    """DESIGN.md: with bf16 and fp16 off, LLaMA-Factory 0.9.5 loads a bf16 checkpoint in bf16 where bf16 is
+    supported (the CPU supports it); with LoRA only the adapter is then upcast, the frozen base stays bf16.
+    The fp32 policy must load fp32: proven by the dtypes of all parameters of the live model (recorded by
+    the worker at train start) and of the saved adapter. Without the policy this run exits 4 instead."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    bf16_model = tmp_path / "tiny-bf16"
+    shutil.copytree(tiny_model, bf16_model)
+    AutoModelForCausalLM.from_pretrained(tiny_model, dtype="bfloat16").save_pretrained(bf16_model)
+    output = tmp_path / "fp32"
+    result = run_rocmft("train", env={
+        "MODEL_NAME_OR_PATH": str(bf16_model), "ROCMFT_PRECISION": "fp32", "FINETUNING_TYPE": "lora",
+        "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data), "MAX_STEPS": "3", "CUTOFF_LEN": "64",
+        "OUTPUT_DIR": str(output),
+    })  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:]
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    assert set(manifest["precision"]["parameter_dtypes"]) == {"float32"}, manifest["precision"]
+    assert manifest["precision"]["compute_dtype"] == "float32"
+    with safe_open(output / "adapter_model.safetensors", "pt") as weights:
+        dtypes = {str(weights.get_tensor(name).dtype) for name in weights.keys()}  # noqa: SIM118
+    assert dtypes == {"torch.float32"}
+
+
+def test_shared_demo_data_with_lora(run_rocmft, tmp_path, tiny_model, shared_data):
+    output = tmp_path / "lora"
+    result = run_rocmft("train", env={
+        "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "alpaca_zh_demo,identity", "DATASET_DIR": str(shared_data),
+        "TEMPLATE": "qwen", "OUTPUT_DIR": str(output), "MAX_STEPS": "4", "LOGGING_STEPS": "2",
+    })  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:]
+    for name in ("adapter_model.safetensors", "adapter_config.json", "trainer_log.jsonl", "training_loss.png",
+                 "rocmft/manifest.json", "rocmft/checks.json", "rocmft/train.yaml"):  # fmt: skip
+        assert (output / name).is_file(), name
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    assert manifest["data_sets"]["identity"]["file_name"] == str(shared_data.resolve() / "identity.json")
+    assert manifest["argument_sources"]["dataset"] == "DATASET"
+    assert len(logged_losses(output)) == 2
+
+
+def test_non_finite_loss_stops_with_exit_5(run_rocmft, tmp_path):
+    output = tmp_path / "nan"
+    result = run_rocmft("train", env={"ROCMFT_FAULT_NAN_AT_STEP": "6", "OUTPUT_DIR": str(output)})
+    assert result.returncode == ExitCode.NON_FINITE_LOSS, result.stdout[-3000:]
+    assert "STOPPED" in result.stdout and "at step 10" in result.stdout  # the next logging step (every 5)
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    assert manifest["status"] == "non-finite loss" and manifest["exit_code"] == 5
+    assert manifest["worker"]["non_finite"]["step"] == 10
