@@ -111,3 +111,16 @@ def test_readme_variable_reference_is_generated_from_the_code():
     readme = (repo / "README.md").read_text()
     assert updated_readme(readme) == readme, "README's variable reference is stale: run `make docs`"
     assert (repo / "docs" / "training-arguments.md").read_text() == reference(full=True), "run `make docs`"
+
+
+def test_output_dir_under_a_file_is_a_configuration_error(run_rocmft, tmp_path):
+    (tmp_path / "afile").write_text("not a folder")
+    result = run_rocmft("render", env={"OUTPUT_DIR": str(tmp_path / "afile" / "run")})
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout
+    assert "OUTPUT_DIR" in result.stdout and "Traceback" not in result.stdout
+
+
+def test_parser_rejection_names_an_unset_variable(run_rocmft, tmp_path, tiny_model):
+    result = run_rocmft("render", env={"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(tmp_path / "run")})
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout
+    assert "dataset (not set; the variable is DATASET)" in result.stdout

@@ -118,3 +118,11 @@ def test_unknown_check_ids_are_refused():
     assert {"output", "dataset", "model", "lengths", "disk"} <= set(check_ids())
     with pytest.raises(ConfigError, match="did you mean dataset"):
         validate_skip(["datset"])
+
+
+def test_user_yaml_values_are_typed_like_variables(tmp_path):
+    config = tmp_path / "my.yaml"
+    config.write_text("learning_rate: abc\nnum_train_epochs: 2\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"ROCMFT_CONFIG": str(config)})
+    assert "learning_rate: 'abc'" in str(caught.value) and "float" in str(caught.value)

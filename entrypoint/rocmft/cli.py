@@ -44,6 +44,7 @@ class Workspace:
     def __init__(self) -> None:
         self.staging: Path | None = None
         self.created: list[Path] = []
+        self.unwritable: str | None = None  # why OUTPUT_DIR could not hold the staging folder
 
     def make_staging(self, output_dir: Path) -> Path:
         try:
@@ -51,7 +52,8 @@ class Workspace:
             output_dir.mkdir(parents=True, exist_ok=True)
             self.created = sorted(missing, key=lambda p: len(p.parts), reverse=True)
             self.staging = make_private_dir_public(Path(tempfile.mkdtemp(prefix=".rocmft-staging-", dir=output_dir)))
-        except OSError:
+        except OSError as err:
+            self.unwritable = f"{type(err).__name__}: {err.strerror or err}"
             self.staging = Path(tempfile.mkdtemp(prefix="rocmft-staging-"))
         return self.staging
 
@@ -126,6 +128,12 @@ def cmd_render(_args) -> int:
     workspace, timings = Workspace(), {}
     try:
         plan = _prepare(workspace, timings)
+        if workspace.unwritable:  # `check` and `train` report this through the output check (exit 3)
+            raise ConfigError(
+                f"OUTPUT_DIR {plan.output_dir} cannot be created or written ({workspace.unwritable}; "
+                f"{plan.sources.get('output_dir')}).",
+                "Set OUTPUT_DIR to a folder this user can write (a read-write volume in the container).",
+            )
         workspace.promote(plan.run_dir)
     except BaseException:
         workspace.discard()

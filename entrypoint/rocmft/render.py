@@ -287,7 +287,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     for name in arguments:
         if name in fixed:
             sources[name] = fixed_sources[name]
-        elif name not in sources:
+        elif name not in sources and arguments[name] is not None:
             sources[name] = TEMPLATE_SOURCE
 
     plan = Plan(

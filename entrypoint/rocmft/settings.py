@@ -142,19 +142,30 @@ def _lenient(annotation: Any):
     return coerce
 
 
+def _field_type(annotation: Any) -> Any:
+    """The pydantic type of one argument: its annotation (``str`` when pydantic cannot express it, e.g.
+    GenerationConfig objects; LLaMA-Factory parses the string), optional, read leniently (:func:`_lenient`)."""
+    from pydantic import TypeAdapter
+
+    try:
+        TypeAdapter(annotation)
+    except Exception:
+        annotation = str
+    return Annotated[annotation | None, BeforeValidator(_lenient(annotation))]
+
+
+@functools.cache
+def _adapter(name: str):
+    """A pydantic TypeAdapter for the argument ``name`` (types ROCMFT_CONFIG values like variables)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(_field_type(lf_arguments()[name].annotation))
+
+
 @functools.lru_cache(maxsize=1)
 def _training_env_model() -> type[BaseSettings]:
     """A pydantic-settings model with one optional field per training argument read from the environment."""
-    from pydantic import TypeAdapter
-
-    fields: dict[str, Any] = {}
-    for arg in env_arguments().values():
-        annotation = arg.annotation
-        try:
-            TypeAdapter(annotation)
-        except Exception:  # e.g. GenerationConfig objects: pass the string on, LLaMA-Factory parses it
-            annotation = str
-        fields[arg.name] = (Annotated[annotation | None, BeforeValidator(_lenient(annotation))], None)
+    fields = {arg.name: (_field_type(arg.annotation), None) for arg in env_arguments().values()}
     return create_model("TrainingEnvironment", __base__=_EnvBase, **fields)
 
 
@@ -253,6 +264,19 @@ def load_user_config(path: Path) -> dict[str, Any]:
         )
     names = list(lf_arguments())
     unknown = [key for key in loaded if key not in lf_arguments()]
+    if not unknown:
+        bad = []
+        for key, value in loaded.items():
+            try:
+                loaded[key] = _adapter(key).validate_python(value)
+            except ValidationError as err:
+                expected = type_text(lf_arguments()[key].annotation)
+                bad.append(f"  {key}: {value!r}: {err.errors()[0]['msg']} (expected {expected})")
+        if bad:
+            raise ConfigError(
+                f"ROCMFT_CONFIG={path} has values of the wrong type:\n" + "\n".join(bad),
+                "Give each key a value of the type shown.",
+            )
     if unknown:
         lines = [f"  {key}:{_did_you_mean(key, names)}" for key in unknown]
         raise ConfigError(

@@ -49,9 +49,19 @@ def torchrun_rank0_env(environ: dict[str, str]) -> dict[str, str]:
 
 
 def _names_in(message: str) -> list[str]:
-    """Argument names a LLaMA-Factory/transformers error message mentions (`name` or ['name'])."""
-    found = re.findall(r"`([a-z0-9_]+)`", message) + re.findall(r"'([a-z0-9_]+)'", message)
-    return list(dict.fromkeys(found))
+    """Argument names a LLaMA-Factory/transformers error message mentions: `name`, ['name'], or a bare
+    word that is an argument name ("Please specify dataset for training")."""
+    from .lfargs import lf_arguments
+
+    quoted = re.findall(r"`([a-z0-9_]+)`", message) + re.findall(r"'([a-z0-9_]+)'", message)
+    bare = [word for word in re.findall(r"[a-z][a-z0-9_]+", message) if word in lf_arguments()]
+    return list(dict.fromkeys(quoted + bare))
+
+
+def _describe(name: str, plan: Plan) -> str:
+    if plan.arguments.get(name) is not None and name in plan.sources:
+        return f"{name} (from {plan.sources[name]})"
+    return f"{name} (not set; the variable is {name.upper()})"
 
 
 def validate(plan: Plan) -> dict[str, Any]:
@@ -99,14 +109,13 @@ def validate(plan: Plan) -> dict[str, Any]:
         )
     if not result["ok"]:
         message = result["error"]
-        involved = [
-            f"{name} (from {plan.sources.get(name, 'an argument rocmft does not set')})" for name in _names_in(message)
-        ]
+        involved = [_describe(name, plan) for name in _names_in(message)]
         detail = f"\n  involved: {', '.join(involved)}" if involved else ""
         raise ConfigError(
             f"LLaMA-Factory {result.get('llamafactory', '')} rejected the configuration: "
             f"{result['type']}: {message}{detail}",
-            "Change or remove the variables named above; `rocmft render` checks again in seconds.",
+            ("Change the variables named above" if involved else "Change the settings LLaMA-Factory's message names")
+            + "; `rocmft render` checks again in seconds.",
         )
     return result
 

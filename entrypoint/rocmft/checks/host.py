@@ -318,7 +318,7 @@ def disk_estimate(plan) -> dict[str, Any] | None:
             "checkpoints_kept": kept, "total_bytes": total}  # fmt: skip
 
 
-@check("disk", "free disk space", timeout_s=15, needs=("output",))
+@check("disk", "free disk space", timeout_s=15, needs=("output", "model"))
 def disk(plan) -> Outcome:
     """Free space at OUTPUT_DIR (psutil) against :func:`disk_estimate`: fail below the final weights'
     size, warn below the whole estimate."""
