@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import ExitCode
 from .render import Plan
-from .validate import _free_port
+from .validate import free_port
 
 LOG_FILE = "train.log"
 
@@ -38,7 +38,7 @@ def worker_command(plan: Plan) -> list[str]:
         "--node_rank", os.environ.get("NODE_RANK", "0"),
         "--nproc_per_node", str(nproc),
         "--master_addr", os.environ.get("MASTER_ADDR", "127.0.0.1"),
-        "--master_port", os.environ.get("MASTER_PORT", str(_free_port())),
+        "--master_port", os.environ.get("MASTER_PORT", str(free_port())),
         *worker,
     ]  # fmt: skip
 

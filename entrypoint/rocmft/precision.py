@@ -2,8 +2,9 @@
 
 Why rocmft decides this instead of passing BF16/FP16 through: LLaMA-Factory 0.9.5 sets a compute dtype
 only for bf16/fp16; with both off its model loader picks bf16 where supported, else **fp16**, without loss
-scaling, and logs ``compute dtype: None`` (DESIGN.md, "Facts found by measurement"). So "fp32" is not
-fp32 unless the worker forces the dtype (:mod:`rocmft.worker`) — and it does, for policy ``fp32``.
+scaling, and logs ``compute dtype: None`` (DESIGN.md, "Facts found by measurement"); and it loads the
+weights with ``torch_dtype="auto"``, so a bf16 checkpoint stays bf16. So "fp32" is not fp32 unless the
+worker forces the dtype (:mod:`rocmft.worker`) — and it does, for policy ``fp32``.
 """
 
 from __future__ import annotations

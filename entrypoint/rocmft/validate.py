@@ -29,7 +29,8 @@ from .render import Plan
 TIMEOUT_S = 180
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for a one-process rendezvous)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -44,7 +45,7 @@ def torchrun_rank0_env(environ: dict[str, str]) -> dict[str, str]:
         "WORLD_SIZE": "1",
         "LOCAL_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
     }
 
 
