@@ -7,7 +7,6 @@ VENV         ?= .venv
 BIN          := $(VENV)/bin
 SHARED       ?= $(abspath ../shared)
 PYTEST_ARGS  ?=
-export ROCMFT_SHARED_DIR := $(SHARED)
 
 .DEFAULT_GOAL := help
 .PHONY: help venv train render check test lint format docs lock clean
@@ -33,7 +32,7 @@ check: venv ## render, validate and run the health checks without training
 	$(BIN)/rocmft check
 
 test: venv lint ## lint, then the whole test suite (includes real CPU training runs; ~5 min)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff (lint and format check)
 	$(BIN)/ruff check entrypoint tests
