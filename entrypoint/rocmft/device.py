@@ -55,7 +55,8 @@ def probe_device() -> DeviceFacts:
     for index in range(count):
         props = torch.cuda.get_device_properties(index)
         names.append(props.name)
-        archs.append(getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}")
+        # gcnArchName is the gfx target on ROCm; CUDA builds of torch fill it with the marketing name
+        archs.append(props.gcnArchName if hip else f"sm_{props.major}{props.minor}")
         memory.append(round(props.total_memory / 2**30, 1))
     return DeviceFacts(
         backend="rocm" if hip else "cuda",

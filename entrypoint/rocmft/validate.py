@@ -36,6 +36,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stale_extension_locks() -> list[Path]:
+    """Lock files of torch C++ extension builds (DeepSpeed JIT-compiles ops there, e.g. its CPU shm op).
+
+    A build killed mid-way leaves its ``lock`` file, and every later build of that op waits on it forever
+    (seen on our CI machines: the DeepSpeed validation hung on ``deepspeed_shm_comm/lock``).
+    """
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    return sorted(root.glob("*/*/lock")) if root.is_dir() else []
+
+
 def torchrun_rank0_env(environ: dict[str, str]) -> dict[str, str]:
     """``environ`` plus what torchrun sets for rank 0 of a one-process job on this host."""
     return {
@@ -97,10 +107,14 @@ def validate(plan: Plan) -> dict[str, Any]:
                 timeout=TIMEOUT_S,
             )
         except subprocess.TimeoutExpired as err:
+            locks = stale_extension_locks()
             raise ConfigError(
-                f"LLaMA-Factory's argument parser did not finish in {TIMEOUT_S} s.",
-                "Run `rocmft render` again; if it hangs, look for a stuck process-group setup (MASTER_ADDR).",
-            ) from err
+                f"LLaMA-Factory's argument parser did not finish in {TIMEOUT_S} s."
+                + (f" A torch extension build lock is held: {', '.join(map(str, locks))}." if locks else ""),
+                (f"If no other rocmft/DeepSpeed process is running, remove {locks[0]} (left by an interrupted "
+                 "DeepSpeed op build) and run again." if locks else
+                 "Run `rocmft render` again; if it hangs, look for a stuck process-group setup (MASTER_ADDR)."),
+            ) from err  # fmt: skip
         result = json.loads(result_path.read_text()) if result_path.is_file() else None
     if result is None:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])

@@ -1,0 +1,73 @@
+"""GPU paths, run for real on a GPU (skipped where none is visible, e.g. CI).
+
+Run on a GPU host with the offline wheelhouse (see docs/gpu-testing.md):
+``SHARED_DIR=... python3 -m pytest -m gpu tests/test_gpu.py``. torch is vendor-neutral here: on ROCm the same
+code sees AMD GPUs through the torch.cuda API and RCCL behind NCCL's name.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import logged_losses
+from rocmft.errors import ExitCode
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (torch.cuda.is_available() is False)"),
+]
+
+
+def manifest_of(output):
+    return json.loads((output / "rocmft" / "manifest.json").read_text())
+
+
+def test_builtin_default_picks_bf16_on_a_bf16_gpu_and_trains(run_rocmft, tmp_path):
+    output = tmp_path / "demo"
+    result = run_rocmft("train", env={"OUTPUT_DIR": str(output)})
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:]
+    manifest = manifest_of(output)
+    assert manifest["device"]["backend"] in ("cuda", "rocm") and manifest["device"]["bf16"] is True
+    assert manifest["precision"]["policy"] == "bf16" and manifest["arguments"]["bf16"] is True
+    losses = logged_losses(output)
+    assert losses[-1] <= losses[0] / 2, losses
+
+
+def test_fp32_policy_on_gpu_loads_a_bf16_checkpoint_in_fp32(run_rocmft, tmp_path, tiny_model, demo_data):
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    bf16_model = tmp_path / "tiny-bf16"
+    shutil.copytree(tiny_model, bf16_model)
+    AutoModelForCausalLM.from_pretrained(tiny_model, dtype="bfloat16").save_pretrained(bf16_model)
+    output = tmp_path / "fp32"
+    result = run_rocmft("train", env={
+        "MODEL_NAME_OR_PATH": str(bf16_model), "ROCMFT_PRECISION": "fp32", "DATASET": "rocmft_demo",
+        "DATASET_DIR": str(demo_data), "MAX_STEPS": "3", "CUTOFF_LEN": "64", "OUTPUT_DIR": str(output),
+    })  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:]
+    assert set(manifest_of(output)["precision"]["parameter_dtypes"]) == {"float32"}
+
+
+@pytest.mark.parametrize("strategy", [
+    {"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "2"},
+    {"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3", "ROCMFT_OFFLOAD": "optimizer"},
+    {"ROCMFT_DISTRIBUTED": "fsdp"},
+    {"ROCMFT_DISTRIBUTED": "ddp"},
+], ids=["zero2", "zero3-offload", "fsdp", "ddp"])  # fmt: skip
+def test_distributed_strategies_train_through_torchrun(run_rocmft, tmp_path, tiny_model, shared_data, strategy):
+    output = tmp_path / "dist"
+    result = run_rocmft("train", env={
+        **strategy, "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "alpaca_en_demo,identity",
+        "DATASET_DIR": str(shared_data), "MAX_STEPS": "6", "LOGGING_STEPS": "2", "CUTOFF_LEN": "512",
+        "OUTPUT_DIR": str(output), "ROCMFT_NPROC_PER_NODE": str(torch.cuda.device_count()),
+    })  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:]
+    assert "torch.distributed.run" in result.stdout
+    manifest = manifest_of(output)
+    assert manifest["launcher"] == "torchrun" and manifest["worker"]["world_size"] == torch.cuda.device_count()
+    assert len(logged_losses(output)) == 3
