@@ -24,7 +24,7 @@ from .lfargs import is_secret_name, stack_versions
 RECORDED_ENV_PREFIXES = ("ROCMFT_", "NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "GPU_", "CUDA_", "TORCH_",
                          "PYTORCH_", "HF_", "OMP_", "FORCE_TORCHRUN", "NNODES", "NODE_RANK", "NPROC_PER_NODE",
                          "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")  # fmt: skip
-BUILD_RECORD = Path(os.environ.get("ROCMFT_BUILD_RECORD_PATH", "/etc/rocmft/build.json"))
+BUILD_RECORD = Path("/etc/rocmft/build.json")  # written by rocmft.buildinfo at image build time
 
 
 def now() -> str:

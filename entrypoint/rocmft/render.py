@@ -210,24 +210,27 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         builtin = yaml.safe_load((builtin_templates() / "demo.yaml").read_text(encoding="utf-8"))
         cache = settings.rocmft.cache_dir
         builtin["model_name_or_path"] = str(ensure_tiny_model(cache))
-        if "dataset" not in settings.arguments and "dataset_dir" not in settings.arguments:
-            builtin["dataset_dir"] = str(ensure_demo_data(cache))
         layered.update(builtin)
         sources.update(dict.fromkeys(builtin, BUILTIN_SOURCE))
     layered.update(settings.arguments)
     sources.update(settings.sources)
+    if demo and "dataset" not in settings.arguments:
+        # the built-in data set, wherever DATASET_DIR points (the image presets DATASET_DIR=/data)
+        layered["dataset_dir"] = str(ensure_demo_data(settings.rocmft.cache_dir))
+        sources["dataset_dir"] = BUILTIN_SOURCE
 
     precision = resolve_precision(settings, layered, device)
     rocmft = settings.rocmft
     _check_distributed(settings, layered)
 
     output_dir = (
-        Path(layered.get("output_dir") or Path("saves") / (rocmft.run_name or default_run_name(layered, demo)))
+        Path(layered.get("output_dir") or rocmft.saves_dir / (rocmft.run_name or default_run_name(layered, demo)))
         .expanduser()
         .absolute()
     )
     if "output_dir" not in layered:
-        sources["output_dir"] = "ROCMFT_RUN_NAME" if rocmft.run_name else "rocmft's default (saves/<run name>)"
+        name = "ROCMFT_RUN_NAME" if rocmft.run_name else "<run name>"
+        sources["output_dir"] = f"rocmft's default (ROCMFT_SAVES_DIR/{name})"
     run_dir = output_dir / RUN_SUBDIR
     staging = make_staging(output_dir)
 

@@ -84,7 +84,14 @@ class RocmftSettings(BaseSettings):
         description="A folder of Jinja templates that replace the built-in ones file by file "
         "(train.yaml.j2, deepspeed.json.j2).",
     )
-    run_name: str | None = Field(None, description="Name of the run; the default OUTPUT_DIR is saves/<run name>.")
+    run_name: str | None = Field(
+        None, description="Name of the run; the default OUTPUT_DIR is ROCMFT_SAVES_DIR/<run name>."
+    )
+    saves_dir: Path = Field(
+        Path("saves"),
+        description="Where runs without an OUTPUT_DIR go, as <saves dir>/<run name> (the images set /saves, the "
+        "compose volume).",
+    )
     cache_dir: Path = Field(
         default_factory=_default_cache_dir,
         description="Where the built-in tiny model and demo data are built once and kept.",

