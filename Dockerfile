@@ -92,9 +92,14 @@ COPY entrypoint/container-entry.sh /usr/local/bin/rocmft-entry
 RUN --mount=type=cache,target=/root/.cache/pip \
     rocmft-pip install --no-deps --no-build-isolation /tmp/rocmft-src \
  && rm -rf /tmp/rocmft-src \
+ && chmod 1777 /home/rocmft \
  && ROCMFT_BASE_IMAGE="$BASE_IMAGE" ROCMFT_GIT_COMMIT="$GIT_COMMIT" ROCMFT_BUILD_DATE="$BUILD_DATE" \
     python3 -m rocmft.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json
+# HOME, USER and LOGNAME are set so that any uid works (compose runs as the host user, HOST_UID, which has
+# no /etc/passwd entry here): torch's cache paths call getpass.getuser(), which reads USER before passwd.
 ENV HOME=/home/rocmft \
+    USER=rocmft \
+    LOGNAME=rocmft \
     ROCMFT_CACHE_DIR=/cache/rocmft \
     ROCMFT_SAVES_DIR=/saves \
     DATASET_DIR=/data \

@@ -82,7 +82,7 @@ smoke: ## build the cpu image and run the built-in default through `docker compo
 	@test -O saves/rocmft-demo/rocmft/manifest.json || { echo "smoke: outputs are not owned by $$(id -un)"; exit 1; }
 	@grep -q '"status": "finished"' saves/rocmft-demo/rocmft/manifest.json && echo "smoke: passed (saves/rocmft-demo)"
 
-test: lint docker-ready ## lint, then the whole test suite: unit, CPU training, Docker build and run (~20 min cold)
+test: docker-ready lint ## lint, then the whole test suite: unit, CPU training, Docker build and run (~20 min cold)
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the GPU and cpu setups

@@ -1,0 +1,94 @@
+"""The cpu image, built and run for real with Docker and Compose (CI provisions both: `make docker-ready`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rocmft.errors import ExitCode
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    docker = pytest.importorskip("docker")
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as err:
+        pytest.fail(f"no Docker engine here ({err}); `make docker-ready` provisions one")
+    return client
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_client):
+    """`make image ARCH=cpu` (from scratch on a new machine: ~4 min; cached layers otherwise)."""
+    result = subprocess.run(["make", "image", "ARCH=cpu"], cwd=REPO, capture_output=True, text=True, timeout=3600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return docker_client.images.get("rocmft:cpu")
+
+
+@pytest.fixture
+def compose(tmp_path):
+    """Run `docker compose` on the repository's compose files with tmp_path as the project folder
+    (its ./data, ./saves and .env), a project name of its own, and `down -v` afterwards."""
+    project = f"rocmft-test-{uuid.uuid4().hex[:8]}"
+    base = ["docker", "compose", "--project-directory", str(tmp_path), "-p", project,
+            "-f", str(REPO / "compose.yaml"), "-f", str(REPO / "compose.cpu.yaml")]  # fmt: skip
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("ROCMFT_", "COMPOSE_"))}
+
+    def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+        return subprocess.run([*base, *args], env={**environ, "ARCH": "cpu", **env}, capture_output=True,
+                              text=True, timeout=1200)  # fmt: skip
+
+    yield run
+    subprocess.run([*base, "down", "-v"], env={**environ, "ARCH": "cpu"}, capture_output=True, timeout=120)
+
+
+def test_image_runs_as_non_root_and_labels_match_the_build_record(cpu_image, docker_client):
+    assert cpu_image.attrs["Config"]["User"] == "1000:1000"
+    assert docker_client.containers.run("rocmft:cpu", entrypoint=["id", "-u"], remove=True).strip() == b"1000"
+    record = json.loads(
+        docker_client.containers.run("rocmft:cpu", entrypoint=["cat", "/etc/rocmft/build.json"], remove=True)
+    )
+    labels = cpu_image.labels
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert record["arch"] == labels["io.rocmft.arch"] == "cpu"
+    assert record["rocm_version"] == labels["io.rocmft.rocm-version"] == "none"
+    assert record["git_commit"] == labels["org.opencontainers.image.revision"] == head
+    assert record["base_image"] == labels["org.opencontainers.image.base.name"] == "debian:bookworm-slim"
+    assert record["versions"]["llamafactory"] == "0.9.5" and record["versions"]["rocmft"] == labels[
+        "org.opencontainers.image.version"]  # fmt: skip
+    assert "rocmft:0.1.0-cpu" in cpu_image.tags
+
+
+def test_compose_up_train_runs_the_builtin_default_into_saves_owned_by_the_user(cpu_image, compose, tmp_path):
+    # as root (CI), act as a host user with uid/gid 4321, the way a person sets HOST_UID/HOST_GID in .env
+    uid, gid = (os.getuid(), os.getgid()) if os.getuid() != 0 else (4321, 4321)
+    for folder in ("saves", "data"):
+        (tmp_path / folder).mkdir()
+        os.chown(tmp_path / folder, uid, gid)
+    result = compose("up", "--exit-code-from", "train", "train", env={"HOST_UID": str(uid), "HOST_GID": str(gid)})
+    assert result.returncode == ExitCode.OK, (result.stdout + result.stderr)[-4000:]
+    output = tmp_path / "saves" / "rocmft-demo"
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and manifest["image"]["arch"] == "cpu"
+    assert manifest["image"]["git_commit"] == cpu_image.labels["org.opencontainers.image.revision"]
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in output.rglob("*")}
+    assert owners == {(uid, gid)}, owners
+    assert (output / "model.safetensors").is_file() and (output / "training_loss.png").is_file()
+
+
+def test_compose_run_check_with_a_broken_env_file_exits_2(cpu_image, compose, tmp_path):
+    (tmp_path / ".env").write_text("LEARNING_RATE=abc\n")
+    (tmp_path / "saves").mkdir(mode=0o777)
+    result = compose("run", "--rm", "check", env={"HOST_UID": "1000", "HOST_GID": "1000"})
+    assert result.returncode == ExitCode.CONFIG_ERROR, (result.stdout + result.stderr)[-3000:]
+    assert "LEARNING_RATE='abc'" in result.stdout + result.stderr
