@@ -52,6 +52,16 @@ def compose(tmp_path):
     subprocess.run([*base, "down", "-v"], env={**environ, "ARCH": "cpu"}, capture_output=True, timeout=120)
 
 
+def _host_user_dirs(tmp_path) -> dict[str, str]:
+    """./saves and ./data owned by the host user; as root (CI), a host user with uid/gid 4321, the way a
+    person sets HOST_UID/HOST_GID in .env. Returns those two variables."""
+    uid, gid = (os.getuid(), os.getgid()) if os.getuid() != 0 else (4321, 4321)
+    for folder in ("saves", "data"):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        os.chown(tmp_path / folder, uid, gid)
+    return {"HOST_UID": str(uid), "HOST_GID": str(gid)}
+
+
 def test_image_runs_as_non_root_and_labels_match_the_build_record(cpu_image, docker_client):
     assert cpu_image.attrs["Config"]["User"] == "1000:1000"
     assert docker_client.containers.run("rocmft:cpu", entrypoint=["id", "-u"], remove=True).strip() == b"1000"
@@ -70,12 +80,9 @@ def test_image_runs_as_non_root_and_labels_match_the_build_record(cpu_image, doc
 
 
 def test_compose_up_train_runs_the_builtin_default_into_saves_owned_by_the_user(cpu_image, compose, tmp_path):
-    # as root (CI), act as a host user with uid/gid 4321, the way a person sets HOST_UID/HOST_GID in .env
-    uid, gid = (os.getuid(), os.getgid()) if os.getuid() != 0 else (4321, 4321)
-    for folder in ("saves", "data"):
-        (tmp_path / folder).mkdir()
-        os.chown(tmp_path / folder, uid, gid)
-    result = compose("up", "--exit-code-from", "train", "train", env={"HOST_UID": str(uid), "HOST_GID": str(gid)})
+    env = _host_user_dirs(tmp_path)
+    uid, gid = int(env["HOST_UID"]), int(env["HOST_GID"])
+    result = compose("up", "--exit-code-from", "train", "train", env=env)
     assert result.returncode == ExitCode.OK, (result.stdout + result.stderr)[-4000:]
     output = tmp_path / "saves" / "rocmft-demo"
     manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
@@ -92,3 +99,23 @@ def test_compose_run_check_with_a_broken_env_file_exits_2(cpu_image, compose, tm
     result = compose("run", "--rm", "check", env={"HOST_UID": "1000", "HOST_GID": "1000"})
     assert result.returncode == ExitCode.CONFIG_ERROR, (result.stdout + result.stderr)[-3000:]
     assert "LEARNING_RATE='abc'" in result.stdout + result.stderr
+
+
+def test_compose_stop_interrupts_training_with_exit_143(cpu_image, compose, tmp_path):
+    import time
+
+    env = _host_user_dirs(tmp_path)
+    (tmp_path / ".env").write_text("NUM_TRAIN_EPOCHS=5000\n")  # the built-in default, but long enough to stop
+    assert compose("up", "-d", "train", env=env).returncode == 0
+    deadline = time.monotonic() + 300
+    while "[rocmft] step " not in compose("logs", "train", env=env).stdout:
+        assert time.monotonic() < deadline, compose("logs", "train", env=env).stdout[-3000:]
+        time.sleep(2)
+    started = time.monotonic()
+    assert compose("stop", "train", env=env).returncode == 0
+    stopped_in = time.monotonic() - started
+    state = json.loads(compose("ps", "-a", "--format", "json", "train", env=env).stdout.splitlines()[0])
+    assert state["ExitCode"] == ExitCode.INTERRUPTED, compose("logs", "train", env=env).stdout[-3000:]
+    assert stopped_in < 60  # well inside compose's stop_grace_period (2 min): rocmft stopped on SIGTERM
+    manifest = json.loads((tmp_path / "saves" / "rocmft-demo" / "rocmft" / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["exit_code"] == ExitCode.INTERRUPTED
