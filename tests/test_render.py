@@ -46,7 +46,7 @@ def test_seed_recipe_defaults(render_env):
     expected = {
         "stage": "sft", "finetuning_type": "lora", "lora_target": "all", "cutoff_len": 2048,
         "learning_rate": 1e-4, "num_train_epochs": 3.0, "per_device_train_batch_size": 2,
-        "gradient_accumulation_steps": 8, "lr_scheduler_type": "cosine", "warmup_ratio": 0.1, "plot_loss": True,
+        "gradient_accumulation_steps": 8, "lr_scheduler_type": "cosine", "warmup_steps": 0.1, "plot_loss": True,
         "logging_nan_inf_filter": False, "bf16": False, "fp16": False,
     }  # fmt: skip
     assert {k: args[k] for k in expected} == expected

@@ -68,10 +68,24 @@ class Workspace:
                 break
 
     def promote(self, run_dir: Path) -> None:
+        """Move the staged files to ``run_dir``. The record of an earlier training run there (it has a
+        manifest) is kept in ``OUTPUT_DIR/rocmft-history/<when it started>/``, never deleted."""
         from .fsutil import replace_dir
 
         assert self.staging is not None
-        replace_dir(self.staging, run_dir)
+        keep = None
+        manifest = run_dir / MANIFEST_FILE
+        if manifest.is_file():
+            try:
+                started = json.loads(manifest.read_text()).get("started_at", "")
+            except (OSError, ValueError):
+                started = ""
+            stamp = (started or time.strftime("%Y-%m-%dT%H:%M:%S")).replace(":", "")
+            keep = run_dir.parent / "rocmft-history" / stamp
+            while keep.exists():
+                keep = keep.with_name(keep.name + "-1")
+            _say(f"the earlier run's record moves to {keep}")
+        replace_dir(self.staging, run_dir, keep_old_as=keep)
         self.staging = None
 
 

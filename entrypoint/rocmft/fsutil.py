@@ -54,12 +54,13 @@ def atomic_write_json(path: Path, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
-def replace_dir(staging: Path, final: Path) -> None:
+def replace_dir(staging: Path, final: Path, keep_old_as: Path | None = None) -> None:
     """Move the fully written folder ``staging`` to ``final``, replacing an older ``final``.
 
     POSIX cannot rename a folder over a non-empty one, so the old folder is first renamed aside and
-    removed after the new one is in place: at every moment ``final`` is either the old or the new,
-    complete folder, or (for the instant between two renames) absent — never a mix.
+    removed (or, with ``keep_old_as``, moved there) after the new one is in place: at every moment
+    ``final`` is either the old or the new, complete folder, or (for the instant between two renames)
+    absent — never a mix.
     """
     old = None
     if final.exists():
@@ -67,5 +68,8 @@ def replace_dir(staging: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
     staging.rename(final)
-    if old is not None:
+    if old is not None and keep_old_as is not None:
+        keep_old_as.parent.mkdir(parents=True, exist_ok=True)
+        old.rename(keep_old_as)
+    elif old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -48,7 +48,28 @@ def output_writable(plan) -> Outcome:
             "Mount the output volume read-write and owned by this user (compose: set UID/GID to your "
             "`id -u`/`id -g`), or set OUTPUT_DIR to a writable folder.",
         )  # fmt: skip
+    if _inside_container_layer(target):
+        return Outcome(
+            WARN, "writable, not persistent",
+            f"OUTPUT_DIR {target} is inside the container's own file system: everything written there is lost "
+            "when the container is removed.",
+            "Write under a mounted volume: leave OUTPUT_DIR unset (saves/<run> is the ./saves volume) or use "
+            "saves/<name> or /saves/<name>.",
+        )  # fmt: skip
     return Outcome(PASS, "writable", f"{target}")
+
+
+def _inside_container_layer(path: Path) -> bool:
+    """In a rocmft image (its build record exists), whether ``path`` is on the container's root file system
+    rather than a volume (same device number as ``/``)."""
+    from ..manifest import BUILD_RECORD
+
+    if not BUILD_RECORD.is_file():
+        return False
+    try:
+        return path.stat().st_dev == Path("/").stat().st_dev
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------------
