@@ -39,9 +39,10 @@ COPY pyproject.toml constraints.txt /tmp/rocmft-pins/
 # torch, torchvision and torchaudio as one matching triple from the architecture's wheel index.
 RUN --mount=type=secret,id=ca_bundle --mount=type=cache,target=/root/.cache/pip \
     set -a && . /etc/rocmft/arch.env && set +a \
- && rocmft-pip install -c /tmp/rocmft-pins/constraints.txt setuptools wheel \
+ && rocmft-pip install --upgrade "setuptools>=77" wheel \
  && rocmft-pip install --index-url "$TORCH_INDEX_URL" -c /tmp/rocmft-pins/constraints.txt \
       torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0
+# (setuptools >= 77 reads the PEP 639 license string; a fresh venv may carry an older one.)
 # LLaMA-Factory and the rest of the runtime dependencies (torch above satisfies their torch pin);
 # DeepSpeed's ops for this target are compiled now (DS_BUILD_<OP>=1), so nothing JIT-compiles at run time.
 RUN --mount=type=secret,id=ca_bundle --mount=type=cache,target=/root/.cache/pip \

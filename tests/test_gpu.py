@@ -71,3 +71,22 @@ def test_distributed_strategies_train_through_torchrun(run_rocmft, tmp_path, tin
     manifest = manifest_of(output)
     assert manifest["launcher"] == "torchrun" and manifest["worker"]["world_size"] == torch.cuda.device_count()
     assert len(logged_losses(output)) == 3
+
+
+def test_check_on_all_gpus_reports_compute_and_collectives(run_rocmft, tmp_path):
+    output = tmp_path / "check"
+    result = run_rocmft("check", env={"OUTPUT_DIR": str(output)})
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:]
+    report = json.loads((output / "rocmft" / "checks.json").read_text())
+    status = {c["id"]: c for c in report["checks"]}
+    assert status["gpu-runtime"]["status"] == "pass" and status["gpu-compute"]["status"] == "pass"
+    if torch.cuda.device_count() > 1:
+        assert status["collectives"]["status"] == "pass" and "GB/s bus bandwidth" in status["collectives"]["value"]
+    print(json.dumps({k: (v["status"], v["value"], v["seconds"]) for k, v in status.items()}, indent=1))
+
+
+def test_more_processes_than_visible_gpus_fails_the_check_with_exit_3(run_rocmft, tmp_path):
+    result = run_rocmft("check", env={"OUTPUT_DIR": str(tmp_path / "c"), "ROCMFT_DISTRIBUTED": "ddp",
+                                      "ROCMFT_NPROC_PER_NODE": "2", "CUDA_VISIBLE_DEVICES": "0"})  # fmt: skip
+    assert result.returncode == ExitCode.CHECK_FAILED, result.stdout[-4000:]
+    assert "asks for 2 processes per node but 1 GPU(s) are visible" in result.stdout

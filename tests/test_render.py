@@ -20,7 +20,7 @@ CPU = DeviceFacts(backend="cpu")
 def render_env(tmp_path, cache_dir, tiny_model):
     """render(environ) -> Plan, with OUTPUT_DIR and the cache in tmp_path, the tiny model unless overridden."""
 
-    def run(environ: dict[str, str], model: bool = True):
+    def run(environ: dict[str, str], model: bool = True, device: DeviceFacts = CPU):
         base = {"ROCMFT_CACHE_DIR": str(cache_dir), "OUTPUT_DIR": str(tmp_path / "out")}
         if model:
             base["MODEL_NAME_OR_PATH"] = str(tiny_model)
@@ -31,7 +31,7 @@ def render_env(tmp_path, cache_dir, tiny_model):
             staging.mkdir(parents=True, exist_ok=True)
             return staging
 
-        return render(settings, CPU, make_staging)
+        return render(settings, device, make_staging)
 
     return run
 
@@ -155,3 +155,10 @@ def test_builtin_default_without_a_model(render_env):
     assert plan.demo and args["finetuning_type"] == "full" and args["dataset"] == "rocmft_demo"
     assert Path(args["model_name_or_path"], "config.json").is_file()
     assert plan.output_dir.name == "out"
+
+
+def test_several_visible_gpus_launch_through_torchrun(render_env):
+    # LLaMA-Factory refuses one process driving several GPUs (seen on a 2-GPU machine), so like its launcher
+    two_gpus = DeviceFacts(backend="rocm", count=2, names=["AMD Instinct MI300X"] * 2, bf16=True)
+    assert render_env({"DATASET": "identity"}, device=two_gpus).launcher == "torchrun"
+    assert render_env({"DATASET": "identity"}).launcher == "python"

@@ -111,7 +111,7 @@ def record(profile: dict[str, str]) -> dict[str, Any]:
     except Exception:
         toolkit = {}
     keys = ("ARCH", "GPU_FAMILY", "ROCM_VERSION", "PYTORCH_ROCM_ARCH", "BNB_ROCM_ARCH", "FLASH_ATTN_BACKEND",
-            "DS_BUILD_OPS_LIST", "TORCH_INDEX_URL")  # fmt: skip
+            "DS_BUILD_OPS_LIST", "TORCH_INDEX_URL", "RCCL_BUSBW_FLOOR_GBPS")  # fmt: skip
     return {
         **{key.lower(): profile.get(key, "") for key in keys},
         "base_image": os.environ.get("ROCMFT_BASE_IMAGE", "unknown"),

@@ -76,6 +76,8 @@ class Plan:
         demo: whether this is the built-in default (tiny model, demo data).
         launcher: ``"python"`` (one process) or ``"torchrun"``.
         files: name -> staged path of each rendered file.
+        probes: facts the GPU checks measured (device probe, all-reduce, the image's build record), kept
+            for the manifest; tests put probe data here instead of running a probe.
     """
 
     settings: Settings
@@ -91,6 +93,7 @@ class Plan:
     demo: bool = False
     launcher: str = "python"
     files: dict[str, Path] = field(default_factory=dict)
+    probes: dict[str, Any] = field(default_factory=dict)
 
     def staged(self, final: str | Path) -> Path:
         """Map a path under ``run_dir`` to its staged twin (used to validate before files move)."""
@@ -265,7 +268,9 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         fixed["fsdp"] = FSDP_OPTIONS
         fixed["fsdp_config"] = {**FSDP_CONFIG, **(layered.get("fsdp_config") or {})}
         fixed_sources["fsdp"] = fixed_sources["fsdp_config"] = "ROCMFT_DISTRIBUTED=fsdp"
-    if rocmft.distributed != "none" or layered.get("deepspeed"):
+    # LLaMA-Factory refuses one process driving several GPUs ("Please launch distributed training with
+    # llamafactory-cli or torchrun"); like its own launcher, more than one visible GPU means torchrun (DDP).
+    if rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1:
         launcher = "torchrun"
 
     renderer = _Renderer(layered, fixed)

@@ -61,8 +61,9 @@ class RocmftSettings(BaseSettings):
     distributed: Literal["none", "ddp", "deepspeed", "fsdp"] = Field(
         "none",
         description="Distributed strategy. `deepspeed` renders ds_config.json from the ZeRO settings; `fsdp` "
-        "renders full-shard FSDP with transformer-layer auto-wrap; any strategy but `none` launches through "
-        "torchrun.",
+        "renders full-shard FSDP with transformer-layer auto-wrap; `ddp` and `none` replicate the model. Every "
+        "strategy but `none` launches through torchrun, and so does `none` when more than one GPU is visible "
+        "(one process per GPU, as LLaMA-Factory's own launcher does).",
     )
     zero_stage: Annotated[Literal[2, 3], BeforeValidator(lambda v: int(v) if str(v).strip().isdigit() else v)] = Field(
         2, description="DeepSpeed ZeRO stage (with ROCMFT_DISTRIBUTED=deepspeed)."

@@ -65,8 +65,10 @@ def _names_in(message: str) -> list[str]:
     from .lfargs import lf_arguments
 
     quoted = re.findall(r"`([a-z0-9_]+)`", message) + re.findall(r"'([a-z0-9_]+)'", message)
-    bare = [word for word in re.findall(r"[a-z][a-z0-9_]+", message) if word in lf_arguments()]
-    return list(dict.fromkeys(quoted + bare))
+    bare = re.findall(r"[a-z][a-z0-9_]+", message)
+    # quoted unknown names are kept (a removed argument the parser rejects by name); bare words only if arguments
+    names = [n for n in quoted if n in lf_arguments() or "_" in n] + [w for w in bare if w in lf_arguments()]
+    return list(dict.fromkeys(names))
 
 
 def _describe(name: str, plan: Plan) -> str:

@@ -180,4 +180,5 @@ def print_table(results: list[CheckResult], report_path: Path | None) -> None:
 
 
 def _load_builtin_checks() -> None:
-    from . import host  # noqa: F401  (registers on import)
+    from . import host  # noqa: F401, I001  (registers on import: host checks first, then GPU checks)
+    from . import gpu  # noqa: F401

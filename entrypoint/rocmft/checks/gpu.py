@@ -1,0 +1,275 @@
+"""GPU checks: device nodes, runtime, gfx target, memory in use, compute, shared memory.
+
+The GPU facts come from :mod:`rocmft.probe` in a child process (a hard HIP error cannot kill the
+entrypoint) and are kept in ``plan.probes``; tests put probe data there instead (a fake device is data).
+What the image was built for comes from its build record (``plan.probes["image"]``, read from
+/etc/rocmft/build.json; absent outside an image).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+from pathlib import Path
+from typing import Any
+
+from . import FAIL, PASS, SKIP, WARN, Outcome, check
+
+PROBE_TIMEOUT_S = 90
+# Share of a GPU's memory in use before training that suggests a leaked or foreign process (a fresh GPU shows
+# well under 1%; ROCm/CUDA contexts of the probe itself are a few hundred MiB).
+MEMORY_IN_USE_WARN = 0.10
+# /dev/shm: NCCL/RCCL's shared-memory transport between local ranks and PyTorch's DataLoader workers both live
+# there; Docker's 64 MiB default makes them fail ("Bus error", NCCL "unhandled system error"). NCCL's docs ask for
+# --shm-size=1g or --ipc=host per container; rocmft asks 1 GiB per local process that communicates plus
+# 256 MiB per data-loader worker (a judgement for prefetch_factor 2 of padded batches).
+SHM_PER_RANK = 1 << 30
+SHM_PER_WORKER = 256 << 20
+# gfx targets that run code built for another target when HSA_OVERRIDE_GFX_VERSION says so (same ISA
+# generation; ROCm's documented workaround for unsupported consumer cards). Anything else is refused.
+GFX_OVERRIDES = {
+    "gfx1101": ("gfx1100", "11.0.0"),
+    "gfx1102": ("gfx1100", "11.0.0"),
+    "gfx1103": ("gfx1100", "11.0.0"),
+    "gfx1031": ("gfx1030", "10.3.0"),
+    "gfx1032": ("gfx1030", "10.3.0"),
+    "gfx1034": ("gfx1030", "10.3.0"),
+    "gfx1035": ("gfx1030", "10.3.0"),
+    "gfx1036": ("gfx1030", "10.3.0"),
+}
+
+
+def image_record(plan) -> dict[str, Any] | None:
+    """The running image's build record (None outside a rocmft image)."""
+    if "image" not in plan.probes:
+        from ..manifest import build_record
+
+        plan.probes["image"] = build_record()
+    return plan.probes["image"]
+
+
+def gpu_expected(plan) -> bool:
+    """Whether this run must have a GPU: inside a ROCm image, or when a distributed strategy asks for one."""
+    record = image_record(plan)
+    return bool(record and record.get("arch") not in (None, "cpu"))
+
+
+def devices_probe(plan) -> dict[str, Any]:
+    """The device probe's result (run once, in a child process, in the chosen precision)."""
+    if "devices" not in plan.probes:
+        from ..probe import run_probe
+
+        plan.probes["devices"] = run_probe(["devices", plan.precision.compute_dtype], PROBE_TIMEOUT_S)
+    return plan.probes["devices"]
+
+
+def processes_per_node(plan) -> int:
+    """Local processes the launch will start: ROCMFT_NPROC_PER_NODE / NPROC_PER_NODE for torchrun, else 1.
+    Without either, torchrun starts one per visible GPU, so it cannot ask for more than there are."""
+    if plan.launcher != "torchrun":
+        return 1
+    asked = plan.settings.rocmft.nproc_per_node or os.environ.get("NPROC_PER_NODE")
+    return int(asked) if asked else max(len(devices_probe(plan).get("gpus", [])), 1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+@check("gpu-devices", "GPU device nodes accessible", timeout_s=10)
+def gpu_devices(plan) -> Outcome:
+    """On ROCm images: /dev/kfd and every /dev/dri/renderD* exist and the running user can open them."""
+    if not gpu_expected(plan):
+        return Outcome(SKIP, "no ROCm image", "Device nodes matter only in a ROCm image.")
+    kfd = Path("/dev/kfd")
+    renders = sorted(Path("/dev/dri").glob("renderD*")) if Path("/dev/dri").is_dir() else []
+    groups = ", ".join(_group_name(g) for g in os.getgroups()) or "none"
+    if not kfd.exists() or not renders:
+        missing = " and ".join(
+            n for n, ok in (("/dev/kfd", kfd.exists()), ("/dev/dri/renderD*", bool(renders))) if not ok
+        )
+        return Outcome(
+            FAIL, "missing", f"{missing} not present in the container: no GPU was passed in.",
+            "compose: devices [/dev/kfd, /dev/dri] (compose.yaml has them; do not use compose.cpu.yaml on a GPU "
+            "node); docker run: --device /dev/kfd --device /dev/dri.",
+        )  # fmt: skip
+    denied = [node for node in [kfd, *renders] if not os.access(node, os.R_OK | os.W_OK)]
+    if denied:
+        detail = ", ".join(f"{node} (group id {node.stat().st_gid})" for node in denied)
+        gid = denied[-1].stat().st_gid
+        return Outcome(
+            FAIL, f"{len(denied)} not accessible",
+            f"uid {os.getuid()} (groups: {groups}) cannot open {detail}.",
+            f"Add the owning group: RENDER_GID={gid} in .env (compose group_add), or docker run --group-add {gid}.",
+        )  # fmt: skip
+    return Outcome(PASS, f"kfd + {len(renders)} render nodes", f"groups: {groups}")
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name}({gid})"
+    except KeyError:
+        return str(gid)
+
+
+@check("gpu-runtime", "GPU runtime and count", timeout_s=PROBE_TIMEOUT_S + 10)
+def gpu_runtime(plan) -> Outcome:
+    """torch is the build the image expects (HIP in ROCm images), GPUs are visible, and there are at least as
+    many as the processes per node the launch asks for."""
+    probe = devices_probe(plan)
+    if "error" in probe:
+        return Outcome(FAIL, "probe failed", f"The GPU probe failed: {probe['error']}.",
+                       "Run `rocmft env` for details; check the driver (dmesg) and the device nodes.")  # fmt: skip
+    record = image_record(plan) or {}
+    gpus, visible = probe.get("gpus", []), probe.get("visible", {})
+    shown = ", ".join(f"{k}={v}" for k, v in visible.items()) or "no *_VISIBLE_DEVICES set"
+    if record.get("torch_hip") and probe.get("backend") not in ("rocm",):
+        return Outcome(FAIL, f"torch {probe.get('torch')}", "This ROCm image's torch is not the HIP build.",
+                       "Rebuild the image (make image); a CUDA torch has slipped in.")  # fmt: skip
+    wanted = processes_per_node(plan)
+    if not gpus:
+        if gpu_expected(plan) or (plan.launcher == "torchrun" and plan.settings.rocmft.nproc_per_node):
+            return Outcome(
+                FAIL, "0 GPUs", f"No GPU is visible ({shown}), but this run needs {wanted}.",
+                "Pass the GPUs into the container (compose.yaml devices) and check HIP_VISIBLE_DEVICES.",
+            )  # fmt: skip
+        return Outcome(SKIP, "no GPU", "No GPU visible: training runs on the CPU.")
+    if wanted > len(gpus):
+        return Outcome(
+            FAIL, f"{len(gpus)} GPU(s) for {wanted} processes",
+            f"The launch asks for {wanted} processes per node but {len(gpus)} GPU(s) are visible ({shown}).",
+            f"Set ROCMFT_NPROC_PER_NODE (or NPROC_PER_NODE) to at most {len(gpus)}, or make more GPUs visible.",
+        )  # fmt: skip
+    names = ", ".join(sorted({g["name"] for g in gpus}))
+    return Outcome(PASS, f"{len(gpus)} GPU(s), {wanted} process(es)", f"{probe.get('backend')}: {names} ({shown})")
+
+
+@check("gpu-arch", "GPU gfx targets built for", timeout_s=10, needs=("gpu-runtime",))
+def gpu_arch(plan) -> Outcome:
+    """Each GPU's gfx target (gcnArchName without its feature flags) is one the image was built for
+    (PYTORCH_ROCM_ARCH of the build record); a close relative gets HSA_OVERRIDE_GFX_VERSION advice."""
+    record = image_record(plan) or {}
+    built = set(str(record.get("pytorch_rocm_arch", "")).replace(";", " ").split())
+    probe = devices_probe(plan)
+    if probe.get("backend") != "rocm" or not built:
+        return Outcome(SKIP, probe.get("backend", "?"), "gfx targets apply to ROCm images only.")
+    targets = sorted({g["arch"].split(":")[0] for g in probe["gpus"]})
+    foreign = [t for t in targets if t not in built]
+    if not foreign:
+        return Outcome(PASS, ", ".join(targets), f"the image was built for {', '.join(sorted(built))}")
+    override = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
+    advice = []
+    for target in foreign:
+        base, version = GFX_OVERRIDES.get(target, (None, None))
+        if base in built:
+            if override == version:
+                continue
+            advice.append(f"{target}: set HSA_OVERRIDE_GFX_VERSION={version} to run the image's {base} code")
+        else:
+            advice.append(f"{target}: no safe override; build an image for it (a docker/arch/{target}.env profile)")
+    if not advice:
+        return Outcome(
+            WARN, ", ".join(targets), f"Running {', '.join(foreign)} as {override} via HSA_OVERRIDE_GFX_VERSION."
+        )
+    message = f"The image was built for {', '.join(sorted(built))}, not {', '.join(foreign)}."
+    return Outcome(FAIL, ", ".join(targets), message,
+                   "; ".join(advice))  # fmt: skip
+
+
+@check("gpu-memory", "GPU memory already in use", timeout_s=10, needs=("gpu-runtime",))
+def gpu_memory(plan) -> Outcome:
+    """Per GPU, memory in use before the model loads above 10% of the total suggests a leaked process."""
+    busy = []
+    for gpu in devices_probe(plan)["gpus"]:
+        used = gpu["total_gib"] - gpu["free_gib"]
+        if used > MEMORY_IN_USE_WARN * gpu["total_gib"]:
+            busy.append(f"GPU {gpu['index']}: {used:.1f} of {gpu['total_gib']:.1f} GiB in use")
+    if busy:
+        return Outcome(
+            WARN,
+            f"{len(busy)} busy",
+            "; ".join(busy),
+            "Another process holds GPU memory: find it (rocm-smi --showpids, nvidia-smi) and stop it.",
+        )
+    return Outcome(PASS, "free", "every GPU has more than 90% of its memory free")
+
+
+@check("gpu-compute", "GPU matrix product correct", timeout_s=10, needs=("gpu-runtime",))
+def gpu_compute(plan) -> Outcome:
+    """Per GPU, a 1024×1024 matrix product in the run's precision is finite and within the dtype's tolerance
+    of a float64 reference (see rocmft.probe.GEMM_TOLERANCE)."""
+    from ..probe import GEMM_TOLERANCE
+
+    wrong = []
+    worst = 0.0
+    for gpu in devices_probe(plan)["gpus"]:
+        gemm = gpu["gemm"]
+        worst = max(worst, gemm["max_rel_error"])
+        if not gemm["finite"] or not gemm["max_rel_error"] <= GEMM_TOLERANCE[gemm["dtype"]]:
+            wrong.append(f"GPU {gpu['index']} ({gpu['name']}): {'non-finite' if not gemm['finite'] else 'error'} "
+                         f"{gemm['max_rel_error']:.2e} in {gemm['dtype']}")  # fmt: skip
+    if wrong:
+        return Outcome(FAIL, f"{len(wrong)} wrong", "; ".join(wrong),
+                       "Do not train on these GPUs: check the gfx target and HSA_OVERRIDE_GFX_VERSION, the driver "
+                       "and firmware; exclude a bad GPU with HIP_VISIBLE_DEVICES.")  # fmt: skip
+    return Outcome(PASS, f"max rel. error {worst:.1e}", f"{plan.precision.compute_dtype} GEMM correct on every GPU")
+
+
+@check("shm", "shared memory (/dev/shm) size", timeout_s=10)
+def shm(plan) -> Outcome:
+    """/dev/shm holds at least 1 GiB per communicating local process plus 256 MiB per data-loader worker."""
+    import psutil
+
+    if not Path("/dev/shm").is_dir():
+        return Outcome(SKIP, "no /dev/shm", "This system has no /dev/shm.")
+    size = plan.probes.get("shm_bytes") or psutil.disk_usage("/dev/shm").total
+    ranks = processes_per_node(plan) if plan.launcher == "torchrun" else 0
+    workers = int(plan.arguments.get("dataloader_num_workers") or 0) * max(ranks, 1)
+    need = ranks * SHM_PER_RANK + workers * SHM_PER_WORKER
+    value = f"{size / 2**30:.2f} GiB, need {need / 2**30:.2f} GiB"
+    if size < need:
+        message = f"/dev/shm is too small for {ranks} local process(es) and {workers} loader worker(s)."
+        return Outcome(
+            FAIL,
+            value,
+            message,
+            "compose: ipc: host (compose.yaml) or shm_size: 16gb; docker run: --ipc=host or --shm-size=16g.",
+        )
+    return Outcome(PASS, value, f"{ranks} communicating process(es), {workers} loader worker(s)")
+
+
+ALLREDUCE_MIB = 256  # large enough to measure bandwidth, not latency (nccl-tests reach their plateau by then)
+ALLREDUCE_TIMEOUT_S = 90
+HANG_CAUSES = (
+    "IOMMU not in pass-through mode (kernel: iommu=pt; amd_iommu=on iommu=pt on AMD hosts); "
+    "peer-to-peer access between the GPUs blocked (PCIe ACS, a VM without P2P; test with NCCL_P2P_DISABLE=1, "
+    "slower but it avoids P2P); /dev/shm too small (ipc: host); a firewall on the loopback rendezvous port; "
+    "NCCL_DEBUG=INFO shows where it stops."
+)
+
+
+@check("collectives", "all-reduce across local GPUs", timeout_s=ALLREDUCE_TIMEOUT_S + 20, needs=("gpu-runtime",))
+def collectives(plan) -> Outcome:
+    """With more than one GPU: an all-reduce of 256 MiB across all local GPUs (RCCL on ROCm, NCCL on CUDA), one
+    process per GPU, under a hard timeout; the result must be exact and the bus bandwidth
+    (2·S·(n−1)/n / t, nccl-tests' definition) above the architecture's floor (RCCL_BUSBW_FLOOR_GBPS)."""
+    gpus = devices_probe(plan)["gpus"]
+    if len(gpus) < 2:
+        return Outcome(SKIP, f"{len(gpus)} GPU", "Collectives need at least two GPUs.")
+    if "allreduce" not in plan.probes:
+        from ..probe import run_probe
+
+        plan.probes["allreduce"] = run_probe(["allreduce", str(len(gpus)), str(ALLREDUCE_MIB)], ALLREDUCE_TIMEOUT_S)
+    result = plan.probes["allreduce"]
+    if result.get("timed_out"):
+        return Outcome(FAIL, f"hung > {ALLREDUCE_TIMEOUT_S} s",
+                       f"An all-reduce across {len(gpus)} GPUs did not finish: training would hang at its first step.",
+                       "Usual causes: " + HANG_CAUSES)  # fmt: skip
+    if "error" in result or not result.get("correct"):
+        return Outcome(FAIL, "failed", f"The all-reduce failed: {result.get('error', 'wrong sum')}.",
+                       "Usual causes: " + HANG_CAUSES)  # fmt: skip
+    busbw = result["busbw_gbps"]
+    floor = float((image_record(plan) or {}).get("rccl_busbw_floor_gbps") or 0)
+    value = f"{busbw:.1f} GB/s bus bandwidth ({len(gpus)} GPUs, {ALLREDUCE_MIB} MiB)"
+    if busbw < floor:
+        return Outcome(WARN, value, f"Below this architecture's floor of {floor:.0f} GB/s: traffic takes a slow path.",
+                       "Check that the GPUs talk directly (rocm-smi --showtopo; NCCL_DEBUG=INFO shows the transport) "
+                       "and that NCCL_P2P_DISABLE is not set.")  # fmt: skip
+    return Outcome(PASS, value, f"{result['seconds'] * 1e3:.1f} ms per all-reduce, result exact")

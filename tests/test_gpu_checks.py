@@ -1,0 +1,118 @@
+"""GPU checks on the CPU: the probe's results are data passed in (plan.probes), shaped exactly as
+rocmft.probe reports them on a GPU host; every check's pass, warn, fail and skip path with its message."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from rocmft.checks import FAIL, PASS, SKIP, WARN
+from rocmft.checks import gpu as checks
+
+GFX942_IMAGE = {"arch": "gfx942", "pytorch_rocm_arch": "gfx942", "torch_hip": "7.1.0", "rccl_busbw_floor_gbps": "100"}
+GFX1100_IMAGE = {"arch": "gfx1100", "pytorch_rocm_arch": "gfx1100", "torch_hip": "7.1.0", "rccl_busbw_floor_gbps": "5"}
+
+
+def gpu(index=0, arch="gfx942:sramecc+:xnack-", name="AMD Instinct MI300X", total=191.98, free=191.4,
+        finite=True, error=2.5e-3, dtype="bfloat16"):  # fmt: skip
+    return {"index": index, "name": name, "arch": arch, "total_gib": total, "free_gib": free, "bf16": True,
+            "gemm": {"dtype": dtype, "finite": finite, "max_rel_error": error, "seconds": 0.02}}  # fmt: skip
+
+
+def devices(*gpus, backend="rocm", visible=None):
+    return {"backend": backend, "torch": "2.11.0+rocm7.1", "hip": "7.1.0", "cuda": None,
+            "visible": visible or {"HIP_VISIBLE_DEVICES": ",".join(str(g["index"]) for g in gpus)},
+            "gpus": list(gpus)}  # fmt: skip
+
+
+def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=0, **probes):
+    return SimpleNamespace(
+        probes={"image": image, "devices": probe if probe is not None else devices(gpu()), **probes},
+        launcher=launcher, arguments={"dataloader_num_workers": workers},
+        settings=SimpleNamespace(rocmft=SimpleNamespace(nproc_per_node=nproc)),
+        precision=SimpleNamespace(compute_dtype="bfloat16"),
+    )  # fmt: skip
+
+
+def test_runtime_passes_with_enough_gpus():
+    outcome = checks.gpu_runtime(plan(probe=devices(gpu(0), gpu(1)), launcher="torchrun", nproc=2))
+    assert outcome.status == PASS and outcome.value == "2 GPU(s), 2 process(es)"
+
+
+def test_runtime_fails_when_asked_for_more_processes_than_gpus():
+    outcome = checks.gpu_runtime(plan(probe=devices(gpu(0)), launcher="torchrun", nproc=2))
+    assert outcome.status == FAIL and "asks for 2 processes per node but 1 GPU(s)" in outcome.message
+    assert "HIP_VISIBLE_DEVICES=0" in outcome.message and "ROCMFT_NPROC_PER_NODE" in outcome.remedy
+
+
+def test_runtime_fails_without_gpus_in_a_rocm_image_and_skips_on_a_cpu_machine():
+    outcome = checks.gpu_runtime(plan(probe=devices(visible={"HIP_VISIBLE_DEVICES": ""})))
+    assert outcome.status == FAIL and "No GPU is visible (HIP_VISIBLE_DEVICES=)" in outcome.message
+    assert checks.gpu_runtime(plan(image=None, probe=devices(backend="cpu"))).status == SKIP
+
+
+def test_runtime_fails_when_the_probe_crashed_or_torch_is_not_hip():
+    crashed = checks.gpu_runtime(plan(probe={"error": "the probe exited -11: Segmentation fault", "timed_out": False}))
+    assert crashed.status == FAIL and "Segmentation fault" in crashed.message
+    cuda = checks.gpu_runtime(plan(probe=devices(gpu(), backend="cuda")))
+    assert cuda.status == FAIL and "not the HIP build" in cuda.message
+
+
+def test_arch_passes_for_the_built_target_and_advises_an_override_for_a_relative(monkeypatch):
+    assert checks.gpu_arch(plan()).status == PASS
+    monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
+    rx7800 = plan(image=GFX1100_IMAGE, probe=devices(gpu(arch="gfx1101", name="AMD Radeon RX 7800 XT")))
+    outcome = checks.gpu_arch(rx7800)
+    assert outcome.status == FAIL and "HSA_OVERRIDE_GFX_VERSION=11.0.0" in outcome.remedy
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "11.0.0")
+    assert checks.gpu_arch(rx7800).status == WARN
+
+
+def test_arch_refuses_a_target_without_a_safe_override():
+    outcome = checks.gpu_arch(plan(probe=devices(gpu(arch="gfx908:sramecc+:xnack-", name="AMD Instinct MI100"))))
+    assert outcome.status == FAIL and "no safe override" in outcome.remedy and "gfx908" in outcome.message
+
+
+def test_memory_in_use_warns_per_gpu():
+    busy = plan(probe=devices(gpu(0), gpu(1, free=120.0)))
+    outcome = checks.gpu_memory(busy)
+    assert outcome.status == WARN and "GPU 1: 72.0 of 192.0 GiB in use" in outcome.message
+    assert checks.gpu_memory(plan()).status == PASS
+
+
+@pytest.mark.parametrize(("bad", "words"), [(dict(finite=False), "non-finite"), (dict(error=0.4), "error 4.00e-01")])
+def test_compute_fails_on_wrong_results(bad, words):
+    outcome = checks.gpu_compute(plan(probe=devices(gpu(0), gpu(1, **bad))))
+    assert outcome.status == FAIL and f"GPU 1 (AMD Instinct MI300X): {words}" in outcome.message
+    assert checks.gpu_compute(plan()).status == PASS
+
+
+def test_shm_is_sized_for_ranks_and_loader_workers():
+    small = plan(probe=devices(gpu(0), gpu(1)), launcher="torchrun", workers=2, shm_bytes=64 << 20)
+    outcome = checks.shm(small)
+    assert outcome.status == FAIL and "need 3.00 GiB" in outcome.value and "ipc: host" in outcome.remedy
+    assert checks.shm(plan(launcher="torchrun", shm_bytes=16 << 30)).status == PASS
+
+
+def test_collectives_pass_warn_fail_and_skip():
+    two = devices(gpu(0), gpu(1))
+    good = {"world_size": 2, "bytes": 256 << 20, "seconds": 0.0025, "correct": True, "busbw_gbps": 107.4}
+    assert checks.collectives(plan(probe=two, allreduce=good)).status == PASS
+    slow = plan(probe=two, allreduce={**good, "busbw_gbps": 12.0})
+    assert checks.collectives(slow).status == WARN
+    hung = checks.collectives(plan(probe=two, allreduce={"error": "no answer in 90 s", "timed_out": True}))
+    assert hung.status == FAIL and "IOMMU" in hung.remedy and "NCCL_P2P_DISABLE" in hung.remedy
+    wrong = checks.collectives(plan(probe=two, allreduce={**good, "correct": False}))
+    assert wrong.status == FAIL
+    assert checks.collectives(plan()).status == SKIP
+
+
+def test_device_nodes_fail_with_the_fix_when_no_gpu_was_passed_in():
+    from pathlib import Path
+
+    if Path("/dev/kfd").exists():
+        pytest.skip("this machine has /dev/kfd")
+    outcome = checks.gpu_devices(plan())
+    assert outcome.status == FAIL and "/dev/kfd" in outcome.message and "--device /dev/kfd" in outcome.remedy
+    assert checks.gpu_devices(plan(image=None)).status == SKIP
