@@ -50,6 +50,19 @@ def demo_data(cache_dir) -> Path:
     return ensure_demo_data(cache_dir)
 
 
+@pytest.fixture
+def bf16_checkpoint(tmp_path, tiny_model) -> Path:
+    """A copy of the tiny model stored in bf16 (weights and config dtype): a bf16-native checkpoint."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "tiny-bf16"
+    shutil.copytree(tiny_model, folder)
+    AutoModelForCausalLM.from_pretrained(tiny_model, dtype="bfloat16").save_pretrained(folder)
+    return folder
+
+
 def _clean_environment() -> dict[str, str]:
     from rocmft.lfargs import env_arguments
 

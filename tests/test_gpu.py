@@ -36,17 +36,10 @@ def test_builtin_default_picks_bf16_on_a_bf16_gpu_and_trains(run_rocmft, tmp_pat
     assert losses[-1] <= losses[0] / 2, losses
 
 
-def test_fp32_policy_on_gpu_loads_a_bf16_checkpoint_in_fp32(run_rocmft, tmp_path, tiny_model, demo_data):
-    import shutil
-
-    from transformers import AutoModelForCausalLM
-
-    bf16_model = tmp_path / "tiny-bf16"
-    shutil.copytree(tiny_model, bf16_model)
-    AutoModelForCausalLM.from_pretrained(tiny_model, dtype="bfloat16").save_pretrained(bf16_model)
+def test_fp32_policy_on_gpu_loads_a_bf16_checkpoint_in_fp32(run_rocmft, tmp_path, bf16_checkpoint, demo_data):
     output = tmp_path / "fp32"
     result = run_rocmft("train", env={
-        "MODEL_NAME_OR_PATH": str(bf16_model), "ROCMFT_PRECISION": "fp32", "DATASET": "rocmft_demo",
+        "MODEL_NAME_OR_PATH": str(bf16_checkpoint), "ROCMFT_PRECISION": "fp32", "DATASET": "rocmft_demo",
         "DATASET_DIR": str(demo_data), "MAX_STEPS": "3", "CUTOFF_LEN": "64", "OUTPUT_DIR": str(output),
     })  # fmt: skip
     assert result.returncode == ExitCode.OK, result.stdout[-4000:]

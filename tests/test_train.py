@@ -35,21 +35,14 @@ def test_builtin_default_trains_and_leaves_a_complete_record(run_rocmft, tmp_pat
     assert SECRET not in all_text_under(output) and SECRET not in result.stdout
 
 
-def test_fp32_policy_really_trains_fp32_weights(run_rocmft, tmp_path, tiny_model, demo_data):
+def test_fp32_policy_really_trains_fp32_weights(run_rocmft, tmp_path, bf16_checkpoint, demo_data):
     """DESIGN.md: with bf16 and fp16 off, LLaMA-Factory 0.9.5 loads a bf16 checkpoint in bf16 where bf16 is
     supported (the CPU supports it); with LoRA only the adapter is then upcast, the frozen base stays bf16.
     The fp32 policy must load fp32: proven by the dtypes of all parameters of the live model (recorded by
     the worker at train start) and of the saved adapter. Without the policy this run exits 4 instead."""
-    import shutil
-
-    from transformers import AutoModelForCausalLM
-
-    bf16_model = tmp_path / "tiny-bf16"
-    shutil.copytree(tiny_model, bf16_model)
-    AutoModelForCausalLM.from_pretrained(tiny_model, dtype="bfloat16").save_pretrained(bf16_model)
     output = tmp_path / "fp32"
     result = run_rocmft("train", env={
-        "MODEL_NAME_OR_PATH": str(bf16_model), "ROCMFT_PRECISION": "fp32", "FINETUNING_TYPE": "lora",
+        "MODEL_NAME_OR_PATH": str(bf16_checkpoint), "ROCMFT_PRECISION": "fp32", "FINETUNING_TYPE": "lora",
         "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data), "MAX_STEPS": "3", "CUTOFF_LEN": "64",
         "OUTPUT_DIR": str(output),
     })  # fmt: skip

@@ -89,10 +89,7 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if code == 0:
-        return ExitCode.OK
-    if code in (ExitCode.NON_FINITE_LOSS, ExitCode.INTERRUPTED) or (code < 0 and interrupted):
-        return ExitCode(code) if code > 0 else ExitCode.INTERRUPTED
-    if interrupted:
-        return ExitCode.INTERRUPTED
-    return ExitCode.TRAINING_FAILED
+    if code in (ExitCode.OK, ExitCode.NON_FINITE_LOSS, ExitCode.INTERRUPTED):
+        return ExitCode(code)
+    # killed by the forwarded signal before its handler ran (negative code), or torchrun's own exit on it
+    return ExitCode.INTERRUPTED if interrupted else ExitCode.TRAINING_FAILED

@@ -28,7 +28,6 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from .errors import ConfigError
 from .lfargs import (
     NOT_FROM_ENVIRONMENT,
-    LfArgument,
     env_arguments,
     is_secret_name,
     lf_arguments,
@@ -428,16 +427,10 @@ class _Scoped:
             os.environ.update(self.saved)
 
 
-def argument_for_env(name: str) -> LfArgument | None:
-    """The training argument an environment variable sets, if any."""
-    return env_arguments().get(name.upper())
-
-
 __all__ = [
     "PREFIX",
     "RocmftSettings",
     "Settings",
-    "argument_for_env",
     "is_secret_name",
     "load_settings",
     "load_user_config",
