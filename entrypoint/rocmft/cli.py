@@ -92,7 +92,7 @@ class Workspace:
 def _prepare(workspace: Workspace, timings: dict[str, float]):
     """Settings → render → validate. Returns the plan, staged."""
     from .checks import validate_skip
-    from .device import probe_device
+    from .device import probe_device, probe_devices_raw
     from .render import render
     from .settings import load_settings
     from .validate import validate
@@ -105,6 +105,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float]):
 
     started = time.monotonic()
     plan = render(settings, device, workspace.make_staging)
+    plan.probes["devices"] = probe_devices_raw()
     timings["render"] = time.monotonic() - started
     _say(f"precision: {plan.precision.policy} ({plan.precision.reason})")
 

@@ -41,29 +41,37 @@ class DeviceFacts:
         return asdict(self)
 
 
-@functools.lru_cache(maxsize=1)
-def probe_device() -> DeviceFacts:
-    """Probe the visible accelerators once per process (importing torch takes ~2 s)."""
-    import torch
+PROBE_TIMEOUT_S = 90
 
-    hip = getattr(torch.version, "hip", None)
-    common = {"torch_version": torch.__version__, "hip_version": hip, "cuda_version": torch.version.cuda}
-    if not torch.cuda.is_available():
-        return DeviceFacts(backend="cpu", **common)
-    count = torch.cuda.device_count()
-    names, archs, memory = [], [], []
-    for index in range(count):
-        props = torch.cuda.get_device_properties(index)
-        names.append(props.name)
-        # gcnArchName is the gfx target on ROCm; CUDA builds of torch fill it with the marketing name
-        archs.append(props.gcnArchName if hip else f"sm_{props.major}{props.minor}")
-        memory.append(round(props.total_memory / 2**30, 1))
+
+@functools.lru_cache(maxsize=1)
+def probe_devices_raw() -> dict:
+    """The device probe's JSON (:mod:`rocmft.probe`, run once per process in a child process, hard timeout).
+
+    On a probe failure: ``{"error": ..., "timed_out": ...}`` — the ``gpu-runtime`` check reports it.
+    """
+    from .probe import run_probe
+
+    return run_probe(["devices"], PROBE_TIMEOUT_S)
+
+
+def facts_from_probe(raw: dict) -> DeviceFacts:
+    """:class:`DeviceFacts` from the device probe's JSON; a failed probe reads as no usable GPU."""
+    gpus = raw.get("gpus", [])
     return DeviceFacts(
-        backend="rocm" if hip else "cuda",
-        count=count,
-        names=names,
-        archs=archs,
-        memory_gib=memory,
-        bf16=bool(torch.cuda.is_bf16_supported()),
-        **common,
+        backend=raw.get("backend", "cpu") if gpus or "error" not in raw else "cpu",
+        count=len(gpus),
+        names=[g["name"] for g in gpus],
+        archs=[g["arch"] for g in gpus],
+        memory_gib=[g["total_gib"] for g in gpus],
+        bf16=bool(gpus) and all(g["bf16"] for g in gpus),
+        torch_version=raw.get("torch", ""),
+        hip_version=raw.get("hip"),
+        cuda_version=raw.get("cuda"),
     )
+
+
+def probe_device() -> DeviceFacts:
+    """The visible accelerators, probed in a child process: the entrypoint never opens a GPU context itself
+    (it would hold memory on GPU 0 for the whole run, beside the training processes)."""
+    return facts_from_probe(probe_devices_raw())

@@ -1,7 +1,9 @@
 """GPU probes, run in a child process so that a hard HIP/CUDA error cannot kill the entrypoint.
 
-``python -m rocmft.probe devices DTYPE``: every visible GPU's name, gfx target (``gcnArchName`` on ROCm),
-memory, bf16 support, and a DTYPE matrix product checked against a float64 reference; JSON on stdout.
+``python -m rocmft.probe devices``: every visible GPU's name, gfx target (``gcnArchName`` on ROCm), memory,
+bf16 support, and a matrix product in each training dtype the GPU supports (bf16, fp16, fp32) checked against a
+float64 reference; JSON on stdout. This is the only place rocmft touches a GPU before training: the entrypoint
+itself never opens a GPU context (which would hold memory on GPU 0 for the whole run).
 
 ``python -m rocmft.probe allreduce NPROC MIB``: an all-reduce of MIB MiB across NPROC local GPUs through
 torch.distributed (RCCL on ROCm, NCCL on CUDA), one process per GPU; JSON with the bus bandwidth, computed as
@@ -28,7 +30,7 @@ GEMM_SIZE = 1024
 GEMM_TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-4}
 
 
-def _devices(dtype_name: str) -> dict[str, Any]:
+def _devices() -> dict[str, Any]:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in the reference comparison
@@ -46,27 +48,32 @@ def _devices(dtype_name: str) -> dict[str, Any]:
     }
     if not torch.cuda.is_available():
         return out
-    dtype = getattr(torch, dtype_name)
+    bf16 = bool(torch.cuda.is_bf16_supported())
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=generator).to(dtype)
-    b = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=generator).to(dtype)
-    reference = a.double() @ b.double()
+    a32 = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=generator)
+    b32 = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=generator)
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
         free, total = torch.cuda.mem_get_info(index)
-        started = time.monotonic()
-        result = (a.to(f"cuda:{index}") @ b.to(f"cuda:{index}")).double().cpu()
-        torch.cuda.synchronize(index)
-        error = float((result - reference).abs().max() / reference.abs().max())
+        gemm = {}
+        for name in ("bfloat16", "float16", "float32") if bf16 else ("float16", "float32"):
+            dtype = getattr(torch, name)
+            a, b = a32.to(dtype), b32.to(dtype)
+            reference = a.double() @ b.double()
+            started = time.monotonic()
+            result = (a.to(f"cuda:{index}") @ b.to(f"cuda:{index}")).double().cpu()
+            torch.cuda.synchronize(index)
+            error = float((result - reference).abs().max() / reference.abs().max())
+            gemm[name] = {"finite": bool(torch.isfinite(result).all()), "max_rel_error": error,
+                          "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
         out["gpus"].append({
             "index": index,
             "name": props.name,
             "arch": props.gcnArchName if torch.version.hip else f"sm_{props.major}{props.minor}",
             "total_gib": round(total / 2**30, 2),
             "free_gib": round(free / 2**30, 2),
-            "bf16": bool(torch.cuda.is_bf16_supported()),
-            "gemm": {"dtype": dtype_name, "finite": bool(torch.isfinite(result).all()), "max_rel_error": error,
-                     "seconds": round(time.monotonic() - started, 3)},
+            "bf16": bf16,
+            "gemm": gemm,
         })  # fmt: skip
     return out
 
@@ -137,7 +144,7 @@ def run_probe(args: list[str], timeout_s: float) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     """Entry of the child process; prints one JSON line."""
     if argv[0] == "devices":
-        print(json.dumps(_devices(argv[1])))
+        print(json.dumps(_devices()))
     elif argv[0] == "allreduce":
         print(json.dumps(_allreduce(int(argv[1]), int(argv[2]))))
     else:

@@ -15,7 +15,6 @@ from typing import Any
 
 from . import FAIL, PASS, SKIP, WARN, Outcome, check
 
-PROBE_TIMEOUT_S = 90
 # Share of a GPU's memory in use before training that suggests a leaked or foreign process (a fresh GPU shows
 # well under 1%; ROCm/CUDA contexts of the probe itself are a few hundred MiB).
 MEMORY_IN_USE_WARN = 0.10
@@ -55,11 +54,12 @@ def gpu_expected(plan) -> bool:
 
 
 def devices_probe(plan) -> dict[str, Any]:
-    """The device probe's result (run once, in a child process, in the chosen precision)."""
+    """The device probe's result: the same child-process probe that told the precision policy about the GPUs
+    (rocmft.device.probe_devices_raw), kept in plan.probes."""
     if "devices" not in plan.probes:
-        from ..probe import run_probe
+        from ..device import probe_devices_raw
 
-        plan.probes["devices"] = run_probe(["devices", plan.precision.compute_dtype], PROBE_TIMEOUT_S)
+        plan.probes["devices"] = probe_devices_raw()
     return plan.probes["devices"]
 
 
@@ -109,7 +109,7 @@ def _group_name(gid: int) -> str:
         return str(gid)
 
 
-@check("gpu-runtime", "GPU runtime and count", timeout_s=PROBE_TIMEOUT_S + 10)
+@check("gpu-runtime", "GPU runtime and count", timeout_s=100)
 def gpu_runtime(plan) -> Outcome:
     """torch is the build the image expects (HIP in ROCm images), GPUs are visible, and there are at least as
     many as the processes per node the launch asks for."""
@@ -197,19 +197,23 @@ def gpu_compute(plan) -> Outcome:
     of a float64 reference (see rocmft.probe.GEMM_TOLERANCE)."""
     from ..probe import GEMM_TOLERANCE
 
+    dtype = plan.precision.compute_dtype
     wrong = []
     worst = 0.0
     for gpu in devices_probe(plan)["gpus"]:
-        gemm = gpu["gemm"]
+        gemm = gpu["gemm"].get(dtype)
+        if gemm is None:
+            wrong.append(f"GPU {gpu['index']} ({gpu['name']}): no {dtype} support")
+            continue
         worst = max(worst, gemm["max_rel_error"])
-        if not gemm["finite"] or not gemm["max_rel_error"] <= GEMM_TOLERANCE[gemm["dtype"]]:
+        if not gemm["finite"] or not gemm["max_rel_error"] <= GEMM_TOLERANCE[dtype]:
             wrong.append(f"GPU {gpu['index']} ({gpu['name']}): {'non-finite' if not gemm['finite'] else 'error'} "
-                         f"{gemm['max_rel_error']:.2e} in {gemm['dtype']}")  # fmt: skip
+                         f"{gemm['max_rel_error']:.2e} in {dtype}")  # fmt: skip
     if wrong:
         return Outcome(FAIL, f"{len(wrong)} wrong", "; ".join(wrong),
                        "Do not train on these GPUs: check the gfx target and HSA_OVERRIDE_GFX_VERSION, the driver "
                        "and firmware; exclude a bad GPU with HIP_VISIBLE_DEVICES.")  # fmt: skip
-    return Outcome(PASS, f"max rel. error {worst:.1e}", f"{plan.precision.compute_dtype} GEMM correct on every GPU")
+    return Outcome(PASS, f"max rel. error {worst:.1e}", f"{dtype} GEMM correct on every GPU")
 
 
 @check("shm", "shared memory (/dev/shm) size", timeout_s=10)
