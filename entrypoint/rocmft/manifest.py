@@ -91,6 +91,7 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "image": build_record(),
         "host": host_facts(),
         "device": plan.device.as_dict(),
+        "gpu_probes": {k: v for k, v in plan.probes.items() if k != "image"},
         "launcher": plan.launcher,
         "demo": plan.demo,
         "settings": plan.settings.redacted(),
