@@ -32,8 +32,12 @@ def devices(*gpus, backend="rocm", visible=None):
 
 
 def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=0, **probes):
+    from rocmft.device import facts_from_probe
+
+    probe = probe if probe is not None else devices(gpu())
     return SimpleNamespace(
-        probes={"image": image, "devices": probe if probe is not None else devices(gpu()), **probes},
+        probes={"image": image, "devices": probe, **probes},
+        device=facts_from_probe(probe),
         launcher=launcher, arguments={"dataloader_num_workers": workers},
         settings=SimpleNamespace(rocmft=SimpleNamespace(nproc_per_node=nproc)),
         precision=SimpleNamespace(compute_dtype="bfloat16"),

@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 DATA_FILE_SUFFIXES = (".json", ".jsonl")
+# LLaMA-Factory's default alpaca columns (DatasetAttr in llamafactory/data/parser.py): role -> column name
+ALPACA_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output", "system": "system",
+                  "history": "history"}  # fmt: skip
 HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
 
 
@@ -107,11 +110,7 @@ def detect_entry(path: Path) -> dict[str, Any]:
                 "assistant_tag": "assistant", "system_tag": "system",
             }  # fmt: skip
     else:
-        columns = {}
-        for column in ("instruction", "input", "output", "system", "history"):
-            if column in record:
-                columns["prompt" if column == "instruction" else "query" if column == "input" else
-                        "response" if column == "output" else column] = column  # fmt: skip
+        columns = {role: column for role, column in ALPACA_COLUMNS.items() if column in record}
     if "chosen" in record and "rejected" in record:
         entry["ranking"] = True
         columns.update({"chosen": "chosen", "rejected": "rejected"})

@@ -20,23 +20,30 @@ from .validate import free_port
 LOG_FILE = "train.log"
 
 
+def processes_per_node(plan: Plan) -> int:
+    """Local processes the launch starts: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else
+    NPROC_PER_NODE, else one per visible GPU (at least one)."""
+    if plan.launcher != "torchrun":
+        return 1
+    asked = plan.settings.rocmft.nproc_per_node or os.environ.get("NPROC_PER_NODE")
+    return int(asked) if asked else max(plan.device.count, 1)
+
+
 def worker_command(plan: Plan) -> list[str]:
     """The command line that starts the worker(s) for ``plan``.
 
     One process: ``python -m rocmft.worker RUN_DIR``. Otherwise torchrun (``python -m torch.distributed.run``)
     with LLaMA-Factory's launcher conventions: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT from the
-    environment, processes per node from ROCMFT_NPROC_PER_NODE or NPROC_PER_NODE, else one per visible
-    GPU (at least one).
+    environment, processes per node from :func:`processes_per_node`.
     """
     worker = ["-m", "rocmft.worker", str(plan.run_dir)]
     if plan.launcher != "torchrun":
         return [sys.executable, *worker]
-    nproc = plan.settings.rocmft.nproc_per_node or int(os.environ.get("NPROC_PER_NODE") or max(plan.device.count, 1))
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", os.environ.get("NNODES", "1"),
         "--node_rank", os.environ.get("NODE_RANK", "0"),
-        "--nproc_per_node", str(nproc),
+        "--nproc_per_node", str(processes_per_node(plan)),
         "--master_addr", os.environ.get("MASTER_ADDR", "127.0.0.1"),
         "--master_port", os.environ.get("MASTER_PORT", str(free_port())),
         *worker,

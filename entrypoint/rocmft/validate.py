@@ -91,9 +91,8 @@ def validate(plan: Plan) -> dict[str, Any]:
             (or ROCMFT_CONFIG keys) involved.
     """
     arguments = dict(plan.arguments)
-    for key in ("deepspeed",):
-        if isinstance(arguments.get(key), str):
-            arguments[key] = str(plan.staged(arguments[key]))
+    if isinstance(arguments.get("deepspeed"), str):  # the ds_config is still in the staging folder
+        arguments["deepspeed"] = str(plan.staged(arguments["deepspeed"]))
     environ = {k: v for k, v in os.environ.items() if k not in plan.settings.secrets}
     if plan.launcher == "torchrun":
         environ = torchrun_rank0_env(environ)

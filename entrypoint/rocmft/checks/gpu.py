@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..launch import processes_per_node
 from . import FAIL, PASS, SKIP, WARN, Outcome, check
 
 # Share of a GPU's memory in use before training that suggests a leaked or foreign process (a fresh GPU shows
@@ -61,15 +62,6 @@ def devices_probe(plan) -> dict[str, Any]:
 
         plan.probes["devices"] = probe_devices_raw()
     return plan.probes["devices"]
-
-
-def processes_per_node(plan) -> int:
-    """Local processes the launch will start: ROCMFT_NPROC_PER_NODE / NPROC_PER_NODE for torchrun, else 1.
-    Without either, torchrun starts one per visible GPU, so it cannot ask for more than there are."""
-    if plan.launcher != "torchrun":
-        return 1
-    asked = plan.settings.rocmft.nproc_per_node or os.environ.get("NPROC_PER_NODE")
-    return int(asked) if asked else max(len(devices_probe(plan).get("gpus", [])), 1)
 
 
 # ---------------------------------------------------------------------------------------------------------

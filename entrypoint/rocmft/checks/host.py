@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..datasets import available_names, read_records
+from ..datasets import ALPACA_COLUMNS, available_names, read_records
 from . import FAIL, PASS, SKIP, WARN, Outcome, check
 
 # Share of samples longer than cutoff_len above which the length check warns: LLaMA-Factory truncates
@@ -76,9 +76,11 @@ def _inside_container_layer(path: Path) -> bool:
 def _required_columns(entry: dict[str, Any]) -> list[str]:
     columns = entry.get("columns", {})
     if entry.get("formatting", "alpaca") == "alpaca":
-        needed = [columns.get("prompt", "instruction")]
+        needed = [columns.get("prompt", ALPACA_COLUMNS["prompt"])]
         needed += (
-            [columns["chosen"], columns["rejected"]] if entry.get("ranking") else [columns.get("response", "output")]
+            [columns["chosen"], columns["rejected"]]
+            if entry.get("ranking")
+            else [columns.get("response", ALPACA_COLUMNS["response"])]
         )
         return needed
     needed = [columns.get("messages", "conversations")]
@@ -91,10 +93,7 @@ def _texts(record: dict[str, Any], entry: dict[str, Any]) -> str:
     """The trainable text of a record (prompt and response contents, without chat markup)."""
     columns = entry.get("columns", {})
     if entry.get("formatting", "alpaca") == "alpaca":
-        keys = [
-            columns.get(k, d)
-            for k, d in (("prompt", "instruction"), ("query", "input"), ("response", "output"), ("system", "system"))
-        ]
+        keys = [columns.get(role, ALPACA_COLUMNS[role]) for role in ("prompt", "query", "response", "system")]
         return "\n".join(str(record.get(k) or "") for k in keys)
     content = entry.get("tags", {}).get("content_tag", "value")
     turns = record.get(columns.get("messages", "conversations")) or []
