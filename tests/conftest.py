@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """LLaMA-Factory's demo data sets in ../shared/data (ENVIRONMENT.md)."""
-    root = Path(os.environ.get("SHARED_DIR") or REPO.parent / "shared")
+    root = Path(os.environ.get("SHARED_DIR") or REPO.parent / "shared").resolve()  # tests run in other folders
     data = root / "data"
     if not (data / "alpaca_zh_demo.json").is_file():
         pytest.fail(f"the shared demo data is missing: expected {data}/alpaca_zh_demo.json (set SHARED_DIR)")

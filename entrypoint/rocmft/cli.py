@@ -91,8 +91,10 @@ class Workspace:
 
 def _prepare(workspace: Workspace, timings: dict[str, float]):
     """Settings → render → validate. Returns the plan, staged."""
+    from .device import facts_from_probe, probe_devices_raw, start_probes
+
+    start_probes()  # GPU probes in child processes, running while the settings import LLaMA-Factory
     from .checks import validate_skip
-    from .device import probe_device, probe_devices_raw
     from .render import render
     from .settings import load_settings
     from .validate import validate
@@ -100,8 +102,11 @@ def _prepare(workspace: Workspace, timings: dict[str, float]):
     started = time.monotonic()
     settings = load_settings()
     validate_skip(settings.rocmft.skip_checks)
-    device = probe_device()
     timings["settings"] = time.monotonic() - started
+
+    started = time.monotonic()
+    device = facts_from_probe(probe_devices_raw())
+    timings["device probe"] = time.monotonic() - started
 
     started = time.monotonic()
     plan = render(settings, device, workspace.make_staging)
@@ -167,8 +172,8 @@ def cmd_check(_args) -> int:
     except BaseException:
         workspace.discard()
         raise
-    _say(f"checks passed in {sum(timings.values()):.1f} s (settings {timings['settings']:.1f}, render "
-         f"{timings['render']:.1f}, validate {timings['validate']:.1f}, checks {timings['checks']:.1f})")  # fmt: skip
+    parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timings.items())
+    _say(f"checks passed in {sum(timings.values()):.1f} s ({parts})")
     return ExitCode.OK
 
 

@@ -5,11 +5,17 @@ bf16 support, and a matrix product in each training dtype the GPU supports (bf16
 float64 reference; JSON on stdout. This is the only place rocmft touches a GPU before training: the entrypoint
 itself never opens a GPU context (which would hold memory on GPU 0 for the whole run).
 
-``python -m rocmft.probe allreduce NPROC MIB``: an all-reduce of MIB MiB across NPROC local GPUs through
-torch.distributed (RCCL on ROCm, NCCL on CUDA), one process per GPU; JSON with the bus bandwidth, computed as
-NCCL's tests define it: ``busbw = 2·S·(n−1)/n / t`` (nccl-tests' doc/PERFORMANCE.md).
+``python -m rocmft.probe allreduce NPROC|all MIB``: an all-reduce of MIB MiB across NPROC local GPUs (``all``:
+every visible GPU; fewer than two gives ``{"skipped": ...}``) through torch.distributed (RCCL on ROCm, NCCL on
+CUDA), one process per GPU; JSON with the bus bandwidth, computed as NCCL's tests define it:
+``busbw = 2·S·(n−1)/n / t`` (nccl-tests' doc/PERFORMANCE.md).
 
-:func:`run_probe` runs either with a hard timeout and returns the parsed JSON or an error description.
+``python -m rocmft.probe libs bnb fa2``: what the configuration needs from the libraries, for real on GPU 0:
+a bitsandbytes 4-bit (NF4) matmul against its dequantized reference, a flash-attention 2 forward against
+PyTorch's SDPA.
+
+:class:`ProbeProcess` starts one in the background (the entrypoint starts the GPU probes first thing, so they
+run while LLaMA-Factory is imported) and :func:`run_probe` runs one to the end; both with a hard timeout.
 """
 
 from __future__ import annotations
@@ -73,9 +79,18 @@ def _devices() -> dict[str, Any]:
             "total_gib": round(total / 2**30, 2),
             "free_gib": round(free / 2**30, 2),
             "bf16": bf16,
+            "pci": _pci_address(props),
             "gemm": gemm,
         })  # fmt: skip
     return out
+
+
+def _pci_address(props) -> str | None:
+    """The GPU's PCI address as sysfs names it (``0000:05:00.0``), the key to its NUMA node."""
+    try:
+        return f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    except AttributeError:  # older torch
+        return None
 
 
 def _allreduce_rank(rank: int, world: int, port: int, mib: int, result_path: str) -> None:
@@ -105,10 +120,17 @@ def _allreduce_rank(rank: int, world: int, port: int, mib: int, result_path: str
     dist.destroy_process_group()
 
 
-def _allreduce(world: int, mib: int) -> dict[str, Any]:
+def _allreduce(world: int | str, mib: int) -> dict[str, Any]:
     import tempfile
 
+    import torch
     import torch.multiprocessing as mp
+
+    if world == "all":
+        world = torch.cuda.device_count()
+        if world < 2:
+            return {"skipped": f"{world} GPU visible"}
+    world = int(world)
 
     from .validate import free_port
 
@@ -118,27 +140,134 @@ def _allreduce(world: int, mib: int) -> dict[str, Any]:
             return json.load(handle)
 
 
-def run_probe(args: list[str], timeout_s: float) -> dict[str, Any]:
-    """Run ``python -m rocmft.probe ARGS`` with a hard timeout.
+# Largest allowed max|x - reference| / max|reference| of the library probes (bf16 outputs: 2^-8 rounding each,
+# plus the kernels' own summation order; a missing or wrong-architecture kernel gives NaN, zeros or O(1)).
+LIB_TOLERANCE = 2e-2
 
-    Returns:
-        The probe's JSON, or ``{"error": str, "timed_out": bool}`` when it crashed or hung (the whole process
-        group is killed on timeout, so no child is left holding a GPU).
+
+def _relative_error(result, reference) -> float:
+    return float((result.float() - reference.float()).abs().max() / reference.float().abs().max())
+
+
+def _bnb_probe() -> dict[str, Any]:
+    """A 4-bit NF4 linear layer on GPU 0 against its own dequantized weight: proves the GPU backend runs."""
+    import bitsandbytes as bnb
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    layer = bnb.nn.Linear4bit(256, 256, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
+    layer.weight = bnb.nn.Params4bit(torch.randn(256, 256, generator=generator), requires_grad=False,
+                                     quant_type="nf4")  # fmt: skip
+    layer = layer.to("cuda:0")  # quantizes on the GPU
+    x = torch.randn(8, 256, generator=generator).to("cuda:0", torch.bfloat16)
+    with torch.no_grad():
+        y = layer(x)
+        weight = bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state).to(torch.bfloat16)
+        reference = x @ weight.t()
+    torch.cuda.synchronize()
+    error = _relative_error(y, reference)
+    return {"version": bnb.__version__, "finite": bool(torch.isfinite(y).all()), "max_rel_error": error,
+            "ok": bool(torch.isfinite(y).all()) and error <= LIB_TOLERANCE}  # fmt: skip
+
+
+def _fa2_probe() -> dict[str, Any]:
+    """A causal flash-attention 2 forward on GPU 0 against PyTorch's scaled_dot_product_attention."""
+    import flash_attn
+    import torch
+    from flash_attn import flash_attn_func
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 128, 4, 64, generator=generator).to("cuda:0", torch.bfloat16) for _ in range(3))
+    out = flash_attn_func(q, k, v, causal=True)  # (batch, seq, heads, head_dim)
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+    ).transpose(1, 2)
+    torch.cuda.synchronize()
+    error = _relative_error(out, reference)
+    return {"version": flash_attn.__version__, "finite": bool(torch.isfinite(out).all()), "max_rel_error": error,
+            "ok": bool(torch.isfinite(out).all()) and error <= LIB_TOLERANCE}  # fmt: skip
+
+
+def _libs(names: list[str]) -> dict[str, Any]:
+    """Run the named library probes (``bnb``, ``fa2``); each result is ``{ok, version, ...}`` or ``{ok: False,
+    error}`` (an import error, no GPU, a kernel that raised)."""
+    import torch
+
+    probes = {"bnb": _bnb_probe, "fa2": _fa2_probe}
+    out: dict[str, Any] = {}
+    for name in names:
+        if not torch.cuda.is_available():
+            out[name] = {"ok": False, "error": "no GPU visible"}
+            continue
+        try:
+            out[name] = probes[name]()
+        except Exception as err:  # ImportError, a missing kernel (RuntimeError), ...
+            out[name] = {"ok": False, "error": f"{type(err).__name__}: {err}"[:500]}
+    return out
+
+
+class ProbeProcess:
+    """``python -m rocmft.probe ARGS`` running in the background, in its own process group, with a deadline.
+
+    Output goes to temporary files, not pipes, so nothing needs reading while it runs (no thread: the
+    validation step forks, and forking a process with live threads is unsafe). :meth:`result` waits until
+    the deadline (``timeout_s`` after the start), then kills the whole group (no child is left holding a
+    GPU). Probes still running when the entrypoint exits are killed (atexit).
     """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rocmft.probe", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return {"error": f"no answer in {timeout_s:.0f} s", "timed_out": True}
-    if proc.returncode != 0:
-        tail = " | ".join(stderr.strip().splitlines()[-3:])
-        return {"error": f"the probe exited {proc.returncode}: {tail}", "timed_out": False}
-    return json.loads(stdout.strip().splitlines()[-1])
+
+    def __init__(self, args: list[str], timeout_s: float) -> None:
+        import atexit
+        import tempfile
+
+        self.args, self.timeout_s = args, timeout_s
+        # open for the probe's lifetime, closed with this object (not a with-block: the probe outlives the call)
+        self._out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self._err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rocmft.probe", *args],
+            stdout=self._out, stderr=self._err, text=True, start_new_session=True,
+        )  # fmt: skip
+        self._result: dict[str, Any] | None = None
+        atexit.register(self.cancel)
+
+    def cancel(self) -> None:
+        """Kill the probe's process group if it is still running."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def result(self) -> dict[str, Any]:
+        """The probe's JSON, or ``{"error": str, "timed_out": bool}`` when it crashed or missed its deadline."""
+        if self._result is None:
+            self._result = self._collect()
+        return self._result
+
+    def _collect(self) -> dict[str, Any]:
+        remaining = self.timeout_s - (time.monotonic() - self.started)
+        try:
+            self.proc.wait(timeout=max(remaining, 0.01))
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            return {"error": f"no answer in {self.timeout_s:.0f} s", "timed_out": True}
+        self._out.seek(0)
+        self._err.seek(0)
+        stdout, stderr = self._out.read(), self._err.read()
+        if self.proc.returncode != 0:
+            tail = " | ".join(stderr.strip().splitlines()[-3:])
+            return {"error": f"the probe exited {self.proc.returncode}: {tail}", "timed_out": False}
+        try:
+            return json.loads(stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            return {"error": f"the probe printed no result: {stdout[-200:]!r}", "timed_out": False}
+
+
+def run_probe(args: list[str], timeout_s: float) -> dict[str, Any]:
+    """Run ``python -m rocmft.probe ARGS`` to the end with a hard timeout (see :class:`ProbeProcess`)."""
+    return ProbeProcess(args, timeout_s).result()
 
 
 def main(argv: list[str]) -> int:
@@ -146,7 +275,9 @@ def main(argv: list[str]) -> int:
     if argv[0] == "devices":
         print(json.dumps(_devices()))
     elif argv[0] == "allreduce":
-        print(json.dumps(_allreduce(int(argv[1]), int(argv[2]))))
+        print(json.dumps(_allreduce(argv[1], int(argv[2]))))
+    elif argv[0] == "libs":
+        print(json.dumps(_libs(argv[1:])))
     else:
         print(f"unknown probe {argv[0]}", file=sys.stderr)
         return 2

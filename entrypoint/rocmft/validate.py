@@ -6,19 +6,17 @@ full fine-tuning, ...). rocmft runs it in a child process because it has side ef
 into the entrypoint: it initialises a (one-rank) process group for DeepSpeed/FSDP, sets environment
 variables (ACCELERATE_USE_DEEPSPEED) and configures logging. For torchrun launches the child gets the
 environment torchrun would give rank 0 of a one-process job, so the distributed rules are checked too.
-Takes ~6 s, nearly all of it importing transformers.
-
-Run as ``python -m rocmft.validate ARGS.json RESULT.json`` (internal).
+The child is forked from the entrypoint, which has imported LLaMA-Factory already to read the settings, so
+it costs only the parse itself (about a second).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import socket
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -97,17 +95,17 @@ def validate(plan: Plan) -> dict[str, Any]:
     if plan.launcher == "torchrun":
         environ = torchrun_rank0_env(environ)
     with tempfile.TemporaryDirectory(prefix="rocmft-validate-") as tmp:
-        args_path, result_path = Path(tmp) / "args.json", Path(tmp) / "result.json"
-        args_path.write_text(json.dumps(arguments))
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "rocmft.validate", str(args_path), str(result_path)],
-                env=environ,
-                capture_output=True,
-                text=True,
-                timeout=TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired as err:
+        result_path, log_path = Path(tmp) / "result.json", Path(tmp) / "parser.log"
+        # fork, not spawn: the child inherits the LLaMA-Factory modules the settings step already imported
+        # (a fresh interpreter spent 5-20 s importing transformers again; measured on 2 x H200, BENCHMARKS.md)
+        child = multiprocessing.get_context("fork").Process(
+            target=_forked_child, args=(arguments, environ, str(result_path), str(log_path)), daemon=True
+        )
+        child.start()
+        child.join(TIMEOUT_S)
+        if child.is_alive():
+            child.kill()
+            child.join()
             locks = stale_extension_locks()
             raise ConfigError(
                 f"LLaMA-Factory's argument parser did not finish in {TIMEOUT_S} s."
@@ -115,14 +113,15 @@ def validate(plan: Plan) -> dict[str, Any]:
                 (f"If no other rocmft/DeepSpeed process is running, remove {locks[0]} (left by an interrupted "
                  "DeepSpeed op build) and run again." if locks else
                  "Run `rocmft render` again; if it hangs, look for a stuck process-group setup (MASTER_ADDR)."),
-            ) from err  # fmt: skip
+            )  # fmt: skip
         result = json.loads(result_path.read_text()) if result_path.is_file() else None
-    if result is None:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise ConfigError(
-            f"LLaMA-Factory's argument parser crashed (exit {proc.returncode}):\n{tail}",
-            "Check the installation with `rocmft env`.",
-        )
+        if result is None:
+            log = log_path.read_text(errors="replace") if log_path.is_file() else ""
+            tail = "\n".join(log.strip().splitlines()[-15:])
+            raise ConfigError(
+                f"LLaMA-Factory's argument parser crashed (exit {child.exitcode}):\n{tail}",
+                "Check the installation with `rocmft env`.",
+            )
     if not result["ok"]:
         message = result["error"]
         involved = [_describe(name, plan) for name in _names_in(message)]
@@ -136,38 +135,38 @@ def validate(plan: Plan) -> dict[str, Any]:
     return result
 
 
-def _child(args_path: str, result_path: str) -> int:
-    """In the child: parse, write {ok, error|facts} as JSON. Never raises."""
+def _forked_child(arguments: dict[str, Any], environ: dict[str, str], result_path: str, log_path: str) -> None:
+    """In the forked child: the validation environment, output to ``log_path``, then :func:`_parse`."""
+    os.environ.clear()
+    os.environ.update(environ)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    _parse(arguments, result_path)
+
+
+def _parse(arguments: dict[str, Any], result_path: str) -> None:
+    """Parse with ``get_train_args`` and write {ok, error|facts} as JSON to ``result_path``. Never raises."""
     import time
+    from importlib import metadata
 
     started = time.monotonic()
     result: dict[str, Any]
     try:
-        from importlib import metadata
-
         from llamafactory.hparams import get_train_args
 
-        arguments = json.loads(Path(args_path).read_text())
         model_args, _data, training_args, _ft, _gen = get_train_args(arguments)
         result = {
             "ok": True,
             "world_size": training_args.world_size,
             "parallel_mode": str(training_args.parallel_mode),
             "compute_dtype": str(model_args.compute_dtype),
-            "llamafactory": metadata.version("llamafactory"),
         }
     except BaseException as err:  # the parser raises ValueError, TypeError, SystemExit (argparse), ...
         result = {"ok": False, "type": type(err).__name__, "error": str(err)}
-        try:
-            from importlib import metadata
-
-            result["llamafactory"] = metadata.version("llamafactory")
-        except Exception:
-            pass
+    try:
+        result["llamafactory"] = metadata.version("llamafactory")
+    except metadata.PackageNotFoundError:
+        pass
     result["seconds"] = round(time.monotonic() - started, 2)
     Path(result_path).write_text(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_child(sys.argv[1], sys.argv[2]))

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..device import ALLREDUCE_MIB, ALLREDUCE_TIMEOUT_S
 from ..launch import processes_per_node
 from . import FAIL, PASS, SKIP, WARN, Outcome, check
 
@@ -231,8 +232,6 @@ def shm(plan) -> Outcome:
     return Outcome(PASS, value, f"{ranks} communicating process(es), {workers} loader worker(s)")
 
 
-ALLREDUCE_MIB = 256  # large enough to measure bandwidth, not latency (nccl-tests reach their plateau by then)
-ALLREDUCE_TIMEOUT_S = 90
 HANG_CAUSES = (
     "IOMMU not in pass-through mode (kernel: iommu=pt; amd_iommu=on iommu=pt on AMD hosts); "
     "peer-to-peer access between the GPUs blocked (PCIe ACS, a VM without P2P; test with NCCL_P2P_DISABLE=1, "
@@ -250,9 +249,9 @@ def collectives(plan) -> Outcome:
     if len(gpus) < 2:
         return Outcome(SKIP, f"{len(gpus)} GPU", "Collectives need at least two GPUs.")
     if "allreduce" not in plan.probes:
-        from ..probe import run_probe
+        from ..device import allreduce_probe
 
-        plan.probes["allreduce"] = run_probe(["allreduce", str(len(gpus)), str(ALLREDUCE_MIB)], ALLREDUCE_TIMEOUT_S)
+        plan.probes["allreduce"] = allreduce_probe(len(gpus))
     result = plan.probes["allreduce"]
     if result.get("timed_out"):
         return Outcome(FAIL, f"hung > {ALLREDUCE_TIMEOUT_S} s",
