@@ -31,14 +31,15 @@ def devices(*gpus, backend="rocm", visible=None):
             "gpus": list(gpus)}  # fmt: skip
 
 
-def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=0, **probes):
+def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=0, arguments=None, ds_config=None,
+         **probes):  # fmt: skip
     from rocmft.device import facts_from_probe
 
     probe = probe if probe is not None else devices(gpu())
     return SimpleNamespace(
         probes={"image": image, "devices": probe, **probes},
-        device=facts_from_probe(probe),
-        launcher=launcher, arguments={"dataloader_num_workers": workers},
+        device=facts_from_probe(probe), ds_config=ds_config,
+        launcher=launcher, arguments={"dataloader_num_workers": workers, **(arguments or {})},
         settings=SimpleNamespace(rocmft=SimpleNamespace(nproc_per_node=nproc)),
         precision=SimpleNamespace(compute_dtype="bfloat16"),
     )  # fmt: skip
@@ -134,3 +135,108 @@ def test_device_facts_come_from_the_probe():
     assert (facts.backend, facts.count, facts.bf16, facts.archs[0]) == ("rocm", 2, True, "gfx942:sramecc+:xnack-")
     broken = facts_from_probe({"error": "the probe exited -11: Segmentation fault", "timed_out": False})
     assert (broken.backend, broken.count, broken.bf16) == ("cpu", 0, False)
+
+
+# --- host settings, libraries (rocmft.checks.system) -------------------------------------------------------
+def host_root(tmp_path, numa_balancing="1", nodes=2, iommu=("DMA-FQ", "DMA-FQ")):
+    """A recorded host layout: the procfs/sysfs files host_settings() reads, as a 2-socket host has them."""
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/numa_balancing").write_text(f"{numa_balancing}\n")
+    (tmp_path / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz-6.8.0 root=/dev/sda1 ro amd_iommu=on quiet\n")
+    node_dir = tmp_path / "sys/devices/system/node"
+    node_dir.mkdir(parents=True)
+    (node_dir / "online").write_text("0" if nodes == 1 else f"0-{nodes - 1}\n")
+    for n in range(nodes):
+        (node_dir / f"node{n}").mkdir()
+        (node_dir / f"node{n}/cpulist").write_text(f"{n * 48}-{n * 48 + 47}\n")
+    for i, kind in enumerate(iommu):
+        (tmp_path / f"sys/kernel/iommu_groups/{i}").mkdir(parents=True)
+        (tmp_path / f"sys/kernel/iommu_groups/{i}/type").write_text(f"{kind}\n")
+    return tmp_path
+
+
+def test_host_settings_are_read_from_procfs_and_sysfs(tmp_path):
+    from rocmft.checks.system import host_settings
+
+    facts = host_settings(host_root(tmp_path))
+    assert facts["numa_balancing"] == "1" and facts["numa_nodes"] == 2
+    assert facts["iommu_group_types"] == {"DMA-FQ": 2} and "amd_iommu=on" in facts["cmdline"]
+
+
+def test_numa_balancing_warns_on_a_multi_node_host_only(tmp_path):
+    from rocmft.checks.system import host_settings, numa_balancing
+
+    on = numa_balancing(plan(host=host_settings(host_root(tmp_path / "a"))))
+    assert on.status == WARN and "kernel.numa_balancing=0" in on.remedy and "2 NUMA nodes" in on.value
+    one_node = numa_balancing(plan(host=host_settings(host_root(tmp_path / "b", nodes=1))))
+    assert one_node.status == PASS and "one NUMA node" in one_node.value
+    off = numa_balancing(plan(host=host_settings(host_root(tmp_path / "c", numa_balancing="0"))))
+    assert off.status == PASS and off.value == "off"
+    assert numa_balancing(plan(probe=devices(backend="cpu"))).status == SKIP
+
+
+def test_iommu_warns_when_translating_with_several_gpus(tmp_path):
+    from rocmft.checks.system import host_settings, iommu
+
+    two = devices(gpu(0), gpu(1))
+    translating = iommu(plan(probe=two, host=host_settings(host_root(tmp_path / "a"))))
+    assert translating.status == WARN and "iommu=pt" in translating.remedy and "amd_iommu=on" in translating.message
+    passthrough = iommu(plan(probe=two, host=host_settings(host_root(tmp_path / "b", iommu=("identity",) * 3))))
+    assert passthrough.status == PASS and passthrough.value == "pass-through"
+    assert iommu(plan(probe=two, host=host_settings(host_root(tmp_path / "c", iommu=())))).value == "off"
+    assert iommu(plan()).status == SKIP  # one GPU
+
+
+# the library probe's shape as `python -m rocmft.probe libs bnb fa2` reports it (illustrative values, not a measurement)
+BNB_OK = {"version": "0.49.1", "finite": True, "max_rel_error": 4.1e-3, "ok": True}
+FA2_OK = {"version": "2.8.3", "finite": True, "max_rel_error": 3.9e-3, "ok": True}
+
+
+def test_libraries_probe_what_the_configuration_needs():
+    from rocmft.checks.system import libraries
+
+    assert libraries(plan()).status == SKIP
+    qlora = plan(arguments={"quantization_bit": 4, "flash_attn": "fa2"}, libs={"bnb": BNB_OK, "fa2": FA2_OK})
+    outcome = libraries(qlora)
+    assert (
+        outcome.status == PASS and "bitsandbytes 0.49.1" in outcome.value and "flash-attention 2.8.3" in outcome.value
+    )
+
+
+@pytest.mark.parametrize(
+    ("probe", "words"),
+    [
+        ({"ok": False, "error": "ModuleNotFoundError: No module named 'bitsandbytes'"}, "No module named"),
+        ({"version": "0.42.0", "finite": False, "max_rel_error": float("nan"), "ok": False}, "non-finite result"),
+        ({"ok": False, "error": "no GPU visible"}, "no GPU visible"),
+    ],
+)
+def test_libraries_fail_when_bitsandbytes_has_no_working_gpu_backend(probe, words):
+    from rocmft.checks.system import libraries
+
+    outcome = libraries(plan(arguments={"quantization_bit": 4}, libs={"bnb": probe}))
+    assert outcome.status == FAIL and "QUANTIZATION_BIT=4 needs bitsandbytes" in outcome.message
+    assert words in outcome.message and "COMPUTE_BACKEND=hip" in outcome.remedy
+
+
+def test_libraries_fail_without_flash_attention_and_check_deepspeed_ops():
+    from rocmft.checks.system import libraries
+
+    fa2 = libraries(plan(arguments={"flash_attn": "fa2"}, libs={"fa2": {"ok": False, "error": "ImportError: x"}}))
+    assert fa2.status == FAIL and "FLASH_ATTN=sdpa" in fa2.remedy
+    ds = {"arguments": {"deepspeed": "/run/ds_config.json"}}
+    jit = libraries(plan(**ds, deepspeed_ops={"cpu_adam": {"installed": False, "compatible": True}}))
+    assert jit.status == WARN and "JIT" in jit.value
+    built = libraries(plan(**ds, deepspeed_ops={"cpu_adam": {"installed": True, "compatible": True}}))
+    assert built.status == PASS
+    missing = libraries(plan(**ds, deepspeed_ops={"cpu_adam": {"installed": False, "compatible": False}}))
+    assert missing.status == FAIL and "ROCMFT_OFFLOAD=none" in missing.remedy
+
+
+def test_deepspeed_ops_needed_follow_the_offload_setting():
+    from rocmft.checks.system import deepspeed_ops
+
+    offloaded = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+    ops = deepspeed_ops(plan(arguments={"deepspeed": "x"}, ds_config=offloaded))
+    assert set(ops) == {"cpu_adam"} and set(ops["cpu_adam"]) == {"installed", "compatible"}
+    assert deepspeed_ops(plan(arguments={"deepspeed": "x"}, ds_config={"zero_optimization": {"stage": 2}})) == {}

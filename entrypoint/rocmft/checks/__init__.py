@@ -180,5 +180,6 @@ def print_table(results: list[CheckResult], report_path: Path | None) -> None:
 
 
 def _load_builtin_checks() -> None:
-    from . import host  # noqa: F401, I001  (registers on import: host checks first, then GPU checks)
+    from . import host  # noqa: F401, I001  (registers on import: host checks, GPU checks, then the rest)
     from . import gpu  # noqa: F401
+    from . import system  # noqa: F401

@@ -1,0 +1,196 @@
+"""Checks of what the run needs beyond the GPUs themselves: host kernel settings the container cannot change,
+the libraries the configuration asks for, and whether the model fits in GPU memory.
+
+Facts come from ``plan.probes`` when present (tests put recorded values there: a fake host is data), else
+they are read: host settings from /proc and /sys (:func:`host_settings`), library probes from
+``python -m rocmft.probe libs`` in a child process (a GPU kernel, not just an import).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import FAIL, PASS, SKIP, WARN, Outcome, check
+from .gpu import devices_probe
+
+LIBS_TIMEOUT_S = 60
+
+
+def host_settings(root: Path = Path("/")) -> dict[str, Any]:
+    """The host kernel's settings that matter to multi-GPU training, read from procfs/sysfs under ``root``.
+
+    Returns:
+        ``numa_balancing``: the value of /proc/sys/kernel/numa_balancing (``"0"``, ``"1"``, or None if absent);
+        ``numa_nodes``: how many NUMA nodes are online; ``iommu_group_types``: count of IOMMU groups per
+        type (/sys/kernel/iommu_groups/*/type: ``identity`` is pass-through, ``DMA``/``DMA-FQ`` translate
+        every DMA; an empty mapping means no IOMMU or none visible); ``cmdline``: /proc/cmdline.
+        In a container /proc/cmdline and sysfs show the host's kernel.
+    """
+    from ..topology import numa_nodes
+
+    def read(path: str) -> str | None:
+        try:
+            return (root / path).read_text().strip()
+        except OSError:
+            return None
+
+    types: dict[str, int] = {}
+    groups = root / "sys/kernel/iommu_groups"
+    if groups.is_dir():
+        for group in groups.iterdir():
+            kind = read(f"sys/kernel/iommu_groups/{group.name}/type") or "unknown"
+            types[kind] = types.get(kind, 0) + 1
+    return {
+        "numa_balancing": read("proc/sys/kernel/numa_balancing"),
+        "numa_nodes": len(numa_nodes(root)) or 1,
+        "iommu_group_types": types,
+        "cmdline": read("proc/cmdline") or "",
+    }
+
+
+def _host(plan) -> dict[str, Any]:
+    if "host" not in plan.probes:
+        plan.probes["host"] = host_settings()
+    return plan.probes["host"]
+
+
+def _gpus(plan) -> list[dict[str, Any]]:
+    return devices_probe(plan).get("gpus", [])
+
+
+@check("numa-balancing", "host: automatic NUMA balancing", timeout_s=5)
+def numa_balancing(plan) -> Outcome:
+    """With GPUs on a host of more than one NUMA node, automatic NUMA balancing should be off: it unmaps and
+    migrates the training processes' pages in the background, which stalls the CPU side of GPU work (AMD's
+    MI300X system optimization guide: disable it, ``kernel.numa_balancing=0``)."""
+    if not _gpus(plan):
+        return Outcome(SKIP, "no GPU", "NUMA balancing matters only for GPU training.")
+    host = _host(plan)
+    value, nodes = host.get("numa_balancing"), host.get("numa_nodes", 1)
+    if value is None:
+        return Outcome(SKIP, "not readable", "/proc/sys/kernel/numa_balancing is not there (kernel without it).")
+    if value != "0" and nodes > 1:
+        return Outcome(
+            WARN, f"on ({value}), {nodes} NUMA nodes",
+            "The host kernel migrates the training processes' memory between NUMA nodes in the background; "
+            "AMD recommends turning this off for GPU work (stalls, uneven step times).",
+            "On the host (a container cannot): sudo sysctl -w kernel.numa_balancing=0, and to keep it: "
+            "echo kernel.numa_balancing=0 | sudo tee /etc/sysctl.d/90-rocmft.conf.",
+        )  # fmt: skip
+    state = "off" if value == "0" else f"on ({value}), but one NUMA node: nothing to migrate"
+    return Outcome(PASS, state, f"{nodes} NUMA node(s)")
+
+
+@check("iommu", "host: IOMMU mode", timeout_s=5)
+def iommu(plan) -> Outcome:
+    """With more than one GPU, the IOMMU should be off or in pass-through mode: a translating IOMMU puts every
+    peer-to-peer and host transfer through address translation, which costs RCCL bandwidth and can hang
+    collectives (ROCm's multi-GPU installation notes: ``iommu=pt``; ``amd_iommu=on iommu=pt`` on AMD CPUs)."""
+    gpus = _gpus(plan)
+    if len(gpus) < 2:
+        return Outcome(SKIP, f"{len(gpus)} GPU", "The IOMMU mode matters for traffic between GPUs.")
+    host = _host(plan)
+    types = host.get("iommu_group_types") or {}
+    translating = sum(n for kind, n in types.items() if kind.startswith("DMA"))
+    if translating:
+        cmdline = " ".join(w for w in host.get("cmdline", "").split() if "iommu" in w) or "no iommu option"
+        return Outcome(
+            WARN, f"translating ({translating} of {sum(types.values())} groups)",
+            f"The host IOMMU translates DMA (kernel command line: {cmdline}): GPU peer-to-peer and RCCL "
+            "traffic slow down, and collectives can hang.",
+            "On the host: add iommu=pt (AMD CPUs: amd_iommu=on iommu=pt) to the kernel command line "
+            "(GRUB_CMDLINE_LINUX in /etc/default/grub, update-grub, reboot).",
+        )  # fmt: skip
+    if not types:
+        return Outcome(PASS, "off", "no IOMMU groups: the IOMMU is off or not exposed")
+    return Outcome(PASS, "pass-through", f"{sum(types.values())} IOMMU groups in identity (pass-through) mode")
+
+
+def needed_libraries(plan) -> dict[str, str]:
+    """What the configuration asks of the libraries: probe name -> the setting that needs it."""
+    needs = {}
+    if plan.arguments.get("quantization_bit"):
+        needs["bnb"] = f"QUANTIZATION_BIT={plan.arguments['quantization_bit']}"
+    if plan.arguments.get("flash_attn") == "fa2":
+        needs["fa2"] = "FLASH_ATTN=fa2"
+    return needs
+
+
+def deepspeed_ops(plan) -> dict[str, dict[str, bool]]:
+    """The DeepSpeed C++/HIP ops this run needs: ``cpu_adam`` when the optimizer is offloaded (ZeRO-Offload
+    runs DeepSpeedCPUAdam; DeepSpeed refuses other optimizers with offload). Per op: ``installed``
+    (pre-built into the image, deepspeed.git_version_info.installed_ops) and ``compatible`` (can be
+    JIT-built here: compiler and headers present, the builder's is_compatible())."""
+    if "deepspeed_ops" in plan.probes:
+        return plan.probes["deepspeed_ops"]
+    ds_config = plan.ds_config or {}
+    offload = (ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    wanted = ["cpu_adam"] if offload.get("device") not in (None, "none") else []
+    found: dict[str, dict[str, bool]] = {}
+    if wanted:
+        from deepspeed.git_version_info import installed_ops
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+
+        builders = {"cpu_adam": CPUAdamBuilder}
+        for name in wanted:
+            found[name] = {"installed": bool(installed_ops.get(name)),
+                           "compatible": bool(builders[name]().is_compatible(verbose=False))}  # fmt: skip
+    plan.probes["deepspeed_ops"] = found
+    return found
+
+
+@check("libraries", "libraries the configuration needs", timeout_s=LIBS_TIMEOUT_S + 15)
+def libraries(plan) -> Outcome:
+    """bitsandbytes when QUANTIZATION_BIT is set (a 4-bit NF4 matmul on the GPU, not just an import),
+    flash-attention when FLASH_ATTN=fa2 (a forward against PyTorch's SDPA), DeepSpeed's ops when the
+    DeepSpeed config needs them (CPU Adam for optimizer offload)."""
+    needs = needed_libraries(plan)
+    ds_ops = deepspeed_ops(plan) if plan.arguments.get("deepspeed") else {}
+    if not needs and not ds_ops:
+        return Outcome(SKIP, "none needed", "No quantization, flash-attention or DeepSpeed op in this configuration.")
+    problems, fine = [], []
+    if needs:
+        if "libs" not in plan.probes:
+            from ..probe import run_probe
+
+            plan.probes["libs"] = run_probe(["libs", *needs], LIBS_TIMEOUT_S)
+        probes = plan.probes["libs"]
+        for name, setting in needs.items():
+            result = probes.get(name) or {"ok": False, "error": probes.get("error", "no result")}
+            label = {"bnb": "bitsandbytes", "fa2": "flash-attention"}[name]
+            if result.get("ok"):
+                fine.append(f"{label} {result.get('version')} (error {result.get('max_rel_error', 0):.1e})")
+            else:
+                why = result.get("error") or (
+                    f"{'non-finite' if not result.get('finite') else 'wrong'} result, error "
+                    f"{result.get('max_rel_error', float('nan')):.2e}"
+                )
+                problems.append((f"{setting} needs {label} working on the GPU: {why}", _LIB_REMEDY[name]))
+    for name, state in ds_ops.items():
+        if state["installed"]:
+            fine.append(f"DeepSpeed {name} pre-built")
+        elif state["compatible"]:
+            fine.append(f"DeepSpeed {name} JIT-built at first use")
+        else:
+            problems.append((
+                f"DeepSpeed's {name} op (needed by ROCMFT_OFFLOAD) is neither pre-built nor buildable here.",
+                "Use a rocmft GPU image (it pre-builds CPU_ADAM, DS_BUILD_OPS_LIST), or ROCMFT_OFFLOAD=none.",
+            ))  # fmt: skip
+    if problems:
+        return Outcome(FAIL, f"{len(problems)} missing", "; ".join(p for p, _ in problems),
+                       " ".join(dict.fromkeys(r for _, r in problems)))  # fmt: skip
+    jit = [f for f in fine if "JIT" in f]
+    if jit:
+        return Outcome(WARN, ", ".join(fine), "The first start compiles the op (minutes; needs a compiler).",
+                       "Pre-build it in the image (DS_BUILD_OPS_LIST in docker/arch/<arch>.env).")  # fmt: skip
+    return Outcome(PASS, ", ".join(fine), "each probed for real")
+
+
+_LIB_REMEDY = {
+    "bnb": "Use a rocmft ROCm image (bitsandbytes built with -DCOMPUTE_BACKEND=hip for its gfx target; "
+    "BITSANDBYTES in docker/arch/<arch>.env), check that the GPU's gfx target is the image's (gpu-arch), or unset "
+    "QUANTIZATION_BIT (LoRA in bf16 needs about 4x the weight memory).",
+    "fa2": "Use an image built with flash-attention for this architecture (FLASH_ATTN_BACKEND in "
+    "docker/arch/<arch>.env), or set FLASH_ATTN=sdpa (PyTorch's own attention; slower, same results).",
+}
