@@ -84,7 +84,9 @@ def run_rocmft(tmp_path, cache_dir):
 
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
         environ = _clean_environment()
-        environ.update({"ROCMFT_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+        (tmp_path / "tmp").mkdir(exist_ok=True)  # the test's own temp folder (`rocmft status` notes runs there)
+        environ.update({"ROCMFT_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+                        "TMPDIR": str(tmp_path / "tmp")})  # fmt: skip
         environ.update(env or {})
         return subprocess.run(
             [sys.executable, "-m", "rocmft", *args],

@@ -143,3 +143,25 @@ def test_render_keeps_an_earlier_runs_record(run_rocmft, tmp_path):
     assert (kept / "train.log").read_text() == "the earlier run's log\n" and (kept / "manifest.json").is_file()
     assert (output / "rocmft" / "train.yaml").is_file() and not (output / "rocmft" / "manifest.json").exists()
     assert str(kept) in result.stdout
+
+
+def test_status_tells_a_stalled_run_from_a_progressing_one(run_rocmft, tmp_path):
+    """`rocmft status` reads the manifest and the worker's result file (rewritten at every logging step)."""
+    import os
+    import time
+
+    run_dir = tmp_path / "out" / "rocmft"
+    run_dir.mkdir(parents=True)
+    (run_dir / "manifest.json").write_text(json.dumps({"status": "running", "exit_code": None}))
+    starting = run_rocmft("status", str(tmp_path / "out"))
+    assert starting.returncode == 0 and starting.stdout.startswith("running: no step logged yet"), starting.stdout
+    result = run_dir / "worker-result.json"
+    result.write_text(json.dumps({"last_step": 12, "max_steps": 100, "losses": [{"step": 10, "loss": 1.5}]}))
+    running = run_rocmft("status", str(tmp_path / "out"), "--max-idle", "600")
+    assert running.returncode == 0 and running.stdout.startswith("running: step 12/100, loss 1.5000"), running.stdout
+    an_hour_ago = time.time() - 3600
+    os.utime(result, (an_hour_ago, an_hour_ago))
+    stalled = run_rocmft("status", str(tmp_path / "out"), "--max-idle", "600")
+    assert stalled.returncode == 1 and stalled.stdout.startswith("stalled: step 12/100"), stalled.stdout
+    nothing = run_rocmft("status")
+    assert nothing.returncode == 1 and nothing.stdout.startswith("no run"), nothing.stdout

@@ -33,6 +33,8 @@ def test_builtin_default_trains_and_leaves_a_complete_record(run_rocmft, tmp_pat
     assert manifest["settings"]["secrets_given"] == ["HF_HUB_TOKEN"]
     assert "[rocmft] step " in result.stdout and "tok/s" in result.stdout
     assert SECRET not in all_text_under(output) and SECRET not in result.stdout
+    status = run_rocmft("status")  # the healthcheck finds the run this container started
+    assert status.returncode == 0 and status.stdout.startswith("finished: step 240/240, loss "), status.stdout
 
 
 def test_fp32_policy_really_trains_fp32_weights(run_rocmft, tmp_path, bf16_checkpoint, demo_data):
@@ -79,3 +81,5 @@ def test_non_finite_loss_stops_with_exit_5(run_rocmft, tmp_path):
     manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
     assert manifest["status"] == "non-finite loss" and manifest["exit_code"] == 5
     assert manifest["worker"]["non_finite"]["step"] == 10
+    status = run_rocmft("status", str(output))
+    assert status.returncode == 1 and status.stdout.startswith("non-finite loss: step 5/"), status.stdout

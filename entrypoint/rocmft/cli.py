@@ -3,6 +3,7 @@
 * ``render``: settings → rendered files → LLaMA-Factory's parser; writes OUTPUT_DIR/rocmft/ and prints it.
 * ``check``: render, then the health checks; writes the files and checks.json. Never trains.
 * ``train``: all of the above, then the worker; writes the manifest, the weights, the logs.
+* ``status``: is the run making progress (the compose healthcheck); exit 0 yes, 1 no.
 * ``env``: versions, device facts and the image build record; ``--docs`` prints the variable reference.
 
 Exit codes: see :mod:`rocmft.errors` (0, 2 config, 3 check failed, 4 training failed, 5 non-finite loss,
@@ -22,7 +23,7 @@ from typing import Any
 
 from . import __version__
 from .errors import ChecksFailed, ConfigError, ExitCode, RocmftError
-from .fsutil import make_private_dir_public
+from .fsutil import atomic_write_text, make_private_dir_public
 
 CHECKS_FILE = "checks.json"
 MANIFEST_FILE = "manifest.json"
@@ -200,6 +201,10 @@ def cmd_train(_args) -> int:
     write_manifest(manifest_path, plan, status="running", exit_code=None, timings=timings, checks=checks_summary,
                    worker=None, started_at=started_at)  # fmt: skip
     _say(f"configs and manifest in {plan.run_dir}")
+    try:
+        atomic_write_text(current_run_pointer(), f"{plan.run_dir}\n")  # for `rocmft status` (the healthcheck)
+    except OSError:
+        pass  # a read-only temp folder costs only the default of `rocmft status`
 
     began = time.monotonic()
     code = run_worker(plan, plan.settings.secrets)
@@ -217,6 +222,57 @@ def cmd_train(_args) -> int:
     else:
         _say(f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}")
     return code
+
+
+CURRENT_RUN = "rocmft-current-run"  # in the temp folder: which run `rocmft status` looks at by default
+
+
+def current_run_pointer() -> Path:
+    """The file where ``rocmft train`` notes its run folder (per container: /tmp is the container's own)."""
+    return Path(tempfile.gettempdir()) / CURRENT_RUN
+
+
+def cmd_status(args) -> int:
+    """One line on the run's progress; exit 0 when healthy (starting, progressing, finished), 1 when not.
+
+    The run folder is OUTPUT_DIR/rocmft of the given folder, else the one ``rocmft train`` noted in the temp
+    folder. Progress is the age of worker-result.json, which the worker rewrites at every logging step.
+    Reads two small files: fast enough for a healthcheck every minute.
+    """
+    from .render import RUN_SUBDIR
+    from .worker import RESULT_FILE
+
+    if args.output_dir:
+        given = Path(args.output_dir)
+        run_dir = given / RUN_SUBDIR if (given / RUN_SUBDIR / MANIFEST_FILE).is_file() else given
+    elif current_run_pointer().is_file():
+        run_dir = Path(current_run_pointer().read_text().strip())
+    else:
+        print("no run: nothing started `rocmft train` here; pass the run's OUTPUT_DIR")
+        return ExitCode.UNHEALTHY
+    manifest_path, result_path = run_dir / MANIFEST_FILE, run_dir / RESULT_FILE
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as err:
+        print(f"no run: cannot read {manifest_path} ({err})")
+        return ExitCode.UNHEALTHY
+    try:
+        result = json.loads(result_path.read_text())
+        age = time.time() - result_path.stat().st_mtime
+    except (OSError, ValueError):
+        result, age = {}, time.time() - manifest_path.stat().st_mtime
+    status = manifest.get("status")
+    step, total = result.get("last_step"), result.get("max_steps")
+    losses = result.get("losses") or []
+    where = f"step {step}/{total}" if step is not None else "no step logged yet"
+    loss = f", loss {losses[-1]['loss']:.4f}" if losses else ""
+    if status != "running":
+        print(f"{status}: {where}{loss} (exit code {manifest.get('exit_code')}; {run_dir})")
+        return ExitCode.OK if status == "finished" else ExitCode.UNHEALTHY
+    limit = args.max_idle if step is not None else args.max_start
+    state = "running" if age <= limit else "stalled"
+    print(f"{state}: {where}{loss}, last update {age:.0f} s ago (limit {limit:.0f} s; {run_dir})")
+    return ExitCode.OK if state == "running" else ExitCode.UNHEALTHY
 
 
 def cmd_env(args) -> int:
@@ -248,13 +304,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("render", help="render and validate the configs into OUTPUT_DIR/rocmft; never trains")
     sub.add_parser("check", help="render, validate and run the health checks; never trains")
     sub.add_parser("train", help="render, validate, check, then train")
+    status = sub.add_parser("status", help="is the run making progress? exit 0 yes (or finished), 1 no")
+    status.add_argument("output_dir", nargs="?", help="the run's OUTPUT_DIR (default: the run started here)")
+    status.add_argument(
+        "--max-idle",
+        type=float,
+        default=1800.0,
+        help="seconds without a logged step before the run counts as stalled (default 1800)",
+    )
+    status.add_argument(
+        "--max-start",
+        type=float,
+        default=3600.0,
+        help="seconds allowed from start to the first logged step: model loading (default 3600)",
+    )
     env = sub.add_parser("env", help="print versions, device facts and the image build record as JSON")
     env.add_argument("--docs", action="store_true", help="print the environment-variable reference (Markdown)")
     env.add_argument("--full", action="store_true", help="with --docs: list every training argument too")
     return parser
 
 
-COMMANDS = {"render": cmd_render, "check": cmd_check, "train": cmd_train, "env": cmd_env}
+COMMANDS = {"render": cmd_render, "check": cmd_check, "train": cmd_train, "status": cmd_status, "env": cmd_env}
 
 
 def main(argv: list[str] | None = None) -> int:

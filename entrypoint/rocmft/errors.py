@@ -15,6 +15,9 @@ code  name                   meaning
 5     NON_FINITE_LOSS        the loss or the gradient norm became NaN/Inf; training was stopped
 143   INTERRUPTED            stopped by SIGTERM/SIGINT (128 + 15, the shell convention)
 ====  =====================  ==========================================================================
+
+``rocmft status`` (a health probe, Docker's healthcheck convention) exits 0 when the run is healthy
+(starting, making progress, or finished) and 1 when it is not (stalled, failed, or no run found).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class ExitCode(enum.IntEnum):
     TRAINING_FAILED = 4
     NON_FINITE_LOSS = 5
     INTERRUPTED = 143
+    UNHEALTHY = 1  # `rocmft status` only
 
 
 class RocmftError(Exception):
