@@ -17,8 +17,9 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY docker/arch/${ARCH}.env /etc/rocmft/arch.env
 # A ROCm dev image or a debootstrapped Debian may already hold these; install only what is missing, so a
 # machine without a Debian/Ubuntu mirror can build from a base that carries them (the build machines' notes, shared/docs/ENVIRONMENT.md).
+# numactl: torchrun --numa-binding (ROCMFT_NUMA_BIND) starts each rank under it.
 # hadolint ignore=DL3008
-RUN packages=(python3 python3-venv python3-dev g++ make git ca-certificates tini) \
+RUN packages=(python3 python3-venv python3-dev g++ make git ca-certificates tini numactl) \
  && missing=() && for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done \
  && if [ "${#missing[@]}" -gt 0 ]; then \
       apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" \

@@ -50,7 +50,7 @@ if ! docker image inspect "$base_image" >/dev/null 2>&1; then
     say "no registry: building $base_image with debootstrap (about a minute)"
     # the packages the Dockerfile's system stage needs, so that the build needs no Debian mirror
     debootstrap --variant=minbase \
-      --include=python3,python3-venv,python3-pip,python3-dev,g++,make,git,ca-certificates,tini \
+      --include=python3,python3-venv,python3-pip,python3-dev,g++,make,git,ca-certificates,tini,numactl \
       bookworm "$rootfs" >/tmp/rocmft-debootstrap.log 2>&1 \
       || { say "ERROR: debootstrap failed; see /tmp/rocmft-debootstrap.log" >&2; exit 1; }
     tar -C "$rootfs" -c . | docker import - "$base_image" >/dev/null

@@ -75,6 +75,31 @@ def _clean_environment() -> dict[str, str]:
 
 
 @pytest.fixture
+def render_env(tmp_path, cache_dir, tiny_model):
+    """render(environ) -> Plan, with OUTPUT_DIR and the cache in tmp_path, the tiny model unless overridden."""
+
+    def run(environ: dict[str, str], model: bool = True, device=None):
+        base = {"ROCMFT_CACHE_DIR": str(cache_dir), "OUTPUT_DIR": str(tmp_path / "out")}
+        if model:
+            base["MODEL_NAME_OR_PATH"] = str(tiny_model)
+        from rocmft.settings import load_settings
+
+        settings = load_settings({**base, **environ})
+
+        def make_staging(output_dir: Path) -> Path:
+            staging = tmp_path / "staging"
+            staging.mkdir(parents=True, exist_ok=True)
+            return staging
+
+        from rocmft.device import DeviceFacts
+        from rocmft.render import render
+
+        return render(settings, device or DeviceFacts(backend="cpu"), make_staging)
+
+    return run
+
+
+@pytest.fixture
 def run_rocmft(tmp_path, cache_dir):
     """Run ``rocmft <args>`` in a child process with ``env`` added to a clean environment.
 

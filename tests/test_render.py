@@ -10,30 +10,8 @@ from omegaconf import OmegaConf
 
 from rocmft.device import DeviceFacts
 from rocmft.errors import ConfigError
-from rocmft.render import render
-from rocmft.settings import load_settings
 
 CPU = DeviceFacts(backend="cpu")
-
-
-@pytest.fixture
-def render_env(tmp_path, cache_dir, tiny_model):
-    """render(environ) -> Plan, with OUTPUT_DIR and the cache in tmp_path, the tiny model unless overridden."""
-
-    def run(environ: dict[str, str], model: bool = True, device: DeviceFacts = CPU):
-        base = {"ROCMFT_CACHE_DIR": str(cache_dir), "OUTPUT_DIR": str(tmp_path / "out")}
-        if model:
-            base["MODEL_NAME_OR_PATH"] = str(tiny_model)
-        settings = load_settings({**base, **environ})
-
-        def make_staging(output_dir: Path) -> Path:
-            staging = tmp_path / "staging"
-            staging.mkdir(parents=True, exist_ok=True)
-            return staging
-
-        return render(settings, device, make_staging)
-
-    return run
 
 
 def staged_yaml(plan) -> dict:

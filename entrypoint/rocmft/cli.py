@@ -96,6 +96,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float]):
 
     start_probes()  # GPU probes in child processes, running while the settings import LLaMA-Factory
     from .checks import validate_skip
+    from .launch import prepare_launch
     from .render import render
     from .settings import load_settings
     from .validate import validate
@@ -112,6 +113,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float]):
     started = time.monotonic()
     plan = render(settings, device, workspace.make_staging)
     plan.probes["devices"] = probe_devices_raw()
+    prepare_launch(plan)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
     timings["render"] = time.monotonic() - started
     _say(f"precision: {plan.precision.policy} ({plan.precision.reason})")
 

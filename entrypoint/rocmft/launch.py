@@ -1,8 +1,12 @@
 """Launch: start the worker (one process, or torchrun per rank), stream and save its output, pass signals.
 
 The worker's output goes both to the console and to ``OUTPUT_DIR/rocmft/train.log``, with the values of
-any secrets replaced by ``<redacted>``. SIGTERM/SIGINT to rocmft are passed to the worker's process
-group; the worker exits 143 (rocmft.errors).
+any secrets replaced by ``<redacted>``; under torchrun each local rank's output also goes to its own files
+(``rocmft/logs/``, torchrun's ``--log-dir`` with ``--tee``). SIGTERM/SIGINT to rocmft are passed to the
+worker's process group; the worker exits 143 (rocmft.errors).
+
+Multi-node: every node runs ``rocmft train`` with the same settings and NNODES, NODE_RANK, MASTER_ADDR,
+MASTER_PORT (LLaMA-Factory's launcher names, passed to torchrun as they are).
 """
 
 from __future__ import annotations
@@ -12,12 +16,17 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from .errors import ExitCode
-from .render import Plan
+from .errors import ConfigError, ExitCode
+from .render import Plan, node_rank
 from .validate import free_port
 
 LOG_FILE = "train.log"
+LOG_DIR = "logs"
+# The variables that steer RCCL/NCCL, HIP and the collectives: printed and recorded with their source.
+COMMUNICATION_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "GPU_MAX_", "TORCH_NCCL_", "GLOO_", "ROCR_", "CUDA_")
+ARCH_PROFILE = Path("/etc/rocmft/arch.env")  # the image's docker/arch/<ARCH>.env (container-entry.sh reads it)
 
 
 def processes_per_node(plan: Plan) -> int:
@@ -29,23 +38,129 @@ def processes_per_node(plan: Plan) -> int:
     return int(asked) if asked else max(plan.device.count, 1)
 
 
-def worker_command(plan: Plan) -> list[str]:
+def nnodes() -> int:
+    """NNODES (hosts in the run), 1 when unset. Raises ConfigError when it is not a positive number."""
+    text = os.environ.get("NNODES", "1").strip() or "1"
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(
+            f"NNODES={text!r} is not a number of nodes.", "Set NNODES to the number of hosts (1, 2, ...)."
+        )
+    return int(text)
+
+
+def check_world_size(plan: Plan) -> None:
+    """Refuse a hand-set WORLD_SIZE that disagrees with NNODES × processes per node, and a NODE_RANK outside
+    NNODES (torchrun would wait forever for ranks that never come).
+
+    Raises:
+        ConfigError: naming the variables and their values.
+    """
+    nodes, rank = nnodes(), node_rank()
+    per_node = processes_per_node(plan)
+    if rank >= nodes:
+        raise ConfigError(f"NODE_RANK={rank} but NNODES={nodes}: node ranks run from 0 to {nodes - 1}.",
+                          "Give each node a distinct NODE_RANK below NNODES.")  # fmt: skip
+    if nodes > 1 and plan.launcher != "torchrun":
+        raise ConfigError(f"NNODES={nodes} needs a torchrun launch, but this run is one process.",
+                          "Set ROCMFT_DISTRIBUTED=ddp, deepspeed or fsdp for a multi-node run.")  # fmt: skip
+    given = os.environ.get("WORLD_SIZE", "").strip()
+    if given and given != str(nodes * per_node):
+        raise ConfigError(
+            f"WORLD_SIZE={given} disagrees with NNODES={nodes} x {per_node} processes per node = {nodes * per_node}.",
+            "Unset WORLD_SIZE (torchrun sets it for every rank), or fix NNODES / ROCMFT_NPROC_PER_NODE.",
+        )
+
+
+def communication_environment(environ: dict[str, str], added: dict[str, str],
+                              profile: Path = ARCH_PROFILE) -> dict[str, dict[str, str]]:  # fmt: skip
+    """The effective RCCL/NCCL/HIP variables of the launch, each with where it came from.
+
+    Sources: ``arch profile`` (a ``RUNTIME_<NAME>`` line of the image's docker/arch/<ARCH>.env, which
+    container-entry.sh exports unless the user set the name), ``rocmft`` (``added``: network detection for
+    multi-node runs), or ``user`` (anything else: the user's value always wins over the profile's).
+    """
+    defaults = {}
+    if profile.is_file():
+        for line in profile.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.startswith("RUNTIME_"):
+                defaults[key.removeprefix("RUNTIME_")] = value
+    effective = {}
+    for name in sorted({**environ, **added}):
+        if not name.startswith(COMMUNICATION_PREFIXES) or name.endswith("_VISIBLE_DEVICES"):
+            continue
+        value = added.get(name, environ.get(name, ""))
+        source = "rocmft" if name in added else "arch profile" if defaults.get(name) == value else "user"
+        effective[name] = {"value": value, "source": source}
+    return effective
+
+
+def prepare_launch(plan: Plan, root: Path = Path("/"), numactl: bool | None = None,
+                   allowed_cpus: set[int] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Decide how the worker starts and record it in ``plan.launch`` (for the manifest).
+
+    Returns ``{"command", "environment" (additions), "numa", "network_notes", "communication"}``. The NUMA
+    binding plan follows ROCMFT_NUMA_BIND (rocmft.topology.binding_plan) for the local ranks' GPUs, by PCI
+    address from the device probe; the network variables are added for multi-node runs only
+    (rocmft.topology.network_environment).
+
+    Args:
+        plan: the rendered run (its device probe gives the GPUs' PCI addresses).
+        root: where /sys and /proc are (tests pass a recorded host layout).
+        numactl: whether numactl is installed (torch binds through it); None looks on PATH.
+        allowed_cpus: the CPUs this process may use; None reads os.sched_getaffinity (the container's cpuset).
+
+    Raises:
+        ConfigError: a bad NNODES/NODE_RANK/WORLD_SIZE, or ROCMFT_NUMA_BIND=on where binding cannot work.
+    """
+    from .topology import binding_plan, network_environment
+
+    check_world_size(plan)
+    added = {"PYTHONUNBUFFERED": "1"}
+    numa = None
+    network_notes: list[str] = []
+    if plan.launcher == "torchrun":
+        added["FORCE_TORCHRUN"] = "1"  # LLaMA-Factory requires it for DeepSpeed
+        network = network_environment(os.environ, nnodes(), root)
+        added.update(network.env())
+        network_notes = network.notes
+        gpus = (plan.probes.get("devices") or {}).get("gpus", [])[: processes_per_node(plan)]
+        addresses = [g.get("pci") for g in gpus]
+        if all(addresses) and addresses:
+            numa = binding_plan(addresses, plan.settings.rocmft.numa_bind, root, allowed_cpus, numactl)
+        elif plan.settings.rocmft.numa_bind == "on":
+            raise ConfigError("ROCMFT_NUMA_BIND=on, but the GPUs' PCI addresses are unknown (no GPU, or an old "
+                              "torch).", "Set ROCMFT_NUMA_BIND=auto or off.")  # fmt: skip
+    plan.launch = {
+        "command": worker_command(plan, numa.torchrun_args() if numa else []),
+        "environment": added,
+        "numa": numa.as_dict() if numa else {"enabled": False, "reason": "one process, or no GPU PCI addresses"},
+        "network_notes": network_notes,
+        "communication": communication_environment(dict(os.environ), added),
+    }
+    return plan.launch
+
+
+def worker_command(plan: Plan, numa_args: list[str] | None = None) -> list[str]:
     """The command line that starts the worker(s) for ``plan``.
 
     One process: ``python -m rocmft.worker RUN_DIR``. Otherwise torchrun (``python -m torch.distributed.run``)
     with LLaMA-Factory's launcher conventions: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT from the
-    environment, processes per node from :func:`processes_per_node`.
+    environment, processes per node from :func:`processes_per_node`, each local rank's output also in
+    ``RUN_DIR/logs`` (``--log-dir``, ``--tee 3``), and ``numa_args`` (``--numa-binding node``) when binding.
     """
     worker = ["-m", "rocmft.worker", str(plan.run_dir)]
     if plan.launcher != "torchrun":
         return [sys.executable, *worker]
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", os.environ.get("NNODES", "1"),
-        "--node_rank", os.environ.get("NODE_RANK", "0"),
+        "--nnodes", str(nnodes()),
+        "--node_rank", str(node_rank()),
         "--nproc_per_node", str(processes_per_node(plan)),
         "--master_addr", os.environ.get("MASTER_ADDR", "127.0.0.1"),
         "--master_port", os.environ.get("MASTER_PORT", str(free_port())),
+        "--log-dir", str(plan.run_dir / LOG_DIR), "--tee", "3",
+        *(numa_args or []),
         *worker,
     ]  # fmt: skip
 
@@ -62,14 +177,19 @@ def _redactor(secrets: list[str]):
 
 
 def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
-    """Run the worker to the end and return its exit code (an :class:`ExitCode` value)."""
-    command = worker_command(plan)
-    environ = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if plan.launcher == "torchrun":
-        environ["FORCE_TORCHRUN"] = "1"  # LLaMA-Factory requires it for DeepSpeed
+    """Run the worker as :func:`prepare_launch` decided and return its exit code (an :class:`ExitCode` value)."""
+    launch = plan.launch or prepare_launch(plan)
+    command = launch["command"]
+    environ = {**os.environ, **launch["environment"]}
     redact = _redactor(list(secrets.values()))
     log_path = plan.run_dir / LOG_FILE
     print(f"[rocmft] launching: {' '.join(command)}", flush=True)
+    if plan.launcher == "torchrun":
+        print(f"[rocmft] NUMA binding: {launch['numa']['reason']}", flush=True)
+        for note in launch["network_notes"]:
+            print(f"[rocmft] network: {note}", flush=True)
+        shown = ", ".join(f"{k}={v['value']} ({v['source']})" for k, v in launch["communication"].items())
+        print(f"[rocmft] communication settings: {shown or 'library defaults'}", flush=True)
     proc = subprocess.Popen(
         command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         start_new_session=True,

@@ -93,6 +93,7 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "device": plan.device.as_dict(),
         "gpu_probes": {k: v for k, v in plan.probes.items() if k != "image"},
         "launcher": plan.launcher,
+        "launch": plan.launch,
         "demo": plan.demo,
         "settings": plan.settings.redacted(),
         "arguments": plan.arguments,

@@ -48,6 +48,25 @@ FSDP_CONFIG = {
 }
 
 
+def node_rank() -> int:
+    """This host's NODE_RANK in a multi-node run (LLaMA-Factory's launcher variable, torchrun's --node_rank); 0
+    alone. Raises ConfigError when it is not a number."""
+    import os
+
+    text = os.environ.get("NODE_RANK", "0").strip() or "0"
+    if not text.isdigit():
+        raise ConfigError(f"NODE_RANK={text!r} is not a node number.", "Set NODE_RANK to 0 on the first node, "
+                          "1, 2, ... on the others (below NNODES).")  # fmt: skip
+    return int(text)
+
+
+def run_subdir() -> str:
+    """``rocmft`` on node 0; ``rocmft-node<k>`` on the other nodes of a multi-node run, so that node 0 alone
+    writes OUTPUT_DIR/rocmft and the weights, while each other node keeps its own record beside it."""
+    rank = node_rank()
+    return RUN_SUBDIR if rank == 0 else f"{RUN_SUBDIR}-node{rank}"
+
+
 def builtin_templates() -> Path:
     """The folder of the templates shipped with rocmft: ``rocmft/templates`` in an installed wheel,
     ``templates/`` at the top of the repository in a source checkout (editable install)."""
@@ -78,6 +97,8 @@ class Plan:
         files: name -> staged path of each rendered file.
         probes: facts the GPU checks measured (device probe, all-reduce, the image's build record), kept
             for the manifest; tests put probe data here instead of running a probe.
+        launch: how the worker is started (rocmft.launch.prepare_launch): command, NUMA binding, the
+            effective communication environment with each value's source; for the manifest.
     """
 
     settings: Settings
@@ -94,6 +115,7 @@ class Plan:
     launcher: str = "python"
     files: dict[str, Path] = field(default_factory=dict)
     probes: dict[str, Any] = field(default_factory=dict)
+    launch: dict[str, Any] = field(default_factory=dict)
 
     def staged(self, final: str | Path) -> Path:
         """Map a path under ``run_dir`` to its staged twin (used to validate before files move)."""
@@ -234,7 +256,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     if "output_dir" not in layered:
         name = "ROCMFT_RUN_NAME" if rocmft.run_name else "<run name>"
         sources["output_dir"] = f"rocmft's default (ROCMFT_SAVES_DIR/{name})"
-    run_dir = output_dir / RUN_SUBDIR
+    run_dir = output_dir / run_subdir()
     staging = make_staging(output_dir)
 
     names = split_names(layered.get("dataset")) + split_names(layered.get("eval_dataset"))
@@ -359,10 +381,49 @@ def _check_distributed(settings: Settings, arguments: dict[str, Any]) -> None:
             f"{settings.source_of('fsdp')} asks for FSDP but ROCMFT_DISTRIBUTED=deepspeed; they exclude each other.",
             "Use one strategy: ROCMFT_DISTRIBUTED=fsdp or ROCMFT_DISTRIBUTED=deepspeed.",
         )
+    sharded = (rocmft.distributed == "deepspeed" and rocmft.zero_stage == 3) or rocmft.distributed == "fsdp"
+    if sharded:
+        _check_sharded_quantization(settings, arguments)
     if arguments.get("deepspeed") and rocmft.distributed == "deepspeed":
         raise ConfigError(
             f"{settings.source_of('deepspeed')} gives a DeepSpeed config and ROCMFT_DISTRIBUTED=deepspeed renders one.",
             "Keep one: unset DEEPSPEED to use rocmft's ZeRO settings, or unset ROCMFT_DISTRIBUTED.",
+        )
+
+
+def _check_sharded_quantization(settings: Settings, arguments: dict[str, Any]) -> None:
+    """Quantization that cannot be sharded by ZeRO-3 or FSDP, refused before the model loads (LLaMA-Factory
+    0.9.5 raises the same only while loading it: model/model_utils/quantization.py, configure_quantization).
+
+    * a checkpoint already quantized after training (GPTQ, AWQ, ...: ``quantization_config`` in its
+      config.json): its packed integer weights cannot be partitioned;
+    * on-the-fly quantization other than 4-bit bitsandbytes (QUANTIZATION_BIT=8, or the hqq/eetq methods):
+      only 4-bit bitsandbytes stores its weights in a float dtype that ZeRO-3/FSDP can shard
+      (bnb_4bit_quant_storage, the "fsdp+qlora" path).
+    """
+    rocmft = settings.rocmft
+    strategy = "FSDP (ROCMFT_DISTRIBUTED=fsdp)" if rocmft.distributed == "fsdp" else "ZeRO-3 (ROCMFT_ZERO_STAGE=3)"
+    config_path = Path(str(arguments.get("model_name_or_path") or "")).expanduser() / "config.json"
+    quantized = None
+    if config_path.is_file():
+        try:
+            quantized = (json.loads(config_path.read_text()).get("quantization_config") or {}).get("quant_method")
+        except (OSError, ValueError):
+            quantized = None  # the model check reports an unreadable config
+    if quantized:
+        raise ConfigError(
+            f"The model {config_path.parent} is already quantized ({quantized}, quantization_config in its "
+            f"config.json), and {strategy} cannot shard its packed weights.",
+            "Use ROCMFT_DISTRIBUTED=ddp (or deepspeed with ROCMFT_ZERO_STAGE=2), or the unquantized model with "
+            "QUANTIZATION_BIT=4.",
+        )
+    bits = arguments.get("quantization_bit")
+    method = str(arguments.get("quantization_method") or "bnb")
+    if bits and (method != "bnb" or int(bits) != 4):
+        raise ConfigError(
+            f"QUANTIZATION_BIT={bits} with QUANTIZATION_METHOD={method} cannot be combined with {strategy}: only "
+            "4-bit bitsandbytes (QLoRA) is shardable.",
+            "Use QUANTIZATION_BIT=4 (bitsandbytes), or ROCMFT_DISTRIBUTED=ddp / ROCMFT_ZERO_STAGE=2.",
         )
 
 

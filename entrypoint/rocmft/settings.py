@@ -99,6 +99,12 @@ class RocmftSettings(BaseSettings):
     nproc_per_node: int | None = Field(
         None, ge=1, description="Processes per node when launching through torchrun (default: visible GPUs, ≥1)."
     )
+    numa_bind: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Bind each rank's CPUs (and so, by first touch, its host memory) to its GPU's NUMA node, "
+        "through torchrun's --numa-binding=node. `auto`: on when the host has more than one NUMA node and the "
+        "GPUs' nodes are known; `on`: bind or refuse to start; `off`.",
+    )
     fault_nan_at_step: int | None = Field(
         None,
         ge=1,

@@ -1,0 +1,131 @@
+"""The launch on the CPU: the torchrun command and environment, multi-node variables, NUMA binding against a
+recorded 2-socket 8-GPU host layout (tests/data/sysfs), and the refusals of impossible distributed settings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rocmft.device import facts_from_probe
+from rocmft.errors import ConfigError
+from rocmft.launch import communication_environment, prepare_launch
+
+TWO_SOCKET = Path(__file__).parent / "data" / "sysfs" / "two-socket-8gpu"
+# the PCI addresses of the recorded layout's GPUs, in torch's device order
+PCI = ["0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0",
+       "0000:85:00.0", "0000:a6:00.0", "0000:c6:00.0", "0000:e5:00.0"]  # fmt: skip
+
+
+def eight_gpus() -> dict:
+    """The device probe's shape for 8 MI300X (as rocmft.probe reports it), with the layout's PCI addresses."""
+    gpus = [{"index": i, "name": "AMD Instinct MI300X", "arch": "gfx942:sramecc+:xnack-", "total_gib": 191.98,
+             "free_gib": 191.4, "bf16": True, "pci": pci, "gemm": {}} for i, pci in enumerate(PCI)]  # fmt: skip
+    return {"backend": "rocm", "torch": "2.11.0+rocm7.1", "hip": "7.1.0", "cuda": None, "visible": {}, "gpus": gpus}
+
+
+@pytest.fixture
+def launch_plan(render_env, monkeypatch):
+    """render + device probe + prepare_launch against the recorded layout, numactl present."""
+    for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NCCL_SOCKET_IFNAME",
+                 "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NPROC_PER_NODE"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+
+    def run(environ: dict[str, str], launch_env: dict[str, str] | None = None):
+        for name, value in (launch_env or {}).items():
+            monkeypatch.setenv(name, value)
+        probe = eight_gpus()
+        plan = render_env({"DATASET": "identity", **environ}, device=facts_from_probe(probe))
+        plan.probes["devices"] = probe
+        prepare_launch(plan, root=TWO_SOCKET, numactl=True, allowed_cpus=set(range(192)))  # the host's 192 CPUs
+        return plan
+
+    return run
+
+
+def test_torchrun_command_for_a_node_of_a_multi_node_job(launch_plan):
+    plan = launch_plan(
+        {"ROCMFT_DISTRIBUTED": "deepspeed"},
+        {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+    )
+    command = plan.launch["command"]
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    assert command[-3:] == ["-m", "rocmft.worker", str(plan.run_dir)]
+    text = " ".join(command)
+    assert "--nnodes 2 --node_rank 1 --nproc_per_node 8 --master_addr 10.0.0.1 --master_port 29500" in text
+    assert f"--log-dir {plan.run_dir / 'logs'} --tee 3 --numa-binding node" in text
+    assert plan.run_dir.name == "rocmft-node1"  # node 0 alone writes OUTPUT_DIR/rocmft
+    env = plan.launch["environment"]
+    assert env["FORCE_TORCHRUN"] == "1"
+    assert env["NCCL_SOCKET_IFNAME"] == "=eth0" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
+    numa = plan.launch["numa"]
+    assert numa["enabled"] and [r["numa_node"] for r in numa["per_rank"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert numa["per_rank"][5]["cpus"] == "48-95,144-191"
+
+
+def test_single_node_adds_no_network_variables_and_the_users_values_win(launch_plan):
+    plan = launch_plan({"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2"})
+    assert not any(k.startswith(("NCCL_", "GLOO_")) for k in plan.launch["environment"])
+    assert "--nnodes 1 --node_rank 0 --nproc_per_node 2" in " ".join(plan.launch["command"])
+    mine = launch_plan({"ROCMFT_DISTRIBUTED": "ddp"}, {"NNODES": "2", "NCCL_SOCKET_IFNAME": "ib0"})
+    assert "NCCL_SOCKET_IFNAME" not in mine.launch["environment"]
+    assert mine.launch["communication"]["NCCL_SOCKET_IFNAME"] == {"value": "ib0", "source": "user"}
+
+
+def test_numa_binding_off_and_one_process(launch_plan):
+    off = launch_plan({"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NUMA_BIND": "off"})
+    assert "--numa-binding" not in off.launch["command"] and not off.launch["numa"]["enabled"]
+
+
+@pytest.mark.parametrize(("launch_env", "environ", "words"), [
+    ({"WORLD_SIZE": "4"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "WORLD_SIZE=4 disagrees with NNODES=1 x 8"),
+    ({"NNODES": "2", "NODE_RANK": "2"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "NODE_RANK=2 but NNODES=2"),
+    ({"NNODES": "two"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "NNODES='two'"),
+])  # fmt: skip
+def test_inconsistent_node_variables_are_refused(launch_plan, launch_env, environ, words):
+    with pytest.raises(ConfigError) as caught:
+        launch_plan(environ, launch_env)
+    assert words in str(caught.value)
+
+
+def test_communication_settings_name_their_source(tmp_path):
+    profile = tmp_path / "arch.env"
+    profile.write_text("ARCH=gfx942\nRUNTIME_NCCL_MIN_NCHANNELS=112\nRUNTIME_NCCL_DEBUG=WARN\n")
+    environ = {"NCCL_MIN_NCHANNELS": "112", "NCCL_DEBUG": "INFO", "HIP_VISIBLE_DEVICES": "0,1", "PATH": "/bin"}
+    found = communication_environment(environ, {"NCCL_SOCKET_IFNAME": "=eth0"}, profile)
+    assert found == {
+        "NCCL_DEBUG": {"value": "INFO", "source": "user"},
+        "NCCL_MIN_NCHANNELS": {"value": "112", "source": "arch profile"},
+        "NCCL_SOCKET_IFNAME": {"value": "=eth0", "source": "rocmft"},
+    }
+
+
+def quantized_copy(tiny_model: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "tiny-gptq"
+    shutil.copytree(tiny_model, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_sharding_a_quantized_model_is_refused(render_env, tiny_model, tmp_path):
+    quantized = str(quantized_copy(tiny_model, tmp_path))
+    for environ in ({"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3"}, {"ROCMFT_DISTRIBUTED": "fsdp"}):
+        with pytest.raises(ConfigError) as caught:
+            render_env({**environ, "MODEL_NAME_OR_PATH": quantized, "DATASET": "identity"})
+        assert "already quantized (gptq" in str(caught.value) and "cannot shard" in str(caught.value)
+    # ZeRO-2 keeps whole weights per rank: allowed
+    render_env({"ROCMFT_DISTRIBUTED": "deepspeed", "MODEL_NAME_OR_PATH": quantized, "DATASET": "identity"})
+
+
+def test_only_4bit_bitsandbytes_is_shardable(render_env):
+    with pytest.raises(ConfigError) as caught:
+        render_env({"ROCMFT_DISTRIBUTED": "fsdp", "QUANTIZATION_BIT": "8", "DATASET": "identity"})
+    assert "QUANTIZATION_BIT=8" in str(caught.value) and "FSDP" in str(caught.value)
+    qlora = render_env({"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3", "QUANTIZATION_BIT": "4",
+                        "DATASET": "identity"})  # fmt: skip
+    assert qlora.arguments["quantization_bit"] == 4
