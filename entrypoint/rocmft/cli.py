@@ -93,13 +93,14 @@ class Workspace:
 def _prepare(workspace: Workspace, timings: dict[str, float]):
     """Settings → render → validate. Returns the plan, staged."""
     from .device import facts_from_probe, probe_devices_raw, start_probes
+    from .validate import start_validator, validate
 
     start_probes()  # GPU probes in child processes, running while the settings import LLaMA-Factory
+    start_validator()  # LLaMA-Factory's parser in a child process, importing meanwhile
     from .checks import validate_skip
     from .launch import prepare_launch
     from .render import render
     from .settings import load_settings
-    from .validate import validate
 
     started = time.monotonic()
     settings = load_settings()

@@ -6,17 +6,20 @@ full fine-tuning, ...). rocmft runs it in a child process because it has side ef
 into the entrypoint: it initialises a (one-rank) process group for DeepSpeed/FSDP, sets environment
 variables (ACCELERATE_USE_DEEPSPEED) and configures logging. For torchrun launches the child gets the
 environment torchrun would give rank 0 of a one-process job, so the distributed rules are checked too.
-The child is forked from the entrypoint, which has imported LLaMA-Factory already to read the settings, so
-it costs only the parse itself (about a second).
+The child starts when the entrypoint does and imports LLaMA-Factory meanwhile (:class:`Validator`), so the
+parse itself adds about a second once the configuration is rendered.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import re
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -91,37 +94,28 @@ def validate(plan: Plan) -> dict[str, Any]:
     arguments = dict(plan.arguments)
     if isinstance(arguments.get("deepspeed"), str):  # the ds_config is still in the staging folder
         arguments["deepspeed"] = str(plan.staged(arguments["deepspeed"]))
-    environ = {k: v for k, v in os.environ.items() if k not in plan.settings.secrets}
-    if plan.launcher == "torchrun":
-        environ = torchrun_rank0_env(environ)
-    with tempfile.TemporaryDirectory(prefix="rocmft-validate-") as tmp:
-        result_path, log_path = Path(tmp) / "result.json", Path(tmp) / "parser.log"
-        # fork, not spawn: the child inherits the LLaMA-Factory modules the settings step already imported
-        # (a fresh interpreter spent 5-20 s importing transformers again; measured on 2 x H200, BENCHMARKS.md)
-        child = multiprocessing.get_context("fork").Process(
-            target=_forked_child, args=(arguments, environ, str(result_path), str(log_path)), daemon=True
+    environ = torchrun_rank0_env({}) if plan.launcher == "torchrun" else {}
+    validator = take_validator()
+    try:
+        validator.proc.communicate(json.dumps({"arguments": arguments, "environ": environ}), timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as err:
+        validator.cancel()
+        locks = stale_extension_locks()
+        raise ConfigError(
+            f"LLaMA-Factory's argument parser did not finish in {TIMEOUT_S} s."
+            + (f" A torch extension build lock is held: {', '.join(map(str, locks))}." if locks else ""),
+            (f"If no other rocmft/DeepSpeed process is running, remove {locks[0]} (left by an interrupted "
+             "DeepSpeed op build) and run again." if locks else
+             "Run `rocmft render` again; if it hangs, look for a stuck process-group setup (MASTER_ADDR)."),
+        ) from err  # fmt: skip
+    result, log = validator.result(), validator.log()
+    validator.cancel()
+    if result is None:
+        tail = "\n".join(log.strip().splitlines()[-15:])
+        raise ConfigError(
+            f"LLaMA-Factory's argument parser crashed (exit {validator.proc.returncode}):\n{tail}",
+            "Check the installation with `rocmft env`.",
         )
-        child.start()
-        child.join(TIMEOUT_S)
-        if child.is_alive():
-            child.kill()
-            child.join()
-            locks = stale_extension_locks()
-            raise ConfigError(
-                f"LLaMA-Factory's argument parser did not finish in {TIMEOUT_S} s."
-                + (f" A torch extension build lock is held: {', '.join(map(str, locks))}." if locks else ""),
-                (f"If no other rocmft/DeepSpeed process is running, remove {locks[0]} (left by an interrupted "
-                 "DeepSpeed op build) and run again." if locks else
-                 "Run `rocmft render` again; if it hangs, look for a stuck process-group setup (MASTER_ADDR)."),
-            )  # fmt: skip
-        result = json.loads(result_path.read_text()) if result_path.is_file() else None
-        if result is None:
-            log = log_path.read_text(errors="replace") if log_path.is_file() else ""
-            tail = "\n".join(log.strip().splitlines()[-15:])
-            raise ConfigError(
-                f"LLaMA-Factory's argument parser crashed (exit {child.exitcode}):\n{tail}",
-                "Check the installation with `rocmft env`.",
-            )
     if not result["ok"]:
         message = result["error"]
         involved = [_describe(name, plan) for name in _names_in(message)]
@@ -135,14 +129,76 @@ def validate(plan: Plan) -> dict[str, Any]:
     return result
 
 
-def _forked_child(arguments: dict[str, Any], environ: dict[str, str], result_path: str, log_path: str) -> None:
-    """In the forked child: the validation environment, output to ``log_path``, then :func:`_parse`."""
-    os.environ.clear()
-    os.environ.update(environ)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    _parse(arguments, result_path)
+class Validator:
+    """A child process that imports LLaMA-Factory at once and then waits on stdin for one configuration to parse.
+
+    Started first thing (:func:`start_validator`), it imports transformers while the entrypoint itself does,
+    so the parse costs no second import on the critical path (measured on 2 x H200: the import is 10-20 s
+    there). Not a fork of the entrypoint: importing LLaMA-Factory initialises CUDA (llamafactory.extras.misc
+    asks torch for bf16 support at import time), and CUDA cannot be used again in a forked child. Secrets
+    (by name, rocmft.lfargs.is_secret_name) are not in its environment.
+    """
+
+    def __init__(self) -> None:
+        import atexit
+
+        from .lfargs import is_secret_name
+
+        self.folder = Path(tempfile.mkdtemp(prefix="rocmft-validate-"))
+        self.result_path, self.log_path = self.folder / "result.json", self.folder / "parser.log"
+        environ = {k: v for k, v in os.environ.items() if not is_secret_name(k)}
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rocmft.validate", str(self.result_path)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=self._log, env=environ, text=True, start_new_session=True,
+        )  # fmt: skip
+        atexit.register(self.cancel)
+
+    def cancel(self) -> None:
+        """Kill the child if it still runs, and remove its folder."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        self._log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def result(self) -> dict[str, Any] | None:
+        """The parse's result (None when the child died without one)."""
+        return json.loads(self.result_path.read_text()) if self.result_path.is_file() else None
+
+    def log(self) -> str:
+        """What the child printed (LLaMA-Factory's and transformers' messages)."""
+        return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+
+
+_validator: Validator | None = None
+
+
+def start_validator() -> None:
+    """Start the parser child now, so that it imports LLaMA-Factory while the entrypoint works (idempotent)."""
+    global _validator
+    if _validator is None:
+        _validator = Validator()
+
+
+def take_validator() -> Validator:
+    """The started parser child (or a new one), handed over for its one parse."""
+    global _validator
+    validator, _validator = _validator or Validator(), None
+    return validator
+
+
+def _child(result_path: str) -> int:
+    """In the child: import LLaMA-Factory, read {arguments, environ} from stdin, parse, write the result."""
+    import llamafactory.hparams  # noqa: F401  (the slow import, done while the entrypoint renders)
+
+    request = json.loads(sys.stdin.read())
+    os.environ.update(request["environ"])
+    _parse(request["arguments"], result_path)
+    return 0
 
 
 def _parse(arguments: dict[str, Any], result_path: str) -> None:
@@ -170,3 +226,7 @@ def _parse(arguments: dict[str, Any], result_path: str) -> None:
         pass
     result["seconds"] = round(time.monotonic() - started, 2)
     Path(result_path).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child(sys.argv[1]))

@@ -1,0 +1,203 @@
+"""Train with each distributed strategy through `rocmft train` (environment variables only) and compare.
+
+Run on a host with two GPUs, from the repository root::
+
+    python bench/strategies.py --out DIR --data ../shared/data
+
+1. builds a random-weight model of Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
+   intermediate 4864, vocab 151936, tied embeddings; Qwen's published config) in bf16 with the tokenizer of
+   rocmft's built-in tiny model (a child process, so this one never holds a GPU);
+2. LoRA SFT for 20 optimizer steps (same seed, data, micro-batch 4, cutoff 512, learning rate 1e-4) with:
+   one GPU (ROCMFT_DISTRIBUTED=none, the scaling baseline), then on two GPUs ``ddp``, ``deepspeed`` ZeRO-2,
+   ZeRO-3, ZeRO-3 with optimizer offload, and ``fsdp``;
+3. two "nodes" of one GPU each on this host: two ``rocmft train`` processes with NNODES=2 and NODE_RANK 0/1;
+4. for each: exit code, the final logged loss, tokens/s (the trainer's num_input_tokens_seen over
+   train_runtime, all ranks together), whether the saved adapter loads onto the base model, and which
+   rocmft folders each node wrote. Prints a table and writes DIR/strategies.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "entrypoint"))
+
+# Qwen2-0.5B's shape (its config.json on the Hugging Face hub, Qwen/Qwen2-0.5B)
+QWEN2_05B = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
+COMMON = {
+    "FINETUNING_TYPE": "lora", "DATASET": "alpaca_en_demo", "TEMPLATE": "qwen", "CUTOFF_LEN": "512",
+    "PER_DEVICE_TRAIN_BATCH_SIZE": "4", "GRADIENT_ACCUMULATION_STEPS": "1", "MAX_STEPS": "20",
+    "LOGGING_STEPS": "5", "LEARNING_RATE": "1e-4", "SEED": "42", "SAVE_STRATEGY": "no", "REPORT_TO": "none",
+    "ROCMFT_PRECISION": "bf16",
+}  # fmt: skip
+ZERO3 = {"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3"}
+RUNS = {  # name -> (visible GPUs, extra environment)
+    "1gpu": ("0", {}),
+    "ddp": ("0,1", {"ROCMFT_DISTRIBUTED": "ddp"}),
+    "zero2": ("0,1", {"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "2"}),
+    "zero3": ("0,1", ZERO3),
+    "zero3-offload": ("0,1", {**ZERO3, "ROCMFT_OFFLOAD": "optimizer"}),
+    "fsdp": ("0,1", {"ROCMFT_DISTRIBUTED": "fsdp"}),
+}  # fmt: skip
+
+
+def build_model(folder: Path, cache: Path) -> None:
+    """Child process: random Qwen2-0.5B-shaped bf16 weights made on the GPU, saved with the tiny tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rocmft.demo import ensure_tiny_model
+
+    tiny = ensure_tiny_model(cache)
+    tiny_config = json.loads((tiny / "config.json").read_text())
+    config = Qwen2Config(**QWEN2_05B, bos_token_id=None, eos_token_id=tiny_config.get("eos_token_id"),
+                         pad_token_id=tiny_config.get("pad_token_id"))  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (tiny / name).is_file():
+            shutil.copy2(tiny / name, folder / name)
+    print(f"[bench] built {folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters", flush=True)
+
+
+def clean_environment() -> dict[str, str]:
+    """This process's environment without ROCMFT_* and training-argument variables (like the tests)."""
+    from rocmft.lfargs import env_arguments
+
+    arguments = env_arguments()
+    return {k: v for k, v in os.environ.items() if not k.upper().startswith("ROCMFT_") and k.upper() not in arguments}
+
+
+def start(env_extra: dict[str, str], visible: str, output: Path, model: Path, data: Path, log: Path):
+    env = clean_environment()
+    env.update(COMMON)
+    env.update({"MODEL_NAME_OR_PATH": str(model), "DATASET_DIR": str(data), "OUTPUT_DIR": str(output),
+                "CUDA_VISIBLE_DEVICES": visible, "HIP_VISIBLE_DEVICES": visible, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    env.update(env_extra)
+    handle = log.open("w")
+    return subprocess.Popen([sys.executable, "-m", "rocmft", "train"], env=env, stdout=handle,
+                            stderr=subprocess.STDOUT, cwd=output.parent), handle  # fmt: skip
+
+
+def outcome(output: Path, model: Path, code: int, wall: float, log: Path) -> dict:
+    """What a run left: final loss, tokens/s, whether its adapter loads, rocmft folders."""
+    result = {"exit": code, "wall_s": round(wall, 1), "log": str(log)}
+    state_path = output / "trainer_state.json"
+    if state_path.is_file():
+        history = json.loads(state_path.read_text())["log_history"]
+        losses = [h["loss"] for h in history if "loss" in h]
+        final = history[-1]
+        tokens = max((h.get("num_input_tokens_seen", 0) for h in history), default=0)
+        runtime = final.get("train_runtime")
+        result.update(final_loss=losses[-1] if losses else None, losses=losses, tokens=tokens,
+                      train_runtime_s=runtime, tokens_per_s=round(tokens / runtime) if runtime else None)  # fmt: skip
+    result["rocmft_folders"] = sorted(p.name for p in output.glob("rocmft*") if p.is_dir())
+    result["adapter_files"] = sorted(p.name for p in output.glob("adapter_*"))
+    if (output / "adapter_config.json").is_file():
+        try:
+            import torch
+            from peft import PeftModel
+            from transformers import AutoModelForCausalLM
+
+            base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
+            loaded = PeftModel.from_pretrained(base, output)
+            result["adapter_loads"] = sum(p.numel() for n, p in loaded.named_parameters() if "lora_" in n) > 0
+        except Exception as err:  # report, do not stop the benchmark
+            result["adapter_loads"] = f"{type(err).__name__}: {err}"
+    manifest = output / "rocmft" / "manifest.json"
+    if manifest.is_file():
+        data = json.loads(manifest.read_text())
+        result["world_size"] = (data.get("worker") or {}).get("world_size")
+        result["numa"] = (data.get("launch") or {}).get("numa", {}).get("reason")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--runs", default=",".join([*RUNS, "2nodes"]), help="comma-separated subset")
+    parser.add_argument("--timeout", type=float, default=400)
+    parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cache, model = out / "cache", out / "qwen2-0.5b-random"
+    os.environ.setdefault("ROCMFT_CACHE_DIR", str(cache))
+    if args.build_only:
+        build_model(model, cache)
+        return 0
+    if not (model / "config.json").is_file():
+        subprocess.run([sys.executable, __file__, "--out", str(out), "--build-only"], check=True)
+    results = {}
+    for name in args.runs.split(","):
+        started = time.monotonic()
+        if name == "2nodes":
+            output = out / "runs" / name
+            shutil.rmtree(output, ignore_errors=True)
+            output.mkdir(parents=True)
+            nodes = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "ROCMFT_DISTRIBUTED": "ddp",
+                     "ROCMFT_NPROC_PER_NODE": "1"}  # fmt: skip
+            procs = [start({**nodes, "NODE_RANK": str(r)}, str(r), output, model, args.data.resolve(),
+                           out / f"{name}-node{r}.log") for r in (0, 1)]  # fmt: skip
+            codes = []
+            for proc, handle in procs:
+                try:
+                    codes.append(proc.wait(timeout=args.timeout))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    codes.append(-9)
+                handle.close()
+            results[name] = outcome(output, model, max(codes, key=abs), time.monotonic() - started,
+                                    out / f"{name}-node0.log")  # fmt: skip
+            results[name]["node_exits"] = codes
+        else:
+            visible, extra = RUNS[name]
+            output = out / "runs" / name
+            shutil.rmtree(output, ignore_errors=True)
+            output.mkdir(parents=True)
+            proc, handle = start(extra, visible, output, model, args.data.resolve(), out / f"{name}.log")
+            try:
+                code = proc.wait(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = -9
+            handle.close()
+            results[name] = outcome(output, model, code, time.monotonic() - started, out / f"{name}.log")
+        r = results[name]
+        print(f"[bench] {name:14s} exit {r['exit']:>3}  loss {r.get('final_loss')}  tok/s {r.get('tokens_per_s')}  "
+              f"wall {r['wall_s']} s  adapter loads {r.get('adapter_loads')}  folders {r['rocmft_folders']}",
+              flush=True)  # fmt: skip
+        (out / "strategies.json").write_text(json.dumps(results, indent=2))
+    base = (results.get("1gpu") or {}).get("tokens_per_s")
+    ddp = (results.get("ddp") or {}).get("tokens_per_s")
+    if base and ddp:
+        print(f"[bench] scaling 1 -> 2 GPUs (ddp): {ddp / base:.2f}x", flush=True)
+    return 0 if all(r["exit"] == 0 for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
