@@ -40,7 +40,7 @@ def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=
         probes={"image": image, "devices": probe, **probes},
         device=facts_from_probe(probe), ds_config=ds_config,
         launcher=launcher, arguments={"dataloader_num_workers": workers, **(arguments or {})},
-        settings=SimpleNamespace(rocmft=SimpleNamespace(nproc_per_node=nproc)),
+        settings=SimpleNamespace(rocmft=SimpleNamespace(nproc_per_node=nproc, distributed="none", offload="none")),
         precision=SimpleNamespace(compute_dtype="bfloat16"),
     )  # fmt: skip
 
@@ -240,3 +240,36 @@ def test_deepspeed_ops_needed_follow_the_offload_setting():
     ops = deepspeed_ops(plan(arguments={"deepspeed": "x"}, ds_config=offloaded))
     assert set(ops) == {"cpu_adam"} and set(ops["cpu_adam"]) == {"installed", "compatible"}
     assert deepspeed_ops(plan(arguments={"deepspeed": "x"}, ds_config={"zero_optimization": {"stage": 2}})) == {}
+
+
+# Qwen2-7B's shape (its config.json on the hub): the model of the memory-fit measurements in BENCHMARKS.md
+QWEN2_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+            "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+            "vocab_size": 152064, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}  # fmt: skip
+H200 = dict(name="NVIDIA H200", arch="sm_90", total=139.8, free=139.3)
+
+
+def lora_arguments(model_dir, micro_batch, checkpointing):
+    return {"model_name_or_path": str(model_dir), "finetuning_type": "lora", "cutoff_len": 2048, "packing": True,
+            "per_device_train_batch_size": micro_batch, "gradient_accumulation_steps": 1,
+            "disable_gradient_checkpointing": not checkpointing}  # fmt: skip
+
+
+def test_memory_fit_passes_fails_with_fixes_and_skips(tmp_path):
+    """The acceptance's cases on one H200: micro-batch 2 with checkpointing fits, 8 packed without does not
+    (measured: it ran out of memory), and the fixes offered each fit when estimated again."""
+    from rocmft.checks.system import memory_fit
+
+    model = tmp_path / "qwen2-7b"
+    model.mkdir()
+    (model / "config.json").write_text(__import__("json").dumps(QWEN2_7B))
+    h200 = devices(gpu(**H200), backend="cuda")
+    fits = memory_fit(plan(image=None, probe=h200, arguments=lora_arguments(model, 2, True)))
+    assert fits.status == PASS and "GiB of 139.3 GiB free" in fits.value, fits
+    oom = memory_fit(plan(image=None, probe=h200, arguments=lora_arguments(model, 8, False)))
+    assert oom.status == FAIL and "run out of GPU memory" in oom.message
+    assert "DISABLE_GRADIENT_CHECKPOINTING=false" in oom.remedy and "PER_DEVICE_TRAIN_BATCH_SIZE=" in oom.remedy
+    assert oom.data["estimate_gib"]["total"] > 139.3
+    not_local = memory_fit(plan(image=None, probe=h200, arguments=lora_arguments(tmp_path / "hub-id", 2, True)))
+    assert not_local.status == SKIP
+    assert memory_fit(plan(probe=devices(backend="cpu"))).status == SKIP

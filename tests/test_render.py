@@ -140,3 +140,10 @@ def test_several_visible_gpus_launch_through_torchrun(render_env):
     two_gpus = DeviceFacts(backend="rocm", count=2, names=["AMD Instinct MI300X"] * 2, bf16=True)
     assert render_env({"DATASET": "identity"}, device=two_gpus).launcher == "torchrun"
     assert render_env({"DATASET": "identity"}).launcher == "python"
+
+
+def test_more_than_one_process_per_node_launches_through_torchrun(render_env):
+    """ROCMFT_NPROC_PER_NODE=2 with one GPU is a torchrun launch, so the gpu-runtime check can refuse it (exit 3)
+    instead of silently training one process (seen on 2 x H200 with CUDA_VISIBLE_DEVICES=0)."""
+    assert render_env({"DATASET": "identity", "ROCMFT_NPROC_PER_NODE": "2"}).launcher == "torchrun"
+    assert render_env({"DATASET": "identity"}).launcher == "python"

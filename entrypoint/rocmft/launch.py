@@ -25,7 +25,7 @@ from .validate import free_port
 LOG_FILE = "train.log"
 LOG_DIR = "logs"
 # The variables that steer RCCL/NCCL, HIP and the collectives: printed and recorded with their source.
-COMMUNICATION_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "GPU_MAX_", "TORCH_NCCL_", "GLOO_", "ROCR_", "CUDA_")
+COMMUNICATION_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "GPU_MAX_", "TORCH_NCCL_", "GLOO_", "ROCR_")
 ARCH_PROFILE = Path("/etc/rocmft/arch.env")  # the image's docker/arch/<ARCH>.env (container-entry.sh reads it)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +52,6 @@ FSDP_CONFIG = {
 def node_rank() -> int:
     """This host's NODE_RANK in a multi-node run (LLaMA-Factory's launcher variable, torchrun's --node_rank); 0
     alone. Raises ConfigError when it is not a number."""
-    import os
-
     text = os.environ.get("NODE_RANK", "0").strip() or "0"
     if not text.isdigit():
         raise ConfigError(f"NODE_RANK={text!r} is not a node number.", "Set NODE_RANK to 0 on the first node, "
@@ -291,8 +290,10 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         fixed["fsdp_config"] = {**FSDP_CONFIG, **(layered.get("fsdp_config") or {})}
         fixed_sources["fsdp"] = fixed_sources["fsdp_config"] = "ROCMFT_DISTRIBUTED=fsdp"
     # LLaMA-Factory refuses one process driving several GPUs ("Please launch distributed training with
-    # llamafactory-cli or torchrun"); like its own launcher, more than one visible GPU means torchrun (DDP).
-    if rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1:
+    # llamafactory-cli or torchrun"); like its own launcher, more than one visible GPU means torchrun (DDP),
+    # and so does asking for more than one process per node.
+    asked = rocmft.nproc_per_node or int(os.environ.get("NPROC_PER_NODE", "0") or 0)
+    if rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1 or asked > 1:
         launcher = "torchrun"
 
     renderer = _Renderer(layered, fixed)

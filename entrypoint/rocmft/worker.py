@@ -60,7 +60,10 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
         * at train start, the dtypes of the parameters are recorded, and a ``fp32`` policy whose
           parameters are not all float32 stops the run (the policy must never silently not apply);
         * ``fault_nan_at_step`` (ROCMFT_FAULT_NAN_AT_STEP, tests only) fills the weights with NaN after
-          that optimizer step, so the following loss is non-finite for real.
+          that optimizer step, so the following loss is non-finite for real;
+        * on a GPU, ``peak_gpu_memory_gib`` (``torch.cuda.max_memory_allocated()`` of this rank, GiB) is
+          recorded at each log and at the end, and printed in the final line (rank 0's in the result
+          file); it is what :mod:`rocmft.memfit` estimates.
         """
 
         def __init__(self) -> None:
@@ -72,6 +75,10 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
         def _save(self, state) -> None:
             if state.is_world_process_zero:
                 atomic_write_json(result_path, self.result)
+
+        def _record_peak(self) -> None:
+            if torch.cuda.is_available():
+                self.result["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             dtypes = Counter(str(p.dtype).replace("torch.", "") for p in model.parameters()) if model else Counter()
@@ -118,6 +125,7 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             done = state.global_step / max(state.max_steps, 1)
             eta = elapsed / done - elapsed if done > 0 else float("nan")
             self.result["losses"].append({"step": state.global_step, "loss": logs["loss"]})
+            self._record_peak()
             self.result.update(last_step=state.global_step, tokens_seen=tokens, elapsed_s=round(elapsed, 2))
             self._save(state)
             print(
@@ -131,7 +139,13 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
         def on_train_end(self, args, state, control, **kwargs):
             self.result.update(status="finished", last_step=state.global_step,
                                elapsed_s=round(time.monotonic() - self.started, 2))  # fmt: skip
+            self._record_peak()
             self._save(state)
+            if state.is_world_process_zero:
+                peak = self.result.get("peak_gpu_memory_gib")
+                memory = f", peak GPU memory {peak:.2f} GiB (max_memory_allocated, rank 0)" if peak is not None else ""
+                elapsed = _fmt_duration(self.result["elapsed_s"])
+                print(f"[rocmft] training loop done: {state.global_step} steps in {elapsed}{memory}", flush=True)
 
     return RocmftCallback()
 

@@ -194,3 +194,44 @@ _LIB_REMEDY = {
     "fa2": "Use an image built with flash-attention for this architecture (FLASH_ATTN_BACKEND in "
     "docker/arch/<arch>.env), or set FLASH_ATTN=sdpa (PyTorch's own attention; slower, same results).",
 }
+
+
+@check("memory-fit", "model fits in GPU memory (estimate)", timeout_s=10, needs=("gpu-runtime",))
+def memory_fit(plan) -> Outcome:
+    """Peak GPU memory per process, estimated from the model's config.json (no weights loaded) and the
+    training arguments by :mod:`rocmft.memfit` (formula and sources in its docstring; within 3% of
+    torch.cuda.max_memory_allocated on Qwen2-7B-shaped LoRA runs, BENCHMARKS.md), against the free memory
+    of the emptiest-looking local GPU the run uses. Fails with up to three changes that would fit.
+    FSDP full sharding is estimated as ZeRO-3 (both partition parameters, gradients and optimizer states)."""
+    from ..launch import nnodes, processes_per_node
+    from ..memfit import estimate, fixes, read_model_shape, spec_from_arguments
+
+    gpus = devices_probe(plan).get("gpus", [])[: processes_per_node(plan)]
+    if not gpus:
+        return Outcome(SKIP, "no GPU", "Memory fit is estimated for GPUs only.")
+    model_dir = Path(str(plan.arguments.get("model_name_or_path", ""))).expanduser()
+    if not (model_dir / "config.json").is_file():
+        return Outcome(SKIP, "config not local", f"{model_dir}/config.json is not on disk (a hub id not cached yet).")
+    settings = plan.settings.rocmft
+    zero = int(((plan.ds_config or {}).get("zero_optimization") or {}).get("stage", 0)) if plan.ds_config else 0
+    if settings.distributed == "fsdp":
+        zero = 3
+    offload = settings.offload if settings.distributed == "deepspeed" else "none"
+    world = processes_per_node(plan) * nnodes()
+    shape = read_model_shape(model_dir)
+    spec = spec_from_arguments(plan.arguments, compute_dtype=plan.precision.compute_dtype, zero_stage=zero,
+                               offload=offload, world_size=world)  # fmt: skip
+    peak = estimate(shape, spec)
+    free = int(min(g["free_gib"] for g in gpus) * 2**30)
+    value = f"~{peak.total / 2**30:.1f} GiB of {free / 2**30:.1f} GiB free per GPU"
+    data = {"estimate_gib": peak.breakdown(), "free_gib": round(free / 2**30, 2), "world_size": world}
+    if peak.fits(free):
+        return Outcome(PASS, value, peak.summary(), data=data)
+    options = fixes(shape, spec, free)
+    return Outcome(
+        FAIL, value,
+        f"Training would run out of GPU memory: {peak.summary()}.",
+        ("Any one of: " + "; ".join(options)) if options else
+        "Nothing simple fits: use more GPUs with ROCMFT_DISTRIBUTED=deepspeed ROCMFT_ZERO_STAGE=3, or a smaller model.",
+        data=data,
+    )  # fmt: skip
