@@ -86,17 +86,19 @@ test: docker-ready lint ## lint, then the whole test suite: unit, CPU training, 
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the GPU and cpu setups
-	$(BIN)/ruff check entrypoint tests
-	$(BIN)/ruff format --check entrypoint tests
+	$(BIN)/ruff check entrypoint tests bench
+	$(BIN)/ruff format --check entrypoint tests bench
 	$(BIN)/hadolint --config docker/hadolint.yaml Dockerfile
 	@if docker compose version >/dev/null 2>&1; then \
 	  docker compose -f compose.yaml config --quiet && \
-	  docker compose -f compose.yaml -f compose.cpu.yaml config --quiet && echo "compose config: ok"; \
+	  docker compose -f compose.yaml -f compose.cpu.yaml config --quiet && \
+	  NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 docker compose -f compose.yaml -f compose.multinode.yaml config --quiet && \
+	  echo "compose config: ok"; \
 	else echo "compose config: skipped (no Compose v2 yet; make docker-ready)"; fi
 
 format: venv ## apply ruff's formatting and safe fixes
-	$(BIN)/ruff format entrypoint tests
-	$(BIN)/ruff check --fix entrypoint tests
+	$(BIN)/ruff format entrypoint tests bench
+	$(BIN)/ruff check --fix entrypoint tests bench
 
 docs: venv ## regenerate the README's variable reference and docs/training-arguments.md from the code
 	$(BIN)/python -m rocmft.envdoc --write README.md docs/training-arguments.md
