@@ -206,6 +206,16 @@ def _libs(names: list[str]) -> dict[str, Any]:
     return out
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s process group (started with ``start_new_session``) if it still runs, and reap it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
 class ProbeProcess:
     """``python -m rocmft.probe ARGS`` running in the background, in its own process group, with a deadline.
 
@@ -233,12 +243,7 @@ class ProbeProcess:
 
     def cancel(self) -> None:
         """Kill the probe's process group if it is still running."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+        kill_group(self.proc)
 
     def result(self) -> dict[str, Any]:
         """The probe's JSON, or ``{"error": str, "timed_out": bool}`` when it crashed or missed its deadline."""

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -156,12 +155,9 @@ class Validator:
 
     def cancel(self) -> None:
         """Kill the child if it still runs, and remove its folder."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+        from .probe import kill_group
+
+        kill_group(self.proc)
         self._log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
