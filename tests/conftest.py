@@ -99,6 +99,15 @@ def render_env(tmp_path, cache_dir, tiny_model):
     return run
 
 
+def _rocmft_environment(tmp_path: Path, cache_dir: Path, env: dict[str, str] | None) -> dict[str, str]:
+    environ = _clean_environment()
+    (tmp_path / "tmp").mkdir(exist_ok=True)  # the test's own temp folder (`rocmft status` notes runs there)
+    environ.update({"ROCMFT_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+                    "TMPDIR": str(tmp_path / "tmp")})  # fmt: skip
+    environ.update(env or {})
+    return environ
+
+
 @pytest.fixture
 def run_rocmft(tmp_path, cache_dir):
     """Run ``rocmft <args>`` in a child process with ``env`` added to a clean environment.
@@ -108,15 +117,10 @@ def run_rocmft(tmp_path, cache_dir):
     """
 
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-        environ = _clean_environment()
-        (tmp_path / "tmp").mkdir(exist_ok=True)  # the test's own temp folder (`rocmft status` notes runs there)
-        environ.update({"ROCMFT_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-                        "TMPDIR": str(tmp_path / "tmp")})  # fmt: skip
-        environ.update(env or {})
         return subprocess.run(
             [sys.executable, "-m", "rocmft", *args],
             cwd=tmp_path,
-            env=environ,
+            env=_rocmft_environment(tmp_path, cache_dir, env),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -124,6 +128,19 @@ def run_rocmft(tmp_path, cache_dir):
         )
 
     return run
+
+
+@pytest.fixture
+def start_rocmft(tmp_path, cache_dir):
+    """Start ``rocmft <args>`` like :func:`run_rocmft` but return the running Popen (stdout+stderr piped, text)."""
+
+    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rocmft", *args], cwd=tmp_path, env=_rocmft_environment(tmp_path, cache_dir, env),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+    return start
 
 
 def logged_losses(output_dir: Path) -> list[float]:

@@ -218,6 +218,8 @@ def cmd_train(_args) -> int:
               ExitCode.INTERRUPTED: "interrupted"}.get(code, "failed")  # fmt: skip
     write_manifest(manifest_path, plan, status=status, exit_code=int(code), timings=timings, checks=checks_summary,
                    worker=worker, started_at=started_at)  # fmt: skip
+    if code == ExitCode.NON_FINITE_LOSS and _restart_in_fp32(plan, worker):
+        return cmd_train(_args)
     if code == ExitCode.OK:
         losses = [entry["loss"] for entry in (worker or {}).get("losses", [])]
         trend = f", loss {losses[0]:.3f} → {losses[-1]:.3f}" if losses else ""
@@ -225,6 +227,28 @@ def cmd_train(_args) -> int:
     else:
         _say(f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}")
     return code
+
+
+def _restart_in_fp32(plan, worker: dict[str, Any] | None) -> bool:
+    """ROCMFT_ON_NAN=fp32: once, restart from the newest complete checkpoint saved before the last finite
+    logged loss, with ROCMFT_PRECISION=fp32 (real fp32, rocmft.precision); recorded in manifest RESTARTS."""
+    import os
+
+    from .manifest import RESTARTS
+    from .resume import newest_complete
+
+    if plan.settings.rocmft.on_nan != "fp32" or plan.precision.policy == "fp32" or RESTARTS:
+        return False
+    worker = worker or {}
+    good_step = max((entry["step"] for entry in worker.get("losses", [])), default=0)
+    checkpoint = newest_complete(plan.output_dir, at_most_step=good_step).checkpoint
+    RESTARTS.append({"cause": "non-finite loss", "at_step": (worker.get("non_finite") or {}).get("step"),
+                     "from_checkpoint": str(checkpoint) if checkpoint else None,
+                     "precision": {"from": plan.precision.policy, "to": "fp32"}})  # fmt: skip
+    os.environ["ROCMFT_PRECISION"] = "fp32"
+    os.environ["ROCMFT_RESUME"] = str(checkpoint) if checkpoint else "never"
+    _say(f"ROCMFT_ON_NAN=fp32: restarting in real fp32 from {checkpoint or 'step 0 (no checkpoint before the NaN)'}")
+    return True
 
 
 CURRENT_RUN = "rocmft-current-run"  # in the temp folder: which run `rocmft status` looks at by default

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, ExitCode
-from .render import Plan, node_rank
+from .render import Plan, local_processes, node_rank
 from .validate import free_port
 
 LOG_FILE = "train.log"
@@ -32,10 +32,7 @@ ARCH_PROFILE = Path("/etc/rocmft/arch.env")  # the image's docker/arch/<ARCH>.en
 def processes_per_node(plan: Plan) -> int:
     """Local processes the launch starts: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else
     NPROC_PER_NODE, else one per visible GPU (at least one)."""
-    if plan.launcher != "torchrun":
-        return 1
-    asked = plan.settings.rocmft.nproc_per_node or os.environ.get("NPROC_PER_NODE")
-    return int(asked) if asked else max(plan.device.count, 1)
+    return local_processes(plan.settings, plan.device, plan.launcher)
 
 
 def nnodes() -> int:

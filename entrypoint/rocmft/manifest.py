@@ -66,6 +66,10 @@ def host_facts() -> dict[str, Any]:
     return facts
 
 
+# Automatic restarts of this `rocmft train` (ROCMFT_ON_NAN=fp32): cause, step, checkpoint, new precision.
+RESTARTS: list[dict[str, Any]] = []
+
+
 def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timings: dict[str, float],
                    checks: dict[str, Any] | None, worker: dict[str, Any] | None, started_at: str) -> Path:  # fmt: skip
     """Write the manifest for ``plan`` atomically to ``path`` (see the module docstring)."""
@@ -102,6 +106,7 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "ds_config": plan.ds_config,
         "checks": checks,
         "worker": worker,
+        "restarts": RESTARTS,
         "environment": redact_env(dict(os.environ)),
         "outputs": outputs,
     }

@@ -29,6 +29,7 @@ from .device import DeviceFacts
 from .errors import ConfigError
 from .fsutil import atomic_write_json, atomic_write_text
 from .precision import Precision, resolve_precision
+from .resume import ResumeChoice, checkpoints, choose
 from .settings import Settings
 
 RUN_SUBDIR = "rocmft"
@@ -296,19 +297,26 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     if rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1 or asked > 1:
         launcher = "torchrun"
 
-    renderer = _Renderer(layered, fixed)
-    text = _render(
-        env,
-        "train.yaml.j2",
-        arg=renderer.arg,
-        value=renderer.value,
-        is_set=renderer.is_set,
-        rest=renderer.rest,
-        rocmft_version=__version__,
-        rendered_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    )
-    text = text.rstrip("\n") + "\n"
-    arguments = _load_rendered_yaml(text, "train.yaml")
+    rendered_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+    def render_train_yaml() -> tuple[str, dict[str, Any]]:
+        renderer = _Renderer(layered, fixed)
+        text = _render(env, "train.yaml.j2", arg=renderer.arg, value=renderer.value, is_set=renderer.is_set,
+                       rest=renderer.rest, rocmft_version=__version__, rendered_at=rendered_at)  # fmt: skip
+        text = text.rstrip("\n") + "\n"
+        return text, _load_rendered_yaml(text, "train.yaml")
+
+    text, arguments = render_train_yaml()
+    # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
+    resume = _resume(settings, arguments, output_dir, run_dir, local_processes(settings, device, launcher))
+    if resume.checkpoint is not None:
+        fixed["resume_from_checkpoint"] = str(resume.checkpoint)
+        fixed_sources["resume_from_checkpoint"] = f"ROCMFT_RESUME={rocmft.resume}"
+    elif checkpoints(output_dir):
+        fixed["overwrite_output_dir"] = True  # LLaMA-Factory would otherwise resume by itself, from any checkpoint
+        fixed_sources["overwrite_output_dir"] = f"ROCMFT_RESUME={rocmft.resume} ({resume.note})"
+    if resume.checkpoint is not None or checkpoints(output_dir):
+        text, arguments = render_train_yaml()
     dropped = [name for name, val in {**layered, **fixed}.items() if val is not None and name not in arguments]
     if dropped:
         raise ConfigError(
@@ -321,6 +329,10 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         elif name not in sources and arguments[name] is not None:
             sources[name] = TEMPLATE_SOURCE
 
+    for name, problem in resume.skipped:
+        print(f"[rocmft] WARNING: skipping {output_dir / name}: {problem}", flush=True)
+    if resume.checkpoint is not None or checkpoints(output_dir):
+        print(f"[rocmft] {resume.note}", flush=True)
     plan = Plan(
         settings=settings,
         output_dir=output_dir,
@@ -341,6 +353,36 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         plan.files["ds_config.json"] = atomic_write_json(staging / "ds_config.json", ds_config)
     plan.files["run.json"] = atomic_write_json(staging / "run.json", worker_policy(plan))
     return plan
+
+
+def local_processes(settings: Settings, device: DeviceFacts, launcher: str) -> int:
+    """Processes per node: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE, else one
+    per visible GPU (at least one)."""
+    if launcher != "torchrun":
+        return 1
+    asked = settings.rocmft.nproc_per_node or os.environ.get("NPROC_PER_NODE")
+    return int(asked) if asked else max(device.count, 1)
+
+
+def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run_dir: Path,
+            per_node: int) -> ResumeChoice:  # fmt: skip
+    """ROCMFT_RESUME against the checkpoints in OUTPUT_DIR and the earlier run's record in OUTPUT_DIR/rocmft
+    (its train.yaml, and the world size its worker reported in manifest.json; unknown parts are not compared)."""
+    current = {**arguments, "world_size": per_node * int(os.environ.get("NNODES", "1") or 1)}
+    previous = None
+    try:
+        previous = yaml.safe_load((run_dir / "train.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        pass
+    if isinstance(previous, dict):
+        try:
+            world = (json.loads((run_dir / "manifest.json").read_text()).get("worker") or {}).get("world_size")
+        except (OSError, ValueError):
+            world = None
+        previous["world_size"] = world if world is not None else current["world_size"]
+    else:
+        previous = None
+    return choose(settings.rocmft.resume, output_dir, previous, current)
 
 
 def worker_policy(plan: Plan) -> dict[str, Any]:

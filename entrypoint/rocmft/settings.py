@@ -105,11 +105,24 @@ class RocmftSettings(BaseSettings):
         "through torchrun's --numa-binding=node. `auto`: on when the host has more than one NUMA node and the "
         "GPUs' nodes are known; `on`: bind or refuse to start; `off`.",
     )
+    on_nan: Literal["stop", "fp32"] = Field(
+        "stop",
+        description="When the loss or gradient norm turns NaN/Inf: `stop` (exit 5), or `fp32`: restart once, "
+        "from the last checkpoint saved before it, in real fp32 (recorded in the manifest).",
+    )
+    resume: str = Field(
+        "auto",
+        description="Resume from a checkpoint in OUTPUT_DIR: `auto` (the newest complete one, refused with the "
+        "differences when the model, data, method, batch or world size changed), `never` (start over), `force` "
+        "(the newest complete one whatever changed), or a checkpoint folder. Incomplete checkpoints (a save cut "
+        "short) are skipped with a warning.",
+    )
     fault_nan_at_step: int | None = Field(
         None,
         ge=1,
         description="TEST ONLY: after optimizer step N, poison the weights with NaN so the loss becomes "
-        "non-finite for real; proves the non-finite-loss stop (exit 5).",
+        "non-finite for real, as a bf16/fp16 overflow would (so only under those precisions: real fp32 does not "
+        "overflow there); proves the non-finite-loss stop (exit 5) and ROCMFT_ON_NAN=fp32.",
     )
 
     @field_validator("skip_checks", mode="before")

@@ -45,6 +45,35 @@ def _fmt_duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+class _StopRequest:
+    """SIGTERM/SIGINT during training: stop at the next step boundary with a checkpoint (see :func:`main`)."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None  # the signal's name
+        self.training = False  # set at train begin: before it, a signal stops at once
+        self.at_step: int | None = None
+
+
+STOP = _StopRequest()
+
+
+def _stop_everywhere(requested: str | None, args) -> bool:
+    """Whether any rank was asked to stop: one all-reduce (MAX) of a flag per optimizer step, so that every
+    rank stops at the same step and saves the same checkpoint (a rank that stops alone hangs the others)."""
+    import torch.distributed as dist
+
+    flag = 1.0 if requested else 0.0
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        import torch
+
+        tensor = torch.tensor([flag], device=args.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        flag = float(tensor.item())
+        if flag and not STOP.requested:
+            STOP.requested = "SIGTERM on another rank"
+    return flag > 0
+
+
 def _rocmft_callback(policy: dict[str, Any], result_path: Path):
     """Build the TrainerCallback (imported lazily: transformers takes seconds to import)."""
     import torch
@@ -81,6 +110,7 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
                 self.result["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
+            STOP.training = True
             dtypes = Counter(str(p.dtype).replace("torch.", "") for p in model.parameters()) if model else Counter()
             trainable = Counter(
                 str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad
@@ -97,8 +127,18 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             self._save(state)
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            fault = policy.get("fault_nan_at_step")
-            if fault and state.global_step == fault and model is not None:
+            if _stop_everywhere(STOP.requested, args):
+                # graceful stop: every rank saves this step's checkpoint, then training ends (exit 143)
+                control.should_save = True
+                control.should_training_stop = True
+                STOP.at_step = state.global_step
+                self.result.update(status=f"stopping ({STOP.requested})", stopped_at_step=state.global_step)
+                if state.is_world_process_zero:
+                    print(f"[rocmft] {STOP.requested}: saving checkpoint-{state.global_step} and stopping",
+                          flush=True)  # fmt: skip
+            fault = policy.get("fault_nan_at_step")  # simulates a low-precision overflow: not under real fp32
+            low_precision = policy["precision"]["policy"] != "fp32"
+            if fault and low_precision and state.global_step == fault and model is not None:
                 with torch.no_grad():
                     for param in model.parameters():
                         if param.is_floating_point():
@@ -137,7 +177,8 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             )
 
         def on_train_end(self, args, state, control, **kwargs):
-            self.result.update(status="finished", last_step=state.global_step,
+            status = f"interrupted ({STOP.requested})" if STOP.at_step is not None else "finished"
+            self.result.update(status=status, last_step=state.global_step,
                                elapsed_s=round(time.monotonic() - self.started, 2))  # fmt: skip
             self._record_peak()
             self._save(state)
@@ -201,7 +242,12 @@ def main(run_dir: str) -> int:
     result_path = run_path / RESULT_FILE
 
     def on_signal(signum, _frame):
-        raise Interrupted(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if not STOP.training or STOP.requested:  # before training, or a second signal: stop now
+            raise Interrupted(name)
+        STOP.requested = name
+        print(f"[rocmft] {name}: stopping at the end of this step with a checkpoint (again to stop now)",
+              file=sys.stderr, flush=True)  # fmt: skip
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -219,10 +265,15 @@ def main(run_dir: str) -> int:
     try:
         run_exp(args=arguments, callbacks=[callback])
     except NonFiniteLoss as err:
+        from .resume import newest_complete
+
+        good_step = max((e["step"] for e in callback.result["losses"]), default=0)
+        good = newest_complete(Path(arguments["output_dir"]), at_most_step=good_step).checkpoint
+        where = f"the last good checkpoint is {good}" if good else "there is no checkpoint from before it"
         print(
             f"[rocmft] STOPPED: {err}. The weights or the optimizer state diverged; nothing after step "
-            f"{err.step} is trustworthy. Try: a lower LEARNING_RATE, MAX_GRAD_NORM=1.0, or "
-            "ROCMFT_PRECISION=fp32 to rule out mixed precision.",
+            f"{err.step} is trustworthy; {where}. Try: a lower LEARNING_RATE, MAX_GRAD_NORM=1.0, or "
+            "ROCMFT_PRECISION=fp32 to rule out mixed precision (ROCMFT_ON_NAN=fp32 does that by itself).",
             file=sys.stderr,
             flush=True,
         )
@@ -239,6 +290,10 @@ def main(run_dir: str) -> int:
         if rank == 0:
             atomic_write_json(result_path, callback.result)
         return ExitCode.TRAINING_FAILED
+    if STOP.at_step is not None:
+        print(f"[rocmft] stopped by {STOP.requested} after step {STOP.at_step} with checkpoint-{STOP.at_step} "
+              "saved; `rocmft train` with the same settings resumes from it", file=sys.stderr, flush=True)  # fmt: skip
+        return ExitCode.INTERRUPTED
     return ExitCode.OK
 
 

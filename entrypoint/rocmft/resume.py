@@ -1,0 +1,150 @@
+"""Resume: find the newest complete checkpoint in OUTPUT_DIR and decide whether this run continues from it.
+
+transformers writes a checkpoint in place (``checkpoint-<step>/``: the model or adapter, then the optimizer,
+scheduler and RNG states, and ``trainer_state.json`` last; transformers' Trainer._save_checkpoint), and
+deletes older ones beyond SAVE_TOTAL_LIMIT only after that. So a checkpoint is complete when its
+trainer_state.json parses and says the same step as its name, its weights are there with readable headers, and
+its optimizer and scheduler states are there (unless only the model was saved). A process killed mid-save
+leaves a checkpoint without trainer_state.json: skipped with a warning, never loaded.
+
+``ROCMFT_RESUME``: ``auto`` (default: resume from the newest complete checkpoint when the settings that matter
+are unchanged, refuse with the differences otherwise), ``never`` (start over; checkpoints are left alone),
+``force`` (resume from the newest complete checkpoint whatever changed), or a checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors", "model.safetensors.index.json",
+                "adapter_model.bin", "pytorch_model.bin")  # fmt: skip
+# Settings that make a checkpoint meaningless for this run when they change (the model, the data, the method,
+# the batch geometry the optimizer state and the data order were built for).
+MUST_MATCH = ("model_name_or_path", "stage", "finetuning_type", "dataset", "template", "cutoff_len", "packing",
+              "lora_rank", "lora_target", "quantization_bit", "per_device_train_batch_size",
+              "gradient_accumulation_steps")  # fmt: skip
+
+
+def _safetensors_readable(path: Path) -> bool:
+    """The safetensors header (8-byte length + JSON) is complete and parses: a truncated write fails here."""
+    try:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > 100 * 2**20 or path.stat().st_size < 8 + length:
+                return False
+            json.loads(handle.read(length))
+        return True
+    except (OSError, ValueError, struct.error):
+        return False
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not a complete checkpoint, or None when it is (see the module docstring)."""
+    match = CHECKPOINT.match(folder.name)
+    if not match:
+        return "not a checkpoint-<step> folder"
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text())
+    except FileNotFoundError:
+        return "no trainer_state.json (written last: the save did not finish)"
+    except (OSError, ValueError) as err:
+        return f"trainer_state.json unreadable ({err})"
+    if state.get("global_step") != int(match.group(1)):
+        return f"trainer_state.json says step {state.get('global_step')}"
+    weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+    deepspeed = any(folder.glob("global_step*"))
+    if not weights and not deepspeed:
+        return "no weights"
+    broken = [w.name for w in weights if w.suffix == ".safetensors" and not _safetensors_readable(w)]
+    if broken:
+        return f"{', '.join(broken)} truncated"
+    if not deepspeed and not (folder / "optimizer.pt").is_file():
+        return "no optimizer.pt"
+    return None
+
+
+@dataclass
+class ResumeChoice:
+    """What ROCMFT_RESUME decided. ``checkpoint``: the folder to resume from (None: start over); ``skipped``:
+    incomplete checkpoints with the reason; ``note``: one line for the log."""
+
+    checkpoint: Path | None
+    note: str
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def checkpoints(output_dir: Path) -> list[Path]:
+    """``checkpoint-<step>`` folders in ``output_dir``, newest (highest step) first."""
+    if not output_dir.is_dir():
+        return []
+    found = [p for p in output_dir.iterdir() if p.is_dir() and CHECKPOINT.match(p.name)]
+    return sorted(found, key=lambda p: int(CHECKPOINT.match(p.name).group(1)), reverse=True)
+
+
+def newest_complete(output_dir: Path, at_most_step: int | None = None) -> ResumeChoice:
+    """The newest complete checkpoint (at or below ``at_most_step`` when given), with the skipped ones."""
+    skipped = []
+    for folder in checkpoints(output_dir):
+        step = int(CHECKPOINT.match(folder.name).group(1))
+        if at_most_step is not None and step > at_most_step:
+            continue
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            return ResumeChoice(folder, f"resuming from {folder} (step {step})", skipped)
+        skipped.append((folder.name, problem))
+    return ResumeChoice(None, "no complete checkpoint: starting from step 0", skipped)
+
+
+def differences(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``name: before -> now`` for each setting of :data:`MUST_MATCH` (and ``world_size``) that changed."""
+    changed = []
+    for name in (*MUST_MATCH, "world_size"):
+        before, now = previous.get(name), current.get(name)
+        if before != now:
+            changed.append(f"{name}: {before!r} -> {now!r}")
+    return changed
+
+
+def choose(setting: str, output_dir: Path, previous: dict[str, Any] | None, current: dict[str, Any]) -> ResumeChoice:
+    """Apply ROCMFT_RESUME.
+
+    Args:
+        setting: ``auto``, ``never``, ``force`` or a checkpoint folder.
+        output_dir: where the checkpoints are.
+        previous: the earlier run's settings (its rocmft/train.yaml plus ``world_size``), None if unknown.
+        current: this run's arguments plus ``world_size``.
+
+    Raises:
+        ConfigError: a given folder that is not a complete checkpoint; under ``auto``, settings that changed
+            since the checkpoint was written (listed).
+    """
+    if setting == "never":
+        return ResumeChoice(None, "ROCMFT_RESUME=never: starting from step 0")
+    if setting not in ("auto", "force"):
+        folder = Path(setting).expanduser()
+        problem = checkpoint_problem(folder) if folder.is_dir() else "no such folder"
+        if problem:
+            raise ConfigError(f"ROCMFT_RESUME={setting} is not a complete checkpoint: {problem}.",
+                              "Point it at a checkpoint-<step> folder, or use auto, never or force.")  # fmt: skip
+        return ResumeChoice(folder, f"resuming from {folder} (ROCMFT_RESUME)")
+    choice = newest_complete(output_dir)
+    if choice.checkpoint is None or setting == "force" or previous is None:
+        return choice
+    changed = differences(previous, current)
+    if changed:
+        raise ConfigError(
+            f"OUTPUT_DIR {output_dir} holds {choice.checkpoint.name} of a run with other settings: "
+            + "; ".join(changed)
+            + ".",
+            "Use a new OUTPUT_DIR for the new settings, ROCMFT_RESUME=never to start over here (the checkpoints "
+            "are kept until SAVE_TOTAL_LIMIT rotates them), or ROCMFT_RESUME=force to continue anyway.",
+        )
+    return choice

@@ -1,0 +1,93 @@
+"""Resilience on the CPU with real training runs of the tiny model: graceful stop and resume, an incomplete
+checkpoint skipped, and the non-finite-loss restart in real fp32 (ROCMFT_ON_NAN=fp32)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+
+import pytest
+from safetensors import safe_open
+
+from conftest import logged_losses
+from rocmft.errors import ExitCode
+
+pytestmark = pytest.mark.train
+
+
+def final_loss(output) -> tuple[int, float]:
+    """(step, loss) of the last logged loss in trainer_state.json."""
+    history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+    last = [h for h in history if "loss" in h][-1]
+    return last["step"], last["loss"]
+
+
+def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_to_the_same_loss(run_rocmft, start_rocmft, tmp_path):
+    """Same seed and data: the interrupted-then-resumed run ends at the uninterrupted run's loss. On the CPU in
+    fp32 the two are the same computation (transformers restores the RNG states and skips the batches already
+    seen), so the tolerance is 1e-5 relative: float summation order is the only thing left to differ."""
+    whole = run_rocmft("train", env={"OUTPUT_DIR": str(tmp_path / "whole")})
+    assert whole.returncode == ExitCode.OK, whole.stdout[-3000:]
+
+    output = tmp_path / "stopped"
+    proc = start_rocmft("train", env={"OUTPUT_DIR": str(output)})
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "[rocmft] step 10/" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    seen.extend(proc.stdout)
+    assert proc.wait(timeout=120) == ExitCode.INTERRUPTED, "".join(seen)[-3000:]
+    text = "".join(seen)
+    assert "saving checkpoint-" in text and "resumes from it" in text, text[-3000:]
+    stopped_at = json.loads((output / "rocmft" / "worker-result.json").read_text())["stopped_at_step"]
+    assert (output / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file()
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["exit_code"] == ExitCode.INTERRUPTED
+
+    again = run_rocmft("train", env={"OUTPUT_DIR": str(output)})
+    assert again.returncode == ExitCode.OK, again.stdout[-3000:]
+    assert f"resuming from {output / f'checkpoint-{stopped_at}'}" in again.stdout
+    step, loss = final_loss(output)
+    whole_step, whole_loss = final_loss(tmp_path / "whole")
+    assert step == whole_step and loss == pytest.approx(whole_loss, rel=1e-5)
+
+
+def test_an_incomplete_checkpoint_is_skipped(run_rocmft, tmp_path):
+    """A checkpoint cut short by SIGKILL lacks trainer_state.json, which transformers writes last
+    (Trainer._save_checkpoint); made here by removing it from a copy, which is exactly that state."""
+    output = tmp_path / "run"
+    env = {"OUTPUT_DIR": str(output), "MAX_STEPS": "20", "SAVE_STEPS": "5", "SAVE_STRATEGY": "steps"}
+    first = run_rocmft("train", env=env)
+    assert first.returncode == ExitCode.OK, first.stdout[-3000:]
+    partial = output / "checkpoint-25"
+    shutil.copytree(output / "checkpoint-20", partial)
+    (partial / "trainer_state.json").unlink()
+    second = run_rocmft("train", env={**env, "MAX_STEPS": "30"})
+    assert second.returncode == ExitCode.OK, second.stdout[-3000:]
+    assert f"skipping {partial}: no trainer_state.json" in second.stdout
+    assert f"resuming from {output / 'checkpoint-20'}" in second.stdout
+    assert final_loss(output)[0] == 30
+
+
+def test_non_finite_loss_with_on_nan_fp32_restarts_in_real_fp32(run_rocmft, tmp_path):
+    """The fault (after step 12, bf16 only, as an overflow would) is seen at the next logging step (15); the
+    restart resumes from checkpoint-10 (the newest before the last finite loss, logged at step 10) in fp32,
+    finishes, and saves float32 weights."""
+    output = tmp_path / "nan"
+    result = run_rocmft("train", env={
+        "OUTPUT_DIR": str(output), "ROCMFT_PRECISION": "bf16", "USE_CPU": "true", "ROCMFT_FAULT_NAN_AT_STEP": "12",
+        "ROCMFT_ON_NAN": "fp32", "MAX_STEPS": "30", "SAVE_STEPS": "5", "SAVE_STRATEGY": "steps",
+    })  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:]
+    assert "at step 15" in result.stdout and "restarting in real fp32" in result.stdout
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    assert manifest["restarts"] == [{"cause": "non-finite loss", "at_step": 15,
+                                     "from_checkpoint": str(output / "checkpoint-10"),
+                                     "precision": {"from": "bf16", "to": "fp32"}}]  # fmt: skip
+    assert manifest["precision"]["policy"] == "fp32" and set(manifest["precision"]["parameter_dtypes"]) == {"float32"}
+    with safe_open(output / "model.safetensors", "pt") as weights:
+        assert {str(weights.get_tensor(name).dtype) for name in weights.keys()} == {"torch.float32"}  # noqa: SIM118
+    assert len(logged_losses(output)) >= 1

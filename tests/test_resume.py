@@ -1,0 +1,77 @@
+"""Resume decisions on recorded checkpoint folders: complete vs cut short, ROCMFT_RESUME's four values, and the
+refusal to continue a run whose settings changed. The files are laid out as transformers' Trainer writes them
+(model, optimizer, scheduler, RNG, then trainer_state.json last)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rocmft.errors import ConfigError
+from rocmft.resume import checkpoint_problem, newest_complete
+
+
+def write_safetensors(path: Path, truncate: bool = False) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    data = struct.pack("<Q", len(header)) + header + b"\0" * 8
+    path.write_bytes(data[: len(data) // 2] if truncate else data)
+
+
+def checkpoint(output: Path, step: int, *, state: bool = True, truncated: bool = False) -> Path:
+    folder = output / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    write_safetensors(folder / "model.safetensors", truncate=truncated)
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (folder / name).write_bytes(b"torch")
+    if state:
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+    return folder
+
+
+def test_complete_and_cut_short_checkpoints(tmp_path):
+    assert checkpoint_problem(checkpoint(tmp_path, 10)) is None
+    assert "no trainer_state.json" in checkpoint_problem(checkpoint(tmp_path, 20, state=False))
+    assert "truncated" in checkpoint_problem(checkpoint(tmp_path, 30, truncated=True))
+    choice = newest_complete(tmp_path)
+    assert choice.checkpoint == tmp_path / "checkpoint-10"
+    assert [name for name, _ in choice.skipped] == ["checkpoint-30", "checkpoint-20"]
+    assert newest_complete(tmp_path, at_most_step=5).checkpoint is None
+
+
+def previous_run(output: Path, **arguments) -> None:
+    """The earlier run's record as rocmft leaves it: OUTPUT_DIR/rocmft/train.yaml and manifest.json."""
+    (output / "rocmft").mkdir(parents=True)
+    (output / "rocmft" / "train.yaml").write_text(yaml.safe_dump(arguments))
+    (output / "rocmft" / "manifest.json").write_text(json.dumps({"worker": {"world_size": 1}}))
+
+
+def test_auto_resumes_an_unchanged_run_and_refuses_a_changed_one(render_env, tmp_path, tiny_model):
+    output = tmp_path / "out"
+    checkpoint(output, 5)
+    same = render_env({"DATASET": "identity"})
+    previous_run(output, **same.arguments)  # the earlier run rendered the same settings
+    plan = render_env({"DATASET": "identity"})
+    assert plan.arguments["resume_from_checkpoint"] == str(output / "checkpoint-5")
+    assert plan.sources["resume_from_checkpoint"] == "ROCMFT_RESUME=auto"
+    with pytest.raises(ConfigError) as caught:
+        render_env({"DATASET": "identity", "CUTOFF_LEN": "64"})
+    assert "cutoff_len: 2048 -> 64" in str(caught.value) and "ROCMFT_RESUME=force" in caught.value.remedy
+    forced = render_env({"DATASET": "identity", "CUTOFF_LEN": "64", "ROCMFT_RESUME": "force"})
+    assert forced.arguments["resume_from_checkpoint"] == str(output / "checkpoint-5")
+    never = render_env({"DATASET": "identity", "ROCMFT_RESUME": "never"})
+    assert "resume_from_checkpoint" not in never.arguments and never.arguments["overwrite_output_dir"] is True
+
+
+def test_a_given_checkpoint_must_be_complete(render_env, tmp_path):
+    partial = checkpoint(tmp_path / "elsewhere", 7, state=False)
+    with pytest.raises(ConfigError) as caught:
+        render_env({"DATASET": "identity", "ROCMFT_RESUME": str(partial)})
+    assert "ROCMFT_RESUME" in str(caught.value) and "no trainer_state.json" in str(caught.value)
+    good = checkpoint(tmp_path / "elsewhere", 8)
+    assert render_env({"DATASET": "identity", "ROCMFT_RESUME": str(good)}).arguments["resume_from_checkpoint"] == str(
+        good
+    )
