@@ -91,3 +91,35 @@ def test_non_finite_loss_with_on_nan_fp32_restarts_in_real_fp32(run_rocmft, tmp_
     with safe_open(output / "model.safetensors", "pt") as weights:
         assert {str(weights.get_tensor(name).dtype) for name in weights.keys()} == {"torch.float32"}  # noqa: SIM118
     assert len(logged_losses(output)) >= 1
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 3 MiB tmpfs: room for one checkpoint of the tiny model (1.7 MB) and its final weights, not two."""
+    import os
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)]).returncode:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_while_saving_exits_4_and_keeps_the_earlier_checkpoint(run_rocmft, small_filesystem):
+    output = small_filesystem / "run"
+    env = {"OUTPUT_DIR": str(output), "MAX_STEPS": "5", "SAVE_STEPS": "5", "SAVE_STRATEGY": "steps",
+           "ROCMFT_SKIP_CHECKS": "lengths"}  # fmt: skip
+    first = run_rocmft("train", env=env)
+    assert first.returncode == ExitCode.OK, first.stdout[-3000:]
+    second = run_rocmft("train", env={**env, "MAX_STEPS": "10"})  # resumes at 5, then checkpoint-10 does not fit
+    assert second.returncode == ExitCode.TRAINING_FAILED, second.stdout[-3000:]
+    assert "DISK FULL while saving into" in second.stdout
+    assert f"The previous checkpoint {output / 'checkpoint-5'} is intact" in second.stdout
+    assert not (output / "checkpoint-10").exists()  # the incomplete one is removed, it can never load
+    from rocmft.resume import checkpoint_problem
+
+    assert checkpoint_problem(output / "checkpoint-5") is None

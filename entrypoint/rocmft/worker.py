@@ -228,6 +228,57 @@ def _force_compute_dtype(dtype_name: str) -> None:
     loader.patch_config = patch_config_with_dtype
 
 
+def _disk_full(err: BaseException, output_dir: Path) -> bool:
+    """Whether ``err`` came from the output file system filling up.
+
+    Direct evidence: an OSError ENOSPC in the exception chain (safetensors, json) or "No space left" in a message.
+    torch.save reports a full disk only as a C++ stream error ("basic_ios::clear: iostream error", "unexpected
+    pos", seen on a full tmpfs), so the file system is also asked: less free space left there than the newest
+    complete checkpoint takes (or under 16 MiB without one) means the save could not fit.
+    """
+    import errno
+    import shutil
+
+    from .resume import newest_complete
+
+    seen, cause = 0, err
+    while cause is not None and seen < 10:
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            return True
+        if "No space left" in str(cause):
+            return True
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    if not isinstance(err, (OSError, RuntimeError)) or not output_dir.is_dir():
+        return False
+    free = shutil.disk_usage(output_dir).free
+    good = newest_complete(output_dir).checkpoint
+    needed = sum(f.stat().st_size for f in good.rglob("*") if f.is_file()) if good else 16 * 2**20
+    return free < needed
+
+
+def _report_disk_full(output_dir: Path, err: BaseException) -> None:
+    """The storage message: what filled up, which checkpoint is intact, what to do. The checkpoint being written
+    (no trainer_state.json yet) is removed: it can never be loaded, and it holds the space the next try needs."""
+    import shutil
+
+    from .resume import checkpoint_problem, newest_complete
+
+    for folder in output_dir.glob("checkpoint-*"):
+        if folder.is_dir() and checkpoint_problem(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"[rocmft] removed the incomplete {folder}", file=sys.stderr, flush=True)
+    free = shutil.disk_usage(output_dir).free / 2**20
+    good = newest_complete(output_dir).checkpoint
+    print(
+        f"[rocmft] DISK FULL while saving into {output_dir} ({free:.1f} MiB free there): {err}. "
+        + (f"The previous checkpoint {good} is intact; " if good else "No complete checkpoint was saved; ")
+        + "free space, lower SAVE_TOTAL_LIMIT or raise SAVE_STEPS, or point OUTPUT_DIR at a larger volume, then "
+        "run `rocmft train` again to resume.",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _secret_arguments() -> dict[str, str]:
     from .lfargs import env_arguments
 
@@ -286,6 +337,8 @@ def main(run_dir: str) -> int:
         return ExitCode.INTERRUPTED
     except Exception as err:
         traceback.print_exc()
+        if _disk_full(err, Path(arguments["output_dir"])):
+            _report_disk_full(Path(arguments["output_dir"]), err)
         callback.result.update(status="failed", error=f"{type(err).__name__}: {err}")
         if rank == 0:
             atomic_write_json(result_path, callback.result)
