@@ -17,4 +17,29 @@ if [ -r "$profile" ]; then
     esac
   done < "$profile"
 fi
-exec rocmft "$@"
+if [ "${ROCMFT_HOLD_ON_CONFIG_ERROR:-0}" != 1 ]; then
+  exec rocmft "$@"
+fi
+# Under compose's restart policy (the train service: restart on-failure, ROCMFT_HOLD_ON_CONFIG_ERROR=1): a crash
+# restarts the container and `rocmft train` resumes from the last checkpoint, but a configuration error (2) or a
+# failed health check (3) would fail the same way again. Docker cannot restart on some exit codes only, so for
+# those the container stays up, idle, with the error in its log, instead of looping.
+rocmft "$@" &
+pid=$!
+trap 'kill -TERM "$pid" 2>/dev/null' TERM
+trap 'kill -INT "$pid" 2>/dev/null' INT
+code=0
+wait "$pid" || code=$?
+while kill -0 "$pid" 2>/dev/null; do  # a trapped signal ends `wait` early: wait for rocmft itself
+  code=0
+  wait "$pid" || code=$?
+done
+case "$code" in
+  2|3)
+    echo "[rocmft] exit $code: not restarting (the same settings would fail again). Fix what the message above" \
+      "says, then: docker compose up -d --force-recreate train" >&2
+    trap - TERM INT
+    exec sleep infinity
+    ;;
+esac
+exit "$code"

@@ -105,7 +105,7 @@ def test_compose_stop_interrupts_training_with_exit_143(cpu_image, compose, tmp_
     import time
 
     env = _host_user_dirs(tmp_path)
-    (tmp_path / ".env").write_text("NUM_TRAIN_EPOCHS=5000\n")  # the built-in default, but long enough to stop
+    (tmp_path / ".env").write_text("MAX_STEPS=1000\n")  # the built-in default, but long enough to stop
     assert compose("up", "-d", "train", env=env).returncode == 0
     deadline = time.monotonic() + 300
     while "[rocmft] step " not in compose("logs", "train", env=env).stdout:
@@ -117,5 +117,29 @@ def test_compose_stop_interrupts_training_with_exit_143(cpu_image, compose, tmp_
     state = json.loads(compose("ps", "-a", "--format", "json", "train", env=env).stdout.splitlines()[0])
     assert state["ExitCode"] == ExitCode.INTERRUPTED, compose("logs", "train", env=env).stdout[-3000:]
     assert stopped_in < 60  # well inside compose's stop_grace_period (2 min): rocmft stopped on SIGTERM
-    manifest = json.loads((tmp_path / "saves" / "rocmft-demo" / "rocmft" / "manifest.json").read_text())
+    output = tmp_path / "saves" / "rocmft-demo"
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and manifest["exit_code"] == ExitCode.INTERRUPTED
+    stopped_at = manifest["worker"]["stopped_at_step"]
+    assert (output / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file()  # saved at the step boundary
+    again = compose("up", "--exit-code-from", "train", "train", env=env)
+    assert again.returncode == ExitCode.OK, (again.stdout + again.stderr)[-3000:]
+    assert f"resuming from /saves/rocmft-demo/checkpoint-{stopped_at}" in again.stdout + again.stderr
+
+
+def test_a_configuration_error_under_the_restart_policy_does_not_loop(cpu_image, compose, tmp_path):
+    import time
+
+    env = _host_user_dirs(tmp_path)
+    (tmp_path / ".env").write_text("LEARNING_RATE=abc\n")
+    assert compose("up", "-d", "train", env=env).returncode == 0
+    deadline = time.monotonic() + 180
+    while "not restarting" not in (logs := compose("logs", "train", env=env).stdout):
+        assert time.monotonic() < deadline, logs[-3000:]
+        time.sleep(2)
+    time.sleep(3)
+    state = json.loads(compose("ps", "-a", "--format", "json", "train", env=env).stdout.splitlines()[0])
+    restarts = subprocess.run(["docker", "inspect", "-f", "{{.RestartCount}}", state["Name"]], capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+    assert state["State"] == "running" and restarts == "0", (state, restarts)
+    assert "LEARNING_RATE='abc'" in logs

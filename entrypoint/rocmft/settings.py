@@ -117,6 +117,11 @@ class RocmftSettings(BaseSettings):
         "(the newest complete one whatever changed), or a checkpoint folder. Incomplete checkpoints (a save cut "
         "short) are skipped with a warning.",
     )
+    hold_on_config_error: bool = Field(
+        False,
+        description="Container entry only (compose's train service sets 1): after exit 2 or 3 keep the "
+        "container idle with the error in its log instead of exiting, so that the restart policy does not loop.",
+    )
     fault_nan_at_step: int | None = Field(
         None,
         ge=1,
