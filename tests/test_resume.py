@@ -1,6 +1,7 @@
-"""Resume decisions on recorded checkpoint folders: complete vs cut short, ROCMFT_RESUME's four values, and the
-refusal to continue a run whose settings changed. The files are laid out as transformers' Trainer writes them
-(model, optimizer, scheduler, RNG, then trainer_state.json last)."""
+"""Resume decisions on recorded checkpoint folders (complete vs cut short, ROCMFT_RESUME's four values, the
+refusal to continue a run whose settings changed), and the loss-spike rule of the watchdog. The checkpoint files
+are laid out as transformers' Trainer writes them (model, optimizer, scheduler, RNG, then trainer_state.json
+last)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,14 @@ def test_a_given_checkpoint_must_be_complete(render_env, tmp_path):
     assert render_env({"DATASET": "identity", "ROCMFT_RESUME": str(good)}).arguments["resume_from_checkpoint"] == str(
         good
     )
+
+
+def test_loss_spike_rule():
+    from rocmft.worker import loss_spike
+
+    steady = [2.1, 2.0, 1.9, 2.0, 1.95]
+    assert loss_spike(steady, 25.0, 10.0) == 2.0  # diverged: 12x the median and 23 nats above it
+    assert loss_spike(steady, 3.0, 10.0) is None  # noise
+    assert loss_spike(steady[:4], 25.0, 10.0) is None  # too little history
+    assert loss_spike(steady, 25.0, 0) is None  # off
+    assert loss_spike([0.01, 0.012, 0.011, 0.009, 0.01], 0.2, 10.0) is None  # memorizing: 20x but only 0.19 nats

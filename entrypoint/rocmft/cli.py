@@ -237,12 +237,15 @@ def _restart_in_fp32(plan, worker: dict[str, Any] | None) -> bool:
     from .manifest import RESTARTS
     from .resume import newest_complete
 
-    if plan.settings.rocmft.on_nan != "fp32" or plan.precision.policy == "fp32" or RESTARTS:
-        return False
     worker = worker or {}
+    cause = (worker.get("non_finite") or {}).get("cause", "non-finite loss")
+    if plan.settings.rocmft.on_nan != "fp32" or plan.precision.policy == "fp32":
+        return False
+    if any(r["cause"] == cause for r in RESTARTS):  # at most one automatic restart per cause
+        return False
     good_step = max((entry["step"] for entry in worker.get("losses", [])), default=0)
     checkpoint = newest_complete(plan.output_dir, at_most_step=good_step).checkpoint
-    RESTARTS.append({"cause": "non-finite loss", "at_step": (worker.get("non_finite") or {}).get("step"),
+    RESTARTS.append({"cause": cause, "at_step": (worker.get("non_finite") or {}).get("step"),
                      "from_checkpoint": str(checkpoint) if checkpoint else None,
                      "precision": {"from": plan.precision.policy, "to": "fp32"}})  # fmt: skip
     os.environ["ROCMFT_PRECISION"] = "fp32"

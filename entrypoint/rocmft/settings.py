@@ -105,10 +105,16 @@ class RocmftSettings(BaseSettings):
         "through torchrun's --numa-binding=node. `auto`: on when the host has more than one NUMA node and the "
         "GPUs' nodes are known; `on`: bind or refuse to start; `off`.",
     )
+    loss_spike_factor: float = Field(
+        10.0,
+        ge=0,
+        description="Stop like a NaN (exit 5) when a logged loss exceeds this factor times the median of the last "
+        "20 logged ones (after 5); 0 turns the spike watchdog off.",
+    )
     on_nan: Literal["stop", "fp32"] = Field(
         "stop",
-        description="When the loss or gradient norm turns NaN/Inf: `stop` (exit 5), or `fp32`: restart once, "
-        "from the last checkpoint saved before it, in real fp32 (recorded in the manifest).",
+        description="When the loss or gradient norm turns NaN/Inf or the loss spikes: `stop` (exit 5), or `fp32`: "
+        "restart once per cause, from the last checkpoint saved before it, in real fp32 (recorded in the manifest).",
     )
     resume: str = Field(
         "auto",

@@ -29,11 +29,37 @@ RESULT_FILE = "worker-result.json"
 
 
 class NonFiniteLoss(RuntimeError):
-    """The logged loss or gradient norm is NaN or infinite at ``step``."""
+    """Training diverged at ``step``: the logged loss or gradient norm is NaN/Inf (``cause`` "non-finite loss"),
+    or the loss jumped above ROCMFT_LOSS_SPIKE_FACTOR × its recent median (``cause`` "loss spike")."""
 
-    def __init__(self, step: int, key: str, value: float) -> None:
-        super().__init__(f"{key} is {value} at step {step}")
-        self.step, self.key, self.value = step, key, value
+    def __init__(self, step: int, key: str, value: float, median: float | None = None) -> None:
+        self.cause = "loss spike" if median is not None else "non-finite loss"
+        detail = f" ({value / median:.1f}x the median {median:.4g} of the last logged losses)" if median else ""
+        super().__init__(f"{key} is {value} at step {step}{detail}")
+        self.step, self.key, self.value, self.median = step, key, value, median
+
+
+SPIKE_WINDOW = 20  # logged losses the median is taken over
+SPIKE_MIN_HISTORY = 5  # no spike judgement before this many logged losses (the first steps fall fast)
+# A spike must also be 1 nat (cross-entropy units) above the median: near-zero losses of a memorizing run
+# (0.01 -> 0.15) are relatively large jumps but harmless, while divergence adds whole nats.
+SPIKE_MIN_JUMP = 1.0
+
+
+def loss_spike(recent: list[float], loss: float, factor: float) -> float | None:
+    """The median of ``recent`` when ``loss`` is above ``factor`` × that median (a spike), else None.
+
+    ``recent``: the last logged losses (up to SPIKE_WINDOW); fewer than SPIKE_MIN_HISTORY, a factor of 0 or a
+    non-positive median never count, and the loss must also exceed the median by SPIKE_MIN_JUMP. A diverging
+    run's loss jumps by whole nats within a few steps; ordinary noise stays within a small factor of the median.
+    """
+    import statistics
+
+    if factor <= 0 or len(recent) < SPIKE_MIN_HISTORY:
+        return None
+    median = statistics.median(recent[-SPIKE_WINDOW:])
+    spike = median > 0 and loss > factor * median and loss - median >= SPIKE_MIN_JUMP
+    return median if spike else None
 
 
 class Interrupted(BaseException):
@@ -97,6 +123,7 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
 
         def __init__(self) -> None:
             self.result: dict[str, Any] = {"status": "running", "losses": []}
+            self.recent: list[float] = []  # the last logged losses, on every rank, for the spike watchdog
             self.started = time.monotonic()
             self.last_time = self.started
             self.last_tokens = 0
@@ -155,6 +182,16 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
                     )
                     self._save(state)
                     raise NonFiniteLoss(state.global_step, key, value)
+            loss = logs.get("loss")
+            if isinstance(loss, (int, float)):
+                median = loss_spike(self.recent, loss, policy.get("loss_spike_factor") or 0)
+                if median is not None:
+                    self.result.update(status="loss spike", non_finite={
+                        "step": state.global_step, "key": "loss", "value": str(loss), "median": median,
+                        "cause": "loss spike"})  # fmt: skip
+                    self._save(state)
+                    raise NonFiniteLoss(state.global_step, "loss", loss, median)
+                self.recent = [*self.recent, loss][-SPIKE_WINDOW:]
             if "loss" not in logs or not state.is_world_process_zero:
                 return
             now = time.monotonic()
@@ -322,7 +359,7 @@ def main(run_dir: str) -> int:
         good = newest_complete(Path(arguments["output_dir"]), at_most_step=good_step).checkpoint
         where = f"the last good checkpoint is {good}" if good else "there is no checkpoint from before it"
         print(
-            f"[rocmft] STOPPED: {err}. The weights or the optimizer state diverged; nothing after step "
+            f"[rocmft] STOPPED ({err.cause}): {err}. The weights or the optimizer state diverged; nothing after step "
             f"{err.step} is trustworthy; {where}. Try: a lower LEARNING_RATE, MAX_GRAD_NORM=1.0, or "
             "ROCMFT_PRECISION=fp32 to rule out mixed precision (ROCMFT_ON_NAN=fp32 does that by itself).",
             file=sys.stderr,
