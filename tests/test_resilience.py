@@ -4,7 +4,6 @@ checkpoint skipped, and the non-finite-loss restart in real fp32 (ROCMFT_ON_NAN=
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 
 import pytest
@@ -55,21 +54,21 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_to_the_same_loss(ru
     assert step == whole_step and loss == pytest.approx(whole_loss, rel=1e-5)
 
 
-def test_an_incomplete_checkpoint_is_skipped(run_rocmft, tmp_path):
-    """A checkpoint cut short by SIGKILL lacks trainer_state.json, which transformers writes last
-    (Trainer._save_checkpoint); made here by removing it from a copy, which is exactly that state."""
+def test_sigkill_while_saving_leaves_a_checkpoint_the_next_run_skips(run_rocmft, tmp_path):
+    """A real SIGKILL in the middle of writing checkpoint-10 (the test-only fault: after the weights, before the
+    optimizer state and trainer_state.json); the next run skips it, resumes from checkpoint-5 and completes."""
     output = tmp_path / "run"
     env = {"OUTPUT_DIR": str(output), "MAX_STEPS": "20", "SAVE_STEPS": "5", "SAVE_STRATEGY": "steps"}
-    first = run_rocmft("train", env=env)
-    assert first.returncode == ExitCode.OK, first.stdout[-3000:]
-    partial = output / "checkpoint-25"
-    shutil.copytree(output / "checkpoint-20", partial)
-    (partial / "trainer_state.json").unlink()
-    second = run_rocmft("train", env={**env, "MAX_STEPS": "30"})
-    assert second.returncode == ExitCode.OK, second.stdout[-3000:]
-    assert f"skipping {partial}: no trainer_state.json" in second.stdout
-    assert f"resuming from {output / 'checkpoint-20'}" in second.stdout
-    assert final_loss(output)[0] == 30
+    killed = run_rocmft("train", env={**env, "ROCMFT_FAULT_KILL_IN_SAVE_AT_STEP": "10"})
+    assert killed.returncode == ExitCode.TRAINING_FAILED, killed.stdout[-3000:]
+    assert "TEST FAULT: SIGKILL while writing" in killed.stdout
+    partial = output / "checkpoint-10"
+    assert (partial / "model.safetensors").is_file() and not (partial / "trainer_state.json").exists()
+    again = run_rocmft("train", env=env)
+    assert again.returncode == ExitCode.OK, again.stdout[-3000:]
+    assert f"skipping {partial}: no trainer_state.json" in again.stdout
+    assert f"resuming from {output / 'checkpoint-5'}" in again.stdout
+    assert final_loss(output)[0] == 20
 
 
 def test_non_finite_loss_with_on_nan_fp32_restarts_in_real_fp32(run_rocmft, tmp_path):

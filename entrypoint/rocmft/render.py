@@ -393,6 +393,7 @@ def worker_policy(plan: Plan) -> dict[str, Any]:
         "distributed": plan.settings.rocmft.distributed,
         "launcher": plan.launcher,
         "fault_nan_at_step": plan.settings.rocmft.fault_nan_at_step,
+        "fault_kill_in_save_at_step": plan.settings.rocmft.fault_kill_in_save_at_step,
         "loss_spike_factor": plan.settings.rocmft.loss_spike_factor,
         "demo": plan.demo,
     }

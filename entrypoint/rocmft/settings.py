@@ -135,6 +135,13 @@ class RocmftSettings(BaseSettings):
         "non-finite for real, as a bf16/fp16 overflow would (so only under those precisions: real fp32 does not "
         "overflow there); proves the non-finite-loss stop (exit 5) and ROCMFT_ON_NAN=fp32.",
     )
+    fault_kill_in_save_at_step: int | None = Field(
+        None,
+        ge=1,
+        description="TEST ONLY: SIGKILL the worker while it writes the checkpoint of step N (after the weights, "
+        "before the optimizer state and trainer_state.json), as a pre-emption mid-save would; proves that the "
+        "next run skips that checkpoint.",
+    )
 
     @field_validator("skip_checks", mode="before")
     @classmethod

@@ -316,6 +316,23 @@ def _report_disk_full(output_dir: Path, err: BaseException) -> None:
     )
 
 
+def _fault_kill_in_save(step: int) -> None:
+    """TEST ONLY (ROCMFT_FAULT_KILL_IN_SAVE_AT_STEP): SIGKILL this process in the middle of writing the checkpoint
+    of ``step``: transformers' Trainer._save_checkpoint has written the weights and is about to write the
+    optimizer state; trainer_state.json (written last) never comes."""
+    from transformers import Trainer
+
+    save = Trainer._save_optimizer_and_scheduler
+
+    def save_or_die(self, output_dir):
+        if self.state.global_step == step:
+            print(f"[rocmft] TEST FAULT: SIGKILL while writing {output_dir}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return save(self, output_dir)
+
+    Trainer._save_optimizer_and_scheduler = save_or_die
+
+
 def _secret_arguments() -> dict[str, str]:
     from .lfargs import env_arguments
 
@@ -346,6 +363,8 @@ def main(run_dir: str) -> int:
     arguments.update(_secret_arguments())
     if policy["precision"]["policy"] == "fp32":
         _force_compute_dtype("float32")
+    if policy.get("fault_kill_in_save_at_step"):
+        _fault_kill_in_save(policy["fault_kill_in_save_at_step"])
 
     from llamafactory.train.tuner import run_exp
 
