@@ -329,6 +329,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         elif name not in sources and arguments[name] is not None:
             sources[name] = TEMPLATE_SOURCE
 
+    _apply_rules(arguments, sources, device, local_processes(settings, device, launcher), ds_config is None)
     for name, problem in resume.skipped:
         print(f"[rocmft] WARNING: skipping {output_dir / name}: {problem}", flush=True)
     if resume.checkpoint is not None or checkpoints(output_dir):
@@ -353,6 +354,20 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         plan.files["ds_config.json"] = atomic_write_json(staging / "ds_config.json", ds_config)
     plan.files["run.json"] = atomic_write_json(staging / "run.json", worker_policy(plan))
     return plan
+
+
+def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: DeviceFacts, per_node: int,
+                 user_deepspeed: bool) -> None:  # fmt: skip
+    """The rules of rocmft.rules on the rendered arguments (errors raise ConfigError, warnings are printed)."""
+    from . import rules
+
+    world = per_node * int(os.environ.get("NNODES", "1") or 1)
+    if arguments.get("deepspeed") and user_deepspeed:
+        rules.user_ds_config(arguments, world, sources.get("deepspeed", "DEEPSPEED"))
+    rules.lora_target(arguments, sources.get("lora_target", TEMPLATE_SOURCE))
+    rules.fp16_on_bf16_model(arguments, device.bf16, sources.get("fp16", "precision policy"))
+    for warning in rules.ranges(arguments, sources):
+        print(f"[rocmft] WARNING: {warning}", flush=True)
 
 
 def local_processes(settings: Settings, device: DeviceFacts, launcher: str) -> int:

@@ -239,6 +239,50 @@ FOREIGN_NAMES = {
 TYPO_CUTOFF = 0.8
 
 
+# Argument names from tutorials, older releases and other tools, with what replaces them in the installed stack.
+# Used only while the name is not an argument of the installed LLaMA-Factory (a release that brings one back wins).
+REPLACED: dict[str, tuple[str | None, str]] = {
+    "evaluation_strategy": ("EVAL_STRATEGY", "renamed in transformers 4.41, removed in 5"),
+    "include_tokens_per_second": (None, "removed in transformers 5; rocmft's progress line shows tokens/s"),
+    "per_gpu_train_batch_size": ("PER_DEVICE_TRAIN_BATCH_SIZE", "renamed in transformers 3"),
+    "per_gpu_eval_batch_size": ("PER_DEVICE_EVAL_BATCH_SIZE", "renamed in transformers 3"),
+    "lora_r": ("LORA_RANK", "LLaMA-Factory's name for peft's r"),
+    "lora_target_modules": ("LORA_TARGET", "comma-separated module names, or all"),
+    "target_modules": ("LORA_TARGET", "comma-separated module names, or all"),
+    "max_seq_length": ("CUTOFF_LEN", "LLaMA-Factory's name (TRL's is max_seq_length)"),
+    "max_seq_len": ("CUTOFF_LEN", "LLaMA-Factory's name"),
+    "seq_length": ("CUTOFF_LEN", "LLaMA-Factory's name"),
+    "model_name": ("MODEL_NAME_OR_PATH", "a hub id or a folder"),
+    "base_model": ("MODEL_NAME_OR_PATH", "a hub id or a folder (axolotl's name)"),
+    "use_flash_attention_2": ("FLASH_ATTN=fa2", "LLaMA-Factory's switch"),
+    "use_flash_attn": ("FLASH_ATTN=fa2", "LLaMA-Factory's switch"),
+    "load_in_4bit": ("QUANTIZATION_BIT=4", "QLoRA in LLaMA-Factory"),
+    "load_in_8bit": ("QUANTIZATION_BIT=8", "LLaMA-Factory's switch"),
+    "data_path": ("DATASET", "names in dataset_info.json, or .json/.jsonl files in DATASET_DIR"),
+    "train_file": ("DATASET", "names in dataset_info.json, or .json/.jsonl files in DATASET_DIR"),
+    "dataset_name": ("DATASET", "LLaMA-Factory's name"),
+    "epochs": ("NUM_TRAIN_EPOCHS", "transformers' name"),
+    "lr": ("LEARNING_RATE", "transformers' name"),
+    "batch_size": ("PER_DEVICE_TRAIN_BATCH_SIZE", "the micro-batch per GPU"),
+}
+
+
+def replacement(name: str, yaml_key: bool = False) -> str | None:
+    """What to do instead of the removed or foreign argument ``name`` (any case): ``use X instead (why)`` or
+    ``drop it (why)``; None when it is not a known one (or is an argument of the installed LLaMA-Factory after
+    all). ``yaml_key``: phrase it for a ROCMFT_CONFIG file (``quantization_bit: 4``) instead of the environment
+    (``QUANTIZATION_BIT=4``)."""
+    key = name.lower()
+    if key not in REPLACED or key in lf_arguments():
+        return None
+    new, note = REPLACED[key]
+    if new is None:
+        return f"drop it ({note})"
+    if yaml_key:
+        new = new.lower().replace("=", ": ")
+    return f"use {new} instead ({note})"
+
+
 def _is_foreign(name: str) -> bool:
     owned_elsewhere = {n.upper() for n in NOT_FROM_ENVIRONMENT}
     return name in FOREIGN_NAMES or name in owned_elsewhere or name.startswith(FOREIGN_PREFIXES)
@@ -268,6 +312,12 @@ def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
                 errors.append(f"{name} is not a rocmft setting.{_did_you_mean(upper, known_rocmft)}")
             continue
         if upper in arguments or _is_foreign(upper) or not name.isupper():
+            continue
+        if replacement(upper):
+            errors.append(
+                f"{name} is not an argument of the installed LLaMA-Factory {versions['llamafactory']} / "
+                f"transformers {versions['transformers']}: {replacement(upper)}."
+            )
             continue
         close = difflib.get_close_matches(upper, list(arguments), n=2, cutoff=TYPO_CUTOFF)
         if close:
@@ -322,7 +372,8 @@ def load_user_config(path: Path) -> dict[str, Any]:
                 "Give each key a value of the type shown.",
             )
     if unknown:
-        lines = [f"  {key}:{_did_you_mean(key, names)}" for key in unknown]
+        lines = [f"  {key}: {replacement(key, yaml_key=True)}" if replacement(key) else
+                 f"  {key}:{_did_you_mean(key, names)}" for key in unknown]  # fmt: skip
         raise ConfigError(
             f"ROCMFT_CONFIG={path} has keys that are not arguments of the installed LLaMA-Factory "
             f"{stack_versions()['llamafactory']} / transformers {stack_versions()['transformers']}:\n"
