@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, ExitCode
-from .render import Plan, local_processes, node_rank
+from .render import Plan, local_processes, nnodes, node_rank
 from .validate import free_port
 
 LOG_FILE = "train.log"
@@ -33,16 +33,6 @@ def processes_per_node(plan: Plan) -> int:
     """Local processes the launch starts: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else
     NPROC_PER_NODE, else one per visible GPU (at least one)."""
     return local_processes(plan.settings, plan.device, plan.launcher)
-
-
-def nnodes() -> int:
-    """NNODES (hosts in the run), 1 when unset. Raises ConfigError when it is not a positive number."""
-    text = os.environ.get("NNODES", "1").strip() or "1"
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(
-            f"NNODES={text!r} is not a number of nodes.", "Set NNODES to the number of hosts (1, 2, ...)."
-        )
-    return int(text)
 
 
 def check_world_size(plan: Plan) -> None:

@@ -60,6 +60,16 @@ def node_rank() -> int:
     return int(text)
 
 
+def nnodes() -> int:
+    """NNODES (hosts in the run), 1 when unset. Raises ConfigError when it is not a positive number."""
+    text = os.environ.get("NNODES", "1").strip() or "1"
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(
+            f"NNODES={text!r} is not a number of nodes.", "Set NNODES to the number of hosts (1, 2, ...)."
+        )
+    return int(text)
+
+
 def run_subdir() -> str:
     """``rocmft`` on node 0; ``rocmft-node<k>`` on the other nodes of a multi-node run, so that node 0 alone
     writes OUTPUT_DIR/rocmft and the weights, while each other node keeps its own record beside it."""
@@ -361,7 +371,7 @@ def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: Dev
     """The rules of rocmft.rules on the rendered arguments (errors raise ConfigError, warnings are printed)."""
     from . import rules
 
-    world = per_node * int(os.environ.get("NNODES", "1") or 1)
+    world = per_node * nnodes()
     if arguments.get("deepspeed") and user_deepspeed:
         rules.user_ds_config(arguments, world, sources.get("deepspeed", "DEEPSPEED"))
     rules.lora_target(arguments, sources.get("lora_target", TEMPLATE_SOURCE))
@@ -383,7 +393,7 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
             per_node: int) -> ResumeChoice:  # fmt: skip
     """ROCMFT_RESUME against the checkpoints in OUTPUT_DIR and the earlier run's record in OUTPUT_DIR/rocmft
     (its train.yaml, and the world size its worker reported in manifest.json; unknown parts are not compared)."""
-    current = {**arguments, "world_size": per_node * int(os.environ.get("NNODES", "1") or 1)}
+    current = {**arguments, "world_size": per_node * nnodes()}
     previous = None
     try:
         previous = yaml.safe_load((run_dir / "train.yaml").read_text())
