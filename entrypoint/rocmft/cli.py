@@ -235,7 +235,7 @@ def _restart_in_fp32(plan, worker: dict[str, Any] | None) -> bool:
     import os
 
     from .manifest import RESTARTS
-    from .resume import newest_complete
+    from .resume import last_good_checkpoint
 
     worker = worker or {}
     cause = (worker.get("non_finite") or {}).get("cause", "non-finite loss")
@@ -243,8 +243,7 @@ def _restart_in_fp32(plan, worker: dict[str, Any] | None) -> bool:
         return False
     if any(r["cause"] == cause for r in RESTARTS):  # at most one automatic restart per cause
         return False
-    good_step = max((entry["step"] for entry in worker.get("losses", [])), default=0)
-    checkpoint = newest_complete(plan.output_dir, at_most_step=good_step).checkpoint
+    checkpoint = last_good_checkpoint(plan.output_dir, worker.get("losses", []))
     RESTARTS.append({"cause": cause, "at_step": (worker.get("non_finite") or {}).get("step"),
                      "from_checkpoint": str(checkpoint) if checkpoint else None,
                      "precision": {"from": plan.precision.policy, "to": "fp32"}})  # fmt: skip

@@ -62,8 +62,7 @@ def start_probes() -> None:
 
     from .probe import ProbeProcess
 
-    if "devices" not in _probes:
-        _probes["devices"] = ProbeProcess(["devices"], PROBE_TIMEOUT_S)
+    _device_probe()
     if "allreduce" not in _probes and any(Path(node).exists() for node in GPU_NODES):
         _probes["allreduce"] = ProbeProcess(["allreduce", "all", str(ALLREDUCE_MIB)], ALLREDUCE_TIMEOUT_S)
 
@@ -73,11 +72,16 @@ def probe_devices_raw() -> dict:
 
     On a probe failure: ``{"error": ..., "timed_out": ...}`` — the ``gpu-runtime`` check reports it.
     """
+    return _device_probe().result()
+
+
+def _device_probe() -> ProbeProcess:
+    """The device probe of this process: started once, by whichever asks first."""
     from .probe import ProbeProcess
 
     if "devices" not in _probes:
         _probes["devices"] = ProbeProcess(["devices"], PROBE_TIMEOUT_S)
-    return _probes["devices"].result()
+    return _probes["devices"]
 
 
 def allreduce_probe(world: int) -> dict:

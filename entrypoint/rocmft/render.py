@@ -317,8 +317,9 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         return text, _load_rendered_yaml(text, "train.yaml")
 
     text, arguments = render_train_yaml()
+    world_size = local_processes(settings, device, launcher) * nnodes()
     # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
-    resume = _resume(settings, arguments, output_dir, run_dir, local_processes(settings, device, launcher))
+    resume = _resume(settings, arguments, output_dir, run_dir, world_size)
     if resume.checkpoint is not None:
         fixed["resume_from_checkpoint"] = str(resume.checkpoint)
         fixed_sources["resume_from_checkpoint"] = f"ROCMFT_RESUME={rocmft.resume}"
@@ -339,7 +340,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         elif name not in sources and arguments[name] is not None:
             sources[name] = TEMPLATE_SOURCE
 
-    _apply_rules(arguments, sources, device, local_processes(settings, device, launcher), ds_config is None)
+    _apply_rules(arguments, sources, device, world_size, ds_config is None)
     for name, problem in resume.skipped:
         print(f"[rocmft] WARNING: skipping {output_dir / name}: {problem}", flush=True)
     if resume.checkpoint is not None or checkpoints(output_dir):
@@ -366,14 +367,13 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     return plan
 
 
-def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: DeviceFacts, per_node: int,
+def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: DeviceFacts, world_size: int,
                  user_deepspeed: bool) -> None:  # fmt: skip
     """The rules of rocmft.rules on the rendered arguments (errors raise ConfigError, warnings are printed)."""
     from . import rules
 
-    world = per_node * nnodes()
     if arguments.get("deepspeed") and user_deepspeed:
-        rules.user_ds_config(arguments, world, sources.get("deepspeed", "DEEPSPEED"))
+        rules.user_ds_config(arguments, world_size, sources.get("deepspeed", "DEEPSPEED"))
     rules.lora_target(arguments, sources.get("lora_target", TEMPLATE_SOURCE))
     rules.fp16_on_bf16_model(arguments, device.bf16, sources.get("fp16", "precision policy"))
     for warning in rules.ranges(arguments, sources):
@@ -390,10 +390,10 @@ def local_processes(settings: Settings, device: DeviceFacts, launcher: str) -> i
 
 
 def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run_dir: Path,
-            per_node: int) -> ResumeChoice:  # fmt: skip
+            world_size: int) -> ResumeChoice:  # fmt: skip
     """ROCMFT_RESUME against the checkpoints in OUTPUT_DIR and the earlier run's record in OUTPUT_DIR/rocmft
     (its train.yaml, and the world size its worker reported in manifest.json; unknown parts are not compared)."""
-    current = {**arguments, "world_size": per_node * nnodes()}
+    current = {**arguments, "world_size": world_size}
     previous = None
     try:
         previous = yaml.safe_load((run_dir / "train.yaml").read_text())

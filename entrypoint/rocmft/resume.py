@@ -103,6 +103,14 @@ def newest_complete(output_dir: Path, at_most_step: int | None = None) -> Resume
     return ResumeChoice(None, "no complete checkpoint: starting from step 0", skipped)
 
 
+def last_good_checkpoint(output_dir: Path, losses: list[dict[str, Any]]) -> Path | None:
+    """After a divergence: the newest complete checkpoint at or before the last finite logged loss (``losses``:
+    the worker's ``{"step", "loss"}`` records). A checkpoint saved between that log and the detection may
+    already hold NaN weights, so it is never chosen."""
+    good_step = max((entry["step"] for entry in losses), default=0)
+    return newest_complete(output_dir, at_most_step=good_step).checkpoint
+
+
 def differences(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``name: before -> now`` for each setting of :data:`MUST_MATCH` (and ``world_size``) that changed."""
     changed = []

@@ -372,10 +372,9 @@ def main(run_dir: str) -> int:
     try:
         run_exp(args=arguments, callbacks=[callback])
     except NonFiniteLoss as err:
-        from .resume import newest_complete
+        from .resume import last_good_checkpoint
 
-        good_step = max((e["step"] for e in callback.result["losses"]), default=0)
-        good = newest_complete(Path(arguments["output_dir"]), at_most_step=good_step).checkpoint
+        good = last_good_checkpoint(Path(arguments["output_dir"]), callback.result["losses"])
         where = f"the last good checkpoint is {good}" if good else "there is no checkpoint from before it"
         print(
             f"[rocmft] STOPPED ({err.cause}): {err}. The weights or the optimizer state diverged; nothing after step "
