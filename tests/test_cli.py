@@ -165,3 +165,18 @@ def test_status_tells_a_stalled_run_from_a_progressing_one(run_rocmft, tmp_path)
     assert stalled.returncode == 1 and stalled.stdout.startswith("stalled: step 12/100"), stalled.stdout
     nothing = run_rocmft("status")
     assert nothing.returncode == 1 and nothing.stdout.startswith("no run"), nothing.stdout
+
+
+def test_a_failed_check_in_a_used_output_folder_keeps_the_earlier_run_and_leaves_only_its_report(run_rocmft, tmp_path):
+    """The earlier training run's record moves to rocmft-history; rocmft/ then holds the new report alone."""
+    output = tmp_path / "run"
+    (output / "rocmft").mkdir(parents=True)
+    (output / "rocmft" / "manifest.json").write_text(
+        json.dumps({"status": "finished", "started_at": "2026-11-30T01:02:03"})
+    )
+    (output / "rocmft" / "train.yaml").write_text("stage: sft\n")
+    result = run_rocmft("check", env={"DATASET": "nope", "OUTPUT_DIR": str(output)})
+    assert result.returncode == ExitCode.CHECK_FAILED
+    assert sorted(p.name for p in (output / "rocmft").iterdir()) == ["checks.json"]
+    kept = output / "rocmft-history" / "2026-11-30T010203"
+    assert json.loads((kept / "manifest.json").read_text())["status"] == "finished" and (kept / "train.yaml").is_file()

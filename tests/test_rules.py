@@ -34,6 +34,14 @@ CASES = {
     "18 negative cutoff": ({"CUTOFF_LEN": "-5"}, None, ["CUTOFF_LEN=-5", "must be positive"]),
     "18 cutoff beyond context": ({"CUTOFF_LEN": "100000"}, None, ["CUTOFF_LEN=100000", "context length (1024"]),
     "18 lora rank": ({"FINETUNING_TYPE": "lora", "LORA_RANK": "0"}, None, ["LORA_RANK=0"]),
+    # found by trying wrong .env files as a new user would (the closing note of issue 7 lists them)
+    "chat template": ({"TEMPLATE": "qwen2"}, None, ["TEMPLATE=qwen2", "Did you mean qwen"]),
+    "quotes kept": ({"TEMPLATE": '"qwen"'}, None, ['TEMPLATE="qwen"', "Remove the quotes"]),
+    "other method's settings": ({"FINETUNING_TYPE": "full", "LORA_RANK": "64"}, None,
+                                ["FINETUNING_TYPE=full ignores LORA_RANK"]),
+    "percent as fraction": ({"FINETUNING_TYPE": "lora", "LORA_DROPOUT": "5"}, None,
+                            ["LORA_DROPOUT=5.0", "LORA_DROPOUT=0.05"]),
+    "nothing to train": ({"NUM_TRAIN_EPOCHS": "0"}, None, ["NUM_TRAIN_EPOCHS=0.0", "MAX_STEPS"]),
 }  # fmt: skip
 
 
@@ -78,3 +86,14 @@ def test_an_odd_learning_rate_is_a_warning_not_an_error(run_rocmft, tmp_path):
     result = run_rocmft("render", env={"LEARNING_RATE": "1e4", "OUTPUT_DIR": str(tmp_path / "out")})
     assert result.returncode == ExitCode.OK
     assert "WARNING: LEARNING_RATE=10000.0 (LEARNING_RATE) is outside 1e-07..0.01" in result.stdout
+
+
+def test_output_into_the_model_folder_is_refused_and_writes_nothing_there(run_rocmft, tmp_path, tiny_model):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    before = sorted(p.name for p in model.iterdir())
+    result = run_rocmft("check", env={"MODEL_NAME_OR_PATH": str(model), "OUTPUT_DIR": str(model)})
+    assert result.returncode == ExitCode.CONFIG_ERROR and "overwrite the base model" in result.stdout
+    assert sorted(p.name for p in model.iterdir()) == before

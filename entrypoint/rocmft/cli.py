@@ -134,12 +134,20 @@ def _run_checks(plan, workspace: Workspace, timings: dict[str, float]) -> dict[s
     timings["checks"] = time.monotonic() - started
     data = report(results, timings["checks"])
     if failed(results):
-        workspace.discard()
         path = None
-        try:
-            path = atomic_write_json(plan.run_dir / CHECKS_FILE, data)
-        except OSError:
-            pass  # OUTPUT_DIR is not writable: the output check says so, the table is all there is
+        if workspace.staging is not None and workspace.unwritable is None:
+            try:  # rocmft/ becomes the report alone; an earlier run's record moves to rocmft-history (promote)
+                for item in workspace.staging.iterdir():
+                    if item.is_dir():
+                        shutil.rmtree(item)
+                    else:
+                        item.unlink()
+                atomic_write_json(workspace.staging / CHECKS_FILE, data)
+                workspace.promote(plan.run_dir)
+                path = plan.run_dir / CHECKS_FILE
+            except OSError:
+                pass  # OUTPUT_DIR is not writable: the output check says so, the table is all there is
+        workspace.discard()
         print_table(results, path)
         names = ", ".join(r.id for r in failed(results))
         raise ChecksFailed(f"Health checks failed: {names}.", "Fix what the table says, then run again.")

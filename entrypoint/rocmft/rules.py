@@ -223,3 +223,105 @@ def fp16_on_bf16_model(arguments: dict[str, Any], bf16_gpu: bool, source: str) -
             "fp16's range turn into Inf/NaN (NaN or zero loss).",
             "Use ROCMFT_PRECISION=bf16 (or auto, which picks it here).",
         )
+
+
+def _user_set(name: str, sources: dict[str, str]) -> bool:
+    """Whether the user chose ``name`` (environment or ROCMFT_CONFIG), not a template or built-in default."""
+    return name in sources and "default" not in sources[name]
+
+
+def quoted_values(arguments: dict[str, Any], sources: dict[str, str]) -> None:
+    """Text values wrapped in matching quotes: ``docker run --env-file`` and some .env loaders keep them, so
+    TEMPLATE="qwen" reaches LLaMA-Factory as the seven characters ``"qwen"``.
+
+    Raises:
+        ConfigError: naming each variable.
+    """
+    quoted = [f"{name.upper()}={value}" for name, value in arguments.items()
+              if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'"
+              and _user_set(name, sources)]  # fmt: skip
+    if quoted:
+        fix = "Remove the quotes in the .env file (docker --env-file passes them on as they are)."
+        raise ConfigError(f"Values with their quotes still on: {', '.join(quoted)}.", fix)
+
+
+def template(arguments: dict[str, Any], sources: dict[str, str]) -> None:
+    """TEMPLATE is one of the installed LLaMA-Factory's chat templates (llamafactory.data.template.TEMPLATES);
+    LLaMA-Factory itself finds out only after loading the tokenizer.
+
+    Raises:
+        ConfigError: with a did-you-mean among the template names.
+    """
+    import difflib
+
+    from llamafactory.data.template import TEMPLATES
+
+    name = arguments.get("template")
+    if name is None or name in TEMPLATES:
+        return
+    close = difflib.get_close_matches(str(name), list(TEMPLATES), n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    raise ConfigError(
+        f"TEMPLATE={name} ({sources.get('template', 'default')}) is not a chat template of the installed "
+        f"LLaMA-Factory.{hint}",
+        "Use the template of the model's family (qwen for Qwen2/2.5, llama3 for Llama 3, ...): LLaMA-Factory's "
+        "README lists them.",
+    )
+
+
+def method_settings(arguments: dict[str, Any], sources: dict[str, str]) -> None:
+    """Settings of a fine-tuning method that is not the one chosen (LORA_RANK with FINETUNING_TYPE=full): they
+    would be ignored without a word. The method's settings are the fields of LLaMA-Factory's own LoraArguments /
+    FreezeArguments / OFTArguments dataclasses.
+
+    Raises:
+        ConfigError: naming the settings and the method.
+    """
+    import dataclasses
+
+    from llamafactory.hparams.finetuning_args import FreezeArguments, LoraArguments, OFTArguments
+
+    chosen = arguments.get("finetuning_type", "lora")
+    owners = {"lora": LoraArguments, "freeze": FreezeArguments, "oft": OFTArguments}
+    stray = [f"{f.name.upper()} ({method})" for method, cls in owners.items() if method != chosen
+             for f in dataclasses.fields(cls) if _user_set(f.name, sources)]  # fmt: skip
+    if stray:
+        raise ConfigError(f"FINETUNING_TYPE={chosen} ignores {', '.join(stray)}.",
+                          "Remove them, or set FINETUNING_TYPE to the method they belong to.")  # fmt: skip
+
+
+def output_not_input(arguments: dict[str, Any], sources: dict[str, str]) -> None:
+    """OUTPUT_DIR is neither the model's folder (or inside it) nor the data folder: saving there overwrites the
+    base weights (`model.safetensors`) or mixes results into the data.
+
+    Raises:
+        ConfigError: naming both paths.
+    """
+    output = Path(str(arguments.get("output_dir", ""))).expanduser().resolve()
+    model = Path(str(arguments.get("model_name_or_path", ""))).expanduser()
+    if model.is_dir() and (output == model.resolve() or model.resolve() in output.parents):
+        raise ConfigError(f"OUTPUT_DIR {output} ({sources.get('output_dir')}) is the model's folder "
+                          f"{model} or inside it: saving would overwrite the base model.",
+                          "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default).")  # fmt: skip
+
+
+# Fields that are probabilities or fractions: a value of 1 or more is a percent typed as a number (5 for 5%).
+FRACTIONS = ("lora_dropout", "hidden_dropout", "attention_dropout", "val_size", "warmup_ratio", "weight_decay")
+
+
+def more_ranges(arguments: dict[str, Any], sources: dict[str, str]) -> None:
+    """Dropouts and fractions in [0, 1); a run with no epochs and no max steps trains nothing.
+
+    Raises:
+        ConfigError: naming the variable and its value.
+    """
+    for name in FRACTIONS:
+        value = arguments.get(name)
+        if isinstance(value, (int, float)) and not 0 <= value < 1 and _user_set(name, sources):
+            raise ConfigError(f"{name.upper()}={value} ({sources[name]}) must be in [0, 1).",
+                              f"A fraction: {name.upper()}={value / 100:g} if you meant {value:g} %.")  # fmt: skip
+    epochs, steps = arguments.get("num_train_epochs"), arguments.get("max_steps")
+    if isinstance(epochs, (int, float)) and epochs <= 0 and not (isinstance(steps, int) and steps > 0):
+        raise ConfigError(f"NUM_TRAIN_EPOCHS={epochs} ({sources.get('num_train_epochs', 'default')}) and no "
+                          "MAX_STEPS: the run would train nothing and save the base model as its result.",
+                          "Set NUM_TRAIN_EPOCHS > 0 or MAX_STEPS > 0.")  # fmt: skip

@@ -241,9 +241,12 @@ TYPO_CUTOFF = 0.8
 
 # Argument names from tutorials, older releases and other tools, with what replaces them in the installed stack.
 # Used only while the name is not an argument of the installed LLaMA-Factory (a release that brings one back wins).
-REPLACED: dict[str, tuple[str | None, str]] = {
+REPLACED: dict[str, tuple[str, str]] = {
     "evaluation_strategy": ("EVAL_STRATEGY", "renamed in transformers 4.41, removed in 5"),
-    "include_tokens_per_second": (None, "removed in transformers 5; rocmft's progress line shows tokens/s"),
+    "include_tokens_per_second": (
+        "INCLUDE_EFFECTIVE_TOKENS_PER_SECOND",
+        "transformers 5 removed it; LLaMA-Factory counts them itself, and rocmft's progress line shows tokens/s",
+    ),
     "per_gpu_train_batch_size": ("PER_DEVICE_TRAIN_BATCH_SIZE", "renamed in transformers 3"),
     "per_gpu_eval_batch_size": ("PER_DEVICE_EVAL_BATCH_SIZE", "renamed in transformers 3"),
     "lora_r": ("LORA_RANK", "LLaMA-Factory's name for peft's r"),
@@ -268,16 +271,14 @@ REPLACED: dict[str, tuple[str | None, str]] = {
 
 
 def replacement(name: str, yaml_key: bool = False) -> str | None:
-    """What to do instead of the removed or foreign argument ``name`` (any case): ``use X instead (why)`` or
-    ``drop it (why)``; None when it is not a known one (or is an argument of the installed LLaMA-Factory after
+    """What to do instead of the removed or foreign argument ``name`` (any case): ``use X instead (why)``;
+    None when it is not a known one (or is an argument of the installed LLaMA-Factory after
     all). ``yaml_key``: phrase it for a ROCMFT_CONFIG file (``quantization_bit: 4``) instead of the environment
     (``QUANTIZATION_BIT=4``)."""
     key = name.lower()
     if key not in REPLACED or key in lf_arguments():
         return None
     new, note = REPLACED[key]
-    if new is None:
-        return f"drop it ({note})"
     if yaml_key:
         new = new.lower().replace("=", ": ")
     return f"use {new} instead ({note})"
