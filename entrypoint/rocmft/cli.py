@@ -108,12 +108,13 @@ def _prepare(workspace: Workspace, timings: dict[str, float]):
     timings["settings"] = time.monotonic() - started
 
     started = time.monotonic()
-    device = facts_from_probe(probe_devices_raw())
+    devices = probe_devices_raw()
+    device = facts_from_probe(devices)
     timings["device probe"] = time.monotonic() - started
 
     started = time.monotonic()
     plan = render(settings, device, workspace.make_staging)
-    plan.probes["devices"] = probe_devices_raw()
+    plan.probes["devices"] = devices
     prepare_launch(plan)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
     timings["render"] = time.monotonic() - started
     _say(f"precision: {plan.precision.policy} ({plan.precision.reason})")

@@ -303,8 +303,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     # LLaMA-Factory refuses one process driving several GPUs ("Please launch distributed training with
     # llamafactory-cli or torchrun"); like its own launcher, more than one visible GPU means torchrun (DDP),
     # and so does asking for more than one process per node.
-    asked = rocmft.nproc_per_node or int(os.environ.get("NPROC_PER_NODE", "0") or 0)
-    if rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1 or asked > 1:
+    if rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1 or _asked_processes(settings) > 1:
         launcher = "torchrun"
 
     rendered_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -320,13 +319,14 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     world_size = local_processes(settings, device, launcher) * nnodes()
     # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
     resume = _resume(settings, arguments, output_dir, run_dir, world_size)
+    resumable = resume.checkpoint is not None or bool(checkpoints(output_dir))  # checkpoints there, used or not
     if resume.checkpoint is not None:
         fixed["resume_from_checkpoint"] = str(resume.checkpoint)
         fixed_sources["resume_from_checkpoint"] = f"ROCMFT_RESUME={rocmft.resume}"
-    elif checkpoints(output_dir):
+    elif resumable:
         fixed["overwrite_output_dir"] = True  # LLaMA-Factory would otherwise resume by itself, from any checkpoint
         fixed_sources["overwrite_output_dir"] = f"ROCMFT_RESUME={rocmft.resume} ({resume.note})"
-    if resume.checkpoint is not None or checkpoints(output_dir):
+    if resumable:
         text, arguments = render_train_yaml()
     dropped = [name for name, val in {**layered, **fixed}.items() if val is not None and name not in arguments]
     if dropped:
@@ -343,7 +343,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     _apply_rules(arguments, sources, device, world_size, ds_config is None)
     for name, problem in resume.skipped:
         print(f"[rocmft] WARNING: skipping {output_dir / name}: {problem}", flush=True)
-    if resume.checkpoint is not None or checkpoints(output_dir):
+    if resumable:
         print(f"[rocmft] {resume.note}", flush=True)
     plan = Plan(
         settings=settings,
@@ -385,13 +385,17 @@ def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: Dev
         print(f"[rocmft] WARNING: {warning}", flush=True)
 
 
+def _asked_processes(settings: Settings) -> int:
+    """Processes per node the user asked for: ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE; 0 when neither."""
+    return settings.rocmft.nproc_per_node or int(os.environ.get("NPROC_PER_NODE") or 0)
+
+
 def local_processes(settings: Settings, device: DeviceFacts, launcher: str) -> int:
     """Processes per node: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE, else one
     per visible GPU (at least one)."""
     if launcher != "torchrun":
         return 1
-    asked = settings.rocmft.nproc_per_node or os.environ.get("NPROC_PER_NODE")
-    return int(asked) if asked else max(device.count, 1)
+    return _asked_processes(settings) or max(device.count, 1)
 
 
 def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run_dir: Path,
@@ -399,19 +403,17 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
     """ROCMFT_RESUME against the checkpoints in OUTPUT_DIR and the earlier run's record in OUTPUT_DIR/rocmft
     (its train.yaml, and the world size its worker reported in manifest.json; unknown parts are not compared)."""
     current = {**arguments, "world_size": world_size}
-    previous = None
     try:
         previous = yaml.safe_load((run_dir / "train.yaml").read_text())
     except (OSError, yaml.YAMLError):
-        pass
-    if isinstance(previous, dict):
-        try:
-            world = (json.loads((run_dir / "manifest.json").read_text()).get("worker") or {}).get("world_size")
-        except (OSError, ValueError):
-            world = None
-        previous["world_size"] = world if world is not None else current["world_size"]
-    else:
         previous = None
+    if not isinstance(previous, dict):
+        return choose(settings.rocmft.resume, output_dir, None, current)
+    try:
+        world = (json.loads((run_dir / "manifest.json").read_text()).get("worker") or {}).get("world_size")
+    except (OSError, ValueError):
+        world = None
+    previous["world_size"] = world if world is not None else world_size  # unknown: not compared
     return choose(settings.rocmft.resume, output_dir, previous, current)
 
 
