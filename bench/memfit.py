@@ -29,15 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "entrypoint"))
+from common import REPO, TOKENIZER_FILES, clean_environment
 
 QWEN2_7B = {
     "hidden_size": 3584,
@@ -62,7 +60,6 @@ CONFIGS = {  # name -> (micro-batch, gradient checkpointing)
     "mb8-nogc": (8, False),
 }
 DEFAULT_USABLE_GIB = 139.8  # one H200, what a process can allocate
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 
 def build_model(out: Path, cache: Path) -> None:
@@ -117,14 +114,6 @@ def write_data(out: Path, source: Path, tokenizer_dir: Path, tokens_needed: int)
     print(f"[bench] data: alpaca_en_demo, {len(records)} records, ~{tokens:,} tokens, repeated {repeats}x "
           f"(need ~{tokens_needed:,})", flush=True)  # fmt: skip
     return "memfit_alpaca", tokens * repeats
-
-
-def clean_environment() -> dict[str, str]:
-    """This process's environment without ROCMFT_* and training-argument variables (like the tests)."""
-    from rocmft.lfargs import env_arguments
-
-    arguments = env_arguments()
-    return {k: v for k, v in os.environ.items() if not k.upper().startswith("ROCMFT_") and k.upper() not in arguments}
 
 
 def run_config(name: str, micro_batch: int, checkpointing: bool, out: Path, data: Path, dataset: str,

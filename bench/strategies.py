@@ -27,8 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "entrypoint"))
+from common import REPO, TOKENIZER_FILES, clean_environment
 
 # Qwen2-0.5B's shape (its config.json on the Hugging Face hub, Qwen/Qwen2-0.5B)
 QWEN2_05B = {
@@ -44,7 +43,6 @@ QWEN2_05B = {
     "tie_word_embeddings": True,
     "hidden_act": "silu",
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 COMMON = {
     "FINETUNING_TYPE": "lora", "DATASET": "alpaca_en_demo", "TEMPLATE": "qwen", "CUTOFF_LEN": "512",
     "PER_DEVICE_TRAIN_BATCH_SIZE": "4", "GRADIENT_ACCUMULATION_STEPS": "1", "MAX_STEPS": "20",
@@ -81,14 +79,6 @@ def build_model(folder: Path, cache: Path) -> None:
         if (tiny / name).is_file():
             shutil.copy2(tiny / name, folder / name)
     print(f"[bench] built {folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters", flush=True)
-
-
-def clean_environment() -> dict[str, str]:
-    """This process's environment without ROCMFT_* and training-argument variables (like the tests)."""
-    from rocmft.lfargs import env_arguments
-
-    arguments = env_arguments()
-    return {k: v for k, v in os.environ.items() if not k.upper().startswith("ROCMFT_") and k.upper() not in arguments}
 
 
 def start(env_extra: dict[str, str], visible: str, output: Path, model: Path, data: Path, log: Path):
