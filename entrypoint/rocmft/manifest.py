@@ -102,6 +102,7 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "settings": plan.settings.redacted(),
         "arguments": plan.arguments,
         "argument_sources": plan.sources,
+        "plan": plan.perf.as_dict() if getattr(plan, "perf", None) is not None else None,
         "data_sets": plan.registry.entries,
         "ds_config": plan.ds_config,
         "checks": checks,

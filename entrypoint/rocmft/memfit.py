@@ -112,7 +112,17 @@ embeddings), measured / modelled GiB: full bf16 mb4 with and without checkpointi
 32.66 / 32.57; freeze mb4 16.19 / 16.12; LoRA neat_packing mb2 13.89 / 13.81; LoRA fp32 (SDPA's math kernel)
 mb2 with checkpointing 9.25 / 9.19, mb1 without 15.57 / 15.50.
 
-Not modelled: vision towers, mixture-of-experts, non-gated MLPs, Liger/Unsloth kernels, FSDP (use ZeRO-3's
+**Liger kernels** (``enable_liger_kernel``, liger-kernel 0.8.5 as LLaMA-Factory 0.9.5 applies it:
+``model/model_utils/liger_kernel.py`` calls ``apply_liger_kernel_to_<model>()`` with its defaults — RoPE,
+RMSNorm, SwiGLU and, for ``stage`` sft/pt, the fused linear cross-entropy): ``LigerRMSNorm`` saves its input in
+its own dtype and the fp32 rstd (``ops/rms_norm.py``: ``save_for_backward(X, W, RSTD)``) instead of an fp32 copy;
+``LigerSiLUMulFunction`` saves gate and up outputs and recomputes SiLU in backward (``ops/swiglu.py``); the fused
+linear cross-entropy (``ops/fused_linear_cross_entropy.py``) computes the loss and the input gradient chunk by
+chunk during forward and keeps only that gradient (T×h in the input dtype), the fp32 per-token loss and one
+chunk of logits (``chunk = next_pow2(ceil(T / ceil(V/h)))`` rows of V, with ``_CHUNK_MEM_CONST`` = 1): the
+T×V logits peak is gone. Not measured on a GPU yet (the throughput benchmark, ``bench/throughput.py``, does).
+
+Not modelled: vision towers, mixture-of-experts, non-gated MLPs, Unsloth kernels, FSDP (use ZeRO-3's
 numbers), GaLore/APOLLO/BAdam optimizers. DPO/KTO with full or freeze tuning count a frozen reference copy of
 the weights; with LoRA, LF computes the reference with the adapter disabled (no copy).
 """
@@ -321,6 +331,9 @@ class TrainSpec:
         neat_packing: LF's ``neat_packing`` (block-diagonal 4-D mask).
         sequences_per_sample: 2 for pairwise stages (DPO, RM, KTO: chosen + rejected in one forward).
         reference_model: a frozen copy of the model is loaded (DPO/KTO full or freeze tuning).
+        liger: LF's ``enable_liger_kernel`` (Liger's RMSNorm, SwiGLU and RoPE kernels).
+        fused_cross_entropy: Liger's fused linear cross-entropy is used (``liger`` with ``stage`` sft or pt:
+            LF keeps plain logits for the other stages); the T×V logits are never materialized.
     """
 
     method: str = "lora"
@@ -343,6 +356,8 @@ class TrainSpec:
     neat_packing: bool = False
     sequences_per_sample: int = 1
     reference_model: bool = False
+    liger: bool = False
+    fused_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -424,6 +439,7 @@ def spec_from_arguments(
     attention = {"disabled": "eager", "fa2": "fa2", "fa3": "fa2"}.get(flash, "sdpa")
     pref_loss = str(arguments.get("pref_loss") or "sigmoid")
     reference = stage in ("dpo", "kto") and method != "lora" and pref_loss not in ("orpo", "simpo")
+    liger = _flag(arguments.get("enable_liger_kernel"), False)
     return TrainSpec(
         method=method,
         lora_rank=int(arguments.get("lora_rank") or 8),
@@ -445,6 +461,8 @@ def spec_from_arguments(
         neat_packing=neat,
         sequences_per_sample=2 if stage in PAIRWISE_STAGES else 1,
         reference_model=reference,
+        liger=liger,
+        fused_cross_entropy=liger and stage in ("sft", "pt"),
     )
 
 
@@ -580,7 +598,13 @@ def layer_saved_tensors(
     items: list[tuple[str, float]] = []
 
     def norm(label: str, needs_grad: bool) -> int:
-        """RMSNorm: fp32 copy of the input (pow, mul) + rsqrt; the normalized tensor if the weight trains."""
+        """RMSNorm: fp32 copy of the input (pow, mul) + rsqrt; the normalized tensor if the weight trains.
+        Liger's RMSNorm keeps its input in its own dtype and the fp32 rstd, whether or not the weight trains."""
+        if spec.liger:
+            if needs_grad or full:
+                items.append((f"{label}: its input (Liger RMSNorm)", mode.residual_bytes * h))
+                items.append((f"{label}: rstd (fp32)", 4))
+            return mode.residual_bytes
         if needs_grad:
             items.append((f"{label}: fp32 copy of its input (pow/mul)", 4 * h))
             items.append((f"{label}: rsqrt", 4))
@@ -634,8 +658,9 @@ def layer_saved_tensors(
     items += [
         ("gate output (SiLU input)", e_out * i),
         ("up output (saved by the product)", e_out * i),
-        ("SiLU(gate) (saved by the product)", e_out * i),
     ]
+    if not spec.liger:  # Liger's SwiGLU recomputes SiLU(gate) in backward
+        items.append(("SiLU(gate) (saved by the product)", e_out * i))
     consumers("gate·up product", i, e_out, ("down_proj",), shared_saved=False)
     return items
 
@@ -738,8 +763,19 @@ def estimate(shape: ModelShape, spec: TrainSpec) -> MemoryEstimate:
         final += mode.residual_bytes * h  # normalized input (norm weight trains)
         final += 2 * h if (mode.amp and mode.trainable_bytes == 4) else mode.trainable_bytes * h  # lm_head input
     final += 2 * e * shape.head_dim + 8  # RoPE cos/sin, int64 labels kept by nll_loss
+    if spec.neat_packing and spec.attention != "fa2":
+        final += 2 * e * spec.seq_len  # LF's 4-D block-diagonal mask (T×T per row) and SDPA's aligned copy
     logits_backward = 12 * v  # log_softmax output + nll_loss grad + log_softmax input grad, all fp32
     logits_forward = ((e + 4 + 4) if e != 4 else 8) * v  # logits, their fp32 upcast, log_softmax output
+    logits_fixed = 0.0  # bytes independent of the tokens (Liger's chunk of logits, lm_head's gradient)
+    if spec.fused_cross_entropy:
+        # kept: the input gradient (T×h, input dtype), the fp32 loss per token, the label mask
+        e_in = 2 if mode.amp else e
+        logits_backward = logits_forward = e_in * h + 4 + 1
+        chunk = 2 ** math.ceil(math.log2(max(1, math.ceil(tokens / math.ceil(v / h)))))
+        logits_fixed = 2.0 * min(chunk, tokens) * v * e_in  # the chunk's logits and their gradient (bound)
+        if lm_head_trains:
+            logits_fixed += v * h * mode.trainable_bytes  # lm_head's gradient, made during forward
     # autocast's bf16 copies of fp32 trainable weights (cached during forward, saved by their Linears)
     amp_copies = 0.0
     if mode.amp:
@@ -759,7 +795,7 @@ def estimate(shape: ModelShape, spec: TrainSpec) -> MemoryEstimate:
         phases["the end of forward (loss)"] = (
             early_gradients,
             tokens * (checkpoints + final) + amp_copies + lm_head_copy,
-            tokens * logits_forward,
+            tokens * logits_forward + logits_fixed,
         )
         layer_copies = amp_copies / max(layers, 1)
         phases["the last layer's recomputation and backward"] = (
@@ -770,6 +806,8 @@ def estimate(shape: ModelShape, spec: TrainSpec) -> MemoryEstimate:
     else:
         saved = tokens * (first_layer + (layers - 1) * per_layer + final) + amp_copies + lm_head_copy
         phases["the start of backward (loss gradient)"] = (early_gradients, saved, tokens * logits_backward)
+        if logits_fixed:
+            phases["the end of forward (loss)"] = (early_gradients, saved, tokens * logits_forward + logits_fixed)
         phases["the last layer's backward"] = (gradients, saved - tokens * final + tokens * workspace, 0.0)
     phases["the optimizer step"] = (gradients, trainable * step_temporaries, 0.0)
     phase = max(phases, key=lambda name: sum(phases[name]))

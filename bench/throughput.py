@@ -1,0 +1,329 @@
+"""Throughput of rocmft's planned defaults against the stock recipe, on the same data and step count.
+
+Run on one GPU, from the repository root (not a test)::
+
+    python bench/throughput.py --out DIR --data ../shared/data [--shape 7b|1.5b|0.5b|tiny] [--steps 20]
+
+1. builds a random-weight model of a real shape (Qwen2-7B by default; Qwen2-1.5B, Qwen2-0.5B; ``tiny`` uses
+   rocmft's built-in tiny model, for a CPU check of this script) in bf16 with the tokenizer of rocmft's tiny
+   model, in a child process;
+2. writes LLaMA-Factory's alpaca_en_demo repeated until it holds enough tokens (bench/memfit.py's write_data);
+3. (a) **stock**: the recipe users copy from blogs — LoRA all-linear, micro-batch 2 × accumulation 8, no
+   packing, gradient checkpointing on (LLaMA-Factory's default), bf16 — through LLaMA-Factory's own
+   ``run_exp`` (what ``llamafactory-cli train`` calls) in a child process that records
+   ``torch.cuda.max_memory_allocated()``;
+   (b) **rocmft**: ``rocmft train`` with the same model, data, cutoff, learning rate, seed and step count and
+   nothing else: micro-batch, accumulation, packing, checkpointing, attention and kernels are planned;
+4. prints, for each: tokens/s (non-padding input tokens over the trainer's train_runtime), MFU, peak memory
+   (measured, and rocmft.memfit's prediction), and the ratio b/a; compares the loss curves over the same
+   tokens; writes DIR/throughput.json.
+
+FLOPs per token (stated in the output): **model FLOPs** 6·N (PaLM, Chowdhery et al. 2022, appendix B; N =
+the weights of every matrix product: the layers' Linears and lm_head, embeddings excluded; the attention term
+12·L·d·s is left out: with alpaca's few-hundred-token samples it is under 1% of 6N for these shapes) — the
+usual MFU convention, which counts weight gradients LoRA does not compute. **LoRA's own FLOPs**: 4·N (forward
+2N + input gradient 2N) + 6·N_lora. With gradient checkpointing the hardware also recomputes the forward:
++2·N (+2·N_lora), reported as HFU. MFU = tokens/s × FLOPs per token / peak; ``--peak-tflops`` defaults to
+989 (NVIDIA H200 bf16 dense, NVIDIA's datasheet); use 1307 for an MI300X (AMD's datasheet).
+
+Loss curves: (b) packs many samples per row, so its steps hold more tokens; each of (b)'s logged losses is
+compared with (a)'s loss interpolated at the same number of tokens seen, over the tokens both covered. The
+tolerance is 3σ of (a)'s own step-to-step noise (σ = std of successive differences / √2: each logged loss is
+one batch's mean), at least 1% of the loss: different batches of the same data differ by that much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import REPO, TOKENIZER_FILES, clean_environment
+
+SHAPES = {  # published config.json values (Hugging Face hub, Qwen/Qwen2-*)
+    "7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False},
+    "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True},
+    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True},
+}  # fmt: skip
+COMMON_SHAPE = {"max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
+STOCK = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}  # the blog recipe; GC on, no packing
+H200_BF16_TFLOPS = 989.0
+PLANNED_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "neat_packing",
+                "disable_gradient_checkpointing", "flash_attn", "enable_liger_kernel")  # fmt: skip
+
+
+def build_model(folder: Path, shape: str, cache: Path) -> None:
+    """Child process: random-weight bf16 model of ``shape`` (on the GPU when there is one), tiny tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rocmft.demo import ensure_tiny_model
+
+    tiny = ensure_tiny_model(cache)
+    tiny_config = json.loads((tiny / "config.json").read_text())
+    config = Qwen2Config(**SHAPES[shape], **COMMON_SHAPE, bos_token_id=None,
+                         eos_token_id=tiny_config.get("eos_token_id"),
+                         pad_token_id=tiny_config.get("pad_token_id"))  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for name in TOKENIZER_FILES:
+        if (tiny / name).is_file():
+            shutil.copy2(tiny / name, tmp / name)
+    tmp.rename(folder)
+    print(f"[bench] built {folder}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters", flush=True)
+
+
+def lf_child(config_path: Path, result_path: Path) -> int:
+    """Child process: LLaMA-Factory's run_exp on a YAML (as ``llamafactory-cli train`` does); records the peak."""
+    import torch
+    import yaml
+    from llamafactory.train.tuner import run_exp
+
+    run_exp(yaml.safe_load(config_path.read_text()))
+    peak = round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
+    result_path.write_text(json.dumps({"peak_gpu_memory_gib": peak}))
+    return 0
+
+
+def flops_per_token(model_dir: Path, lora_rank: int = 8) -> dict[str, float]:
+    """Matrix-product weights N and LoRA weights N_lora (all seven Linears, rank ``lora_rank``) of the model."""
+    from rocmft import memfit
+
+    shape = memfit.read_model_shape(model_dir)
+    n = shape.num_layers * shape.layer_linear_weights + shape.vocab_size * shape.hidden_size
+    n_lora = shape.num_layers * sum(lora_rank * (i + o) for i, o, _ in shape.linears().values())
+    return {"N": n, "N_lora": n_lora, "model_6N": 6 * n, "lora_4N": 4 * n + 6 * n_lora,
+            "recompute_2N": 2 * n + 2 * n_lora}  # fmt: skip
+
+
+def history(output: Path) -> dict:
+    """Losses against tokens seen, total tokens and runtime from the trainer's trainer_state.json."""
+    path = output / "trainer_state.json"
+    if not path.is_file():
+        return {}
+    log = json.loads(path.read_text())["log_history"]
+    points = [(h["num_input_tokens_seen"], h["loss"]) for h in log if "loss" in h and "num_input_tokens_seen" in h]
+    final = log[-1]
+    tokens = max((h.get("num_input_tokens_seen", 0) for h in log), default=0)
+    runtime = final.get("train_runtime")
+    return {"points": points, "tokens": tokens, "train_runtime_s": runtime,
+            "tokens_per_s": tokens / runtime if runtime else None}  # fmt: skip
+
+
+def run_stock(out: Path, model: Path, data: Path, dataset: str, args, gpu: bool) -> dict:
+    output = out / "runs" / "stock"
+    shutil.rmtree(output, ignore_errors=True)
+    output.mkdir(parents=True)
+    config = {
+        "model_name_or_path": str(model), "stage": "sft", "do_train": True, "finetuning_type": "lora",
+        "lora_target": "all", "lora_rank": 8, "dataset": dataset, "dataset_dir": str(data), "template": "qwen",
+        "cutoff_len": args.cutoff, "max_steps": args.steps, "learning_rate": 1e-4, "lr_scheduler_type": "cosine",
+        "warmup_steps": 0.1, "logging_steps": 1, "save_strategy": "no", "report_to": "none", "seed": 42,
+        "bf16": gpu, "output_dir": str(output), "overwrite_output_dir": True, "plot_loss": False,
+        "preprocessing_num_workers": 4, "dataloader_num_workers": 2, "overwrite_cache": True,
+        "include_num_input_tokens_seen": "non_padding", "disable_tqdm": True, **STOCK,
+    }  # fmt: skip
+    config_path = out / "stock.yaml"
+    import yaml
+
+    config_path.write_text(yaml.safe_dump(config))
+    env = clean_environment()
+    env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": args.gpu,
+                "HIP_VISIBLE_DEVICES": args.gpu})  # fmt: skip
+    result_path = out / "stock-result.json"
+    result_path.unlink(missing_ok=True)
+    started = time.monotonic()
+    code = _run([sys.executable, __file__, "--lf-child", str(config_path), "--result", str(result_path)], env,
+                out / "stock.log", args.timeout, out)  # fmt: skip
+    result = {"exit": code, "wall_s": round(time.monotonic() - started, 1), **history(output), "config": config}
+    if result_path.is_file():
+        result.update(json.loads(result_path.read_text()))
+    result["predicted_gib"] = _predict(model, config, "bfloat16" if gpu else "float32")
+    return result
+
+
+def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
+    output = out / "runs" / "rocmft"
+    shutil.rmtree(output, ignore_errors=True)
+    output.mkdir(parents=True)
+    env = clean_environment()
+    env.update({
+        "MODEL_NAME_OR_PATH": str(model), "DATASET": dataset, "DATASET_DIR": str(data), "TEMPLATE": "qwen",
+        "CUTOFF_LEN": str(args.cutoff), "MAX_STEPS": str(args.steps), "LEARNING_RATE": "1e-4", "SEED": "42",
+        "LOGGING_STEPS": "1", "SAVE_STRATEGY": "no", "PLOT_LOSS": "false", "OUTPUT_DIR": str(output),
+        "ROCMFT_CACHE_DIR": str(out / "cache"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+        "CUDA_VISIBLE_DEVICES": args.gpu, "HIP_VISIBLE_DEVICES": args.gpu,
+    })  # fmt: skip
+    started = time.monotonic()
+    code = _run([sys.executable, "-m", "rocmft", "train"], env, out / "rocmft.log", args.timeout, out)
+    result = {"exit": code, "wall_s": round(time.monotonic() - started, 1), **history(output)}
+    run_dir = output / "rocmft"
+    if (run_dir / "worker-result.json").is_file():
+        worker = json.loads((run_dir / "worker-result.json").read_text())
+        result["peak_gpu_memory_gib"] = worker.get("peak_gpu_memory_gib")
+    if (run_dir / "manifest.json").is_file():
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        plan = manifest.get("plan") or {}
+        result["plan"] = {c["name"]: c["value"] for c in plan.get("choices", [])}
+        result["plan_note"] = plan.get("note")
+        result["timings_s"] = manifest.get("timings_s")
+        arguments = manifest.get("arguments") or {}
+        result["config"] = {k: arguments[k] for k in PLANNED_KEYS if k in arguments}
+        dtype = (manifest.get("precision") or {}).get("compute_dtype", "bfloat16")
+        result["predicted_gib"] = plan.get("estimate_gib") or _predict(model, arguments, dtype)
+    return result
+
+
+def _predict(model: Path, arguments: dict, dtype: str) -> float | None:
+    from rocmft import memfit
+
+    spec = memfit.spec_from_arguments(arguments, compute_dtype=dtype, zero_stage=0)
+    return round(memfit.estimate(memfit.read_model_shape(model), spec).total / memfit.GiB, 2)
+
+
+def _run(command: list[str], env: dict[str, str], log: Path, timeout: float, cwd: Path) -> int | None:
+    with log.open("w") as handle:
+        try:
+            return subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT, timeout=timeout,
+                                  cwd=cwd).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def compare_losses(stock: list, planned: list) -> dict:
+    """(b)'s losses against (a)'s interpolated at the same tokens seen (see the module docstring)."""
+    if len(stock) < 3 or not planned:
+        return {"compared": 0, "note": "too few logged losses"}
+    diffs = [b[1] - a[1] for a, b in itertools.pairwise(stock)]
+    sigma = statistics.pstdev(diffs) / math.sqrt(2)
+    pairs = []
+    for tokens, loss in planned:
+        if stock[0][0] <= tokens <= stock[-1][0]:
+            for (t0, l0), (t1, l1) in itertools.pairwise(stock):
+                if t0 <= tokens <= t1:
+                    ref = l0 + (l1 - l0) * ((tokens - t0) / (t1 - t0) if t1 > t0 else 0)
+                    pairs.append((tokens, loss, ref))
+                    break
+    if not pairs:
+        return {"compared": 0, "sigma": sigma, "note": "no logged loss of (b) inside (a)'s token range"}
+    worst = max(abs(loss - ref) for _, loss, ref in pairs)
+    tolerance = max(3 * sigma, 0.01 * statistics.mean(ref for *_, ref in pairs))
+    return {"compared": len(pairs), "max_abs_diff": round(worst, 4), "sigma": round(sigma, 4),
+            "tolerance": round(tolerance, 4), "agree": worst <= tolerance,
+            "pairs": [(t, round(x, 4), round(r, 4)) for t, x, r in pairs]}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="work folder: model, data, runs, throughput.json")
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--shape", choices=[*SHAPES, "tiny"], default="7b")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps of each run (default 20)")
+    parser.add_argument("--cutoff", type=int, default=None, help="cutoff_len (default 2048; tiny: 128)")
+    parser.add_argument("--runs", default="stock,rocmft")
+    parser.add_argument("--gpu", default="0", help="the one GPU both runs use (CUDA/HIP_VISIBLE_DEVICES; default 0)")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
+    parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--lf-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.lf_child:
+        return lf_child(args.lf_child, args.result)
+    if args.out is None:
+        parser.error("--out is required")
+    args.cutoff = args.cutoff or (128 if args.shape == "tiny" else 2048)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cache = out / "cache"
+    os.environ["ROCMFT_CACHE_DIR"] = str(cache)
+    model = out / f"qwen2-{args.shape}-random"
+    if args.build_only:
+        build_model(model, args.shape, cache)
+        return 0
+    if args.shape == "tiny":
+        from rocmft.demo import ensure_tiny_model
+
+        model = ensure_tiny_model(cache)
+    elif not (model / "config.json").is_file():
+        subprocess.run([sys.executable, __file__, "--out", str(out), "--shape", args.shape, "--build-only"],
+                       check=True)  # fmt: skip
+    from memfit import write_data
+
+    dataset, _ = write_data(out, args.data.resolve(), model, args.steps * 16 * args.cutoff)
+    data = out / "data"
+    (data / "dataset_info.json").write_text(json.dumps({dataset: {"file_name": f"{dataset}.json"}}))
+    import torch
+
+    gpu = torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if gpu else "cpu"
+    results = {}
+    if "stock" in args.runs:
+        print(f"[bench] (a) stock recipe, {args.steps} steps ...", flush=True)
+        results["stock"] = run_stock(out, model, data, dataset, args, gpu)
+    if "rocmft" in args.runs:
+        print(f"[bench] (b) rocmft train with planned defaults, {args.steps} steps ...", flush=True)
+        results["rocmft"] = run_rocmft(out, model, data, dataset, args)
+
+    flops = flops_per_token(model)
+    print(f"\n{device}; model {args.shape} (N = {flops['N'] / 1e9:.2f}B matmul weights); cutoff {args.cutoff}; "
+          f"{args.steps} steps; peak {args.peak_tflops} TFLOPS")  # fmt: skip
+    print("FLOPs/token: model 6N; LoRA's own 4N + 6N_lora; recomputation (checkpointing) adds 2N + 2N_lora (HFU)")
+    header = (f"{'run':<7} {'exit':>4} {'tokens/s':>9} {'MFU 6N':>7} {'MFU LoRA':>8} {'HFU':>6} {'peak GiB':>8} "
+              f"{'predicted':>9} {'error':>7}  configuration")  # fmt: skip
+    print(header + "\n" + "-" * len(header))
+    for name, r in results.items():
+        tps = r.get("tokens_per_s")
+        cfg = r.get("config") or {}
+        gc = not cfg.get("disable_gradient_checkpointing", False)
+        row = {"tokens_per_s": tps}
+        if tps and gpu:
+            peak = args.peak_tflops * 1e12
+            row["mfu_6N"] = tps * flops["model_6N"] / peak
+            row["mfu_lora"] = tps * flops["lora_4N"] / peak
+            row["hfu"] = tps * (flops["lora_4N"] + (flops["recompute_2N"] if gc else 0)) / peak
+        measured, predicted = r.get("peak_gpu_memory_gib"), r.get("predicted_gib")
+        if measured and predicted:
+            row["memory_error_pct"] = round(100 * (predicted - measured) / measured, 1)
+        r.update(row)
+        summary = ", ".join(f"{k}={v}" for k, v in cfg.items() if k in PLANNED_KEYS)
+        mfu, mfu_lora, hfu = (f"{100 * row[k]:.1f}%" if k in row else "-" for k in ("mfu_6N", "mfu_lora", "hfu"))
+        error = f"{row['memory_error_pct']:+.1f}%" if "memory_error_pct" in row else "-"
+        print(f"{name:<7} {r['exit']!s:>4} {tps or 0:>9.0f} {mfu:>7} {mfu_lora:>8} {hfu:>6} "
+              f"{measured or '-'!s:>8} {predicted or '-'!s:>9} {error:>7}  {summary}")  # fmt: skip
+    a, b = results.get("stock", {}), results.get("rocmft", {})
+    report = {"device": device, "shape": args.shape, "steps": args.steps, "cutoff_len": args.cutoff,
+              "peak_tflops": args.peak_tflops, "flops_per_token": flops, "runs": results}  # fmt: skip
+    if a.get("tokens_per_s") and b.get("tokens_per_s"):
+        report["ratio_b_over_a"] = round(b["tokens_per_s"] / a["tokens_per_s"], 2)
+        print(f"\nratio rocmft / stock tokens/s: {report['ratio_b_over_a']}x")
+    if a.get("points") and b.get("points"):
+        report["loss_comparison"] = compare_losses(a["points"], b["points"])
+        c = report["loss_comparison"]
+        print(f"loss curves over the same tokens: {c.get('compared')} points, max |diff| {c.get('max_abs_diff')}, "
+              f"tolerance {c.get('tolerance')} (3σ of the stock run's step noise, σ={c.get('sigma')}): "
+              f"{'agree' if c.get('agree') else 'DISAGREE' if c.get('compared') else c.get('note')}")  # fmt: skip
+    if b.get("timings_s"):
+        print(f"rocmft's own steps (manifest timings_s): {b['timings_s']}")
+    (out / "throughput.json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"wrote {out / 'throughput.json'}")
+    return 0 if all(r.get("exit") == 0 for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,351 @@
+"""The planner: defaults that use the GPU, chosen from the model's shape and the device's memory.
+
+The template's defaults (templates/train.yaml.j2) are the seed recipe users copy from blogs: micro-batch 2 ×
+gradient accumulation 8, no packing, gradient checkpointing on. On one H200 that recipe ran a Qwen2-7B-shaped
+LoRA SFT at ~1.7k tokens/s, about a tenth of the GPU (DESIGN.md, "Facts found by measurement"). The planner
+replaces the template's defaults — never a value the user gave (environment or ROCMFT_CONFIG) — with:
+
+* ``neat_packing`` (SFT only): LLaMA-Factory 0.9.5 packs several samples into one row of ``cutoff_len``
+  tokens and gives each token the index of its sample (``data/processor/supervised.py``,
+  ``PackedSupervisedDatasetProcessor``); the collator turns the indices into a block-diagonal causal 4-D mask
+  (``data/collator.py``, ``prepare_4d_attention_mask``; with FlashAttention-2 the per-sample position ids do
+  it), and position ids restart at 0 in each sample. A token therefore attends to exactly the tokens it would
+  see unpacked, at the same positions: what the model learns from each sample does not change. Plain
+  ``packing`` is not used for SFT: its all-ones mask lets a sample attend to the samples packed before it.
+  The loss is the mean over the label tokens of the whole accumulated batch in both cases (transformers'
+  ``num_items_in_batch``), so every label token weighs the same; what changes is how many samples one
+  optimizer step sees (a row of ``cutoff_len`` tokens holds several short samples). ``stage: pt`` already
+  packs (continuous text has no sample boundaries to respect); other stages (DPO, RM, KTO, PPO) do not pack.
+* micro-batch and gradient accumulation: the largest micro-batch that fits (rocmft.memfit's estimate against
+  the GPU's memory, :data:`USABLE_FRACTION`) among the divisors of the requested effective batch per GPU
+  (micro-batch × accumulation, the template's 2 × 8 = 16 unless the user gave them), with the accumulation
+  making up the rest: the effective batch per optimizer step, counted in rows, stays what was asked.
+* gradient checkpointing off whenever some micro-batch fits without it: recomputation costs one more
+  forward per step (+50% of a LoRA step's FLOPs, whose backward computes no weight gradients: 2N of 4N per
+  token; +33% for full fine-tuning: 2N of 6N), more than a smaller micro-batch loses once a micro-batch holds
+  a full row of ``cutoff_len`` tokens. On only when nothing fits without it.
+* the attention implementation (``flash_attn``): FlashAttention-2 where the image's architecture has a
+  backend (Composable Kernel on gfx90a/gfx942, Triton on gfx1100: ``FLASH_ATTN_BACKEND`` in
+  docker/arch/<ARCH>.env, the one place that names it) *and* ``flash_attn`` is importable; PyTorch SDPA
+  otherwise, with the reason printed.
+* ``enable_liger_kernel`` (Liger's fused RMSNorm, SwiGLU, RoPE and fused linear cross-entropy) where
+  liger-kernel and triton are importable, the device is a GPU, the model family is one Liger patches and the
+  stage is SFT or pre-training (LLaMA-Factory keeps plain logits for the others,
+  ``model/model_utils/liger_kernel.py``). The fused cross-entropy never materializes the T×V logits: the
+  9.3 GiB logits allocation that ran micro-batch 8 out of memory is gone (rocmft.memfit models it).
+
+Every choice carries its reason; :func:`plan_defaults` returns them, render puts the planned values into the
+run's arguments with the source ``rocmft plan: <reason>``, and the manifest keeps the whole :class:`PerfPlan`.
+On machines without a GPU, and for the built-in default (a fixed recipe), the planner changes nothing.
+Per-architecture choices: docs/planner.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import memfit
+from .device import DeviceFacts
+from .errors import ConfigError
+
+# Share of a GPU's total memory the plan may fill, before memfit's own ALLOCATOR_HEADROOM (5%) and margin:
+# the HIP/CUDA context (~0.5 GiB per process), and whatever else the process or a neighbour holds.
+USABLE_FRACTION = 0.97
+# Model families whose decoder layers memfit models (gated MLP, RMSNorm) and Liger patches (LLaMA-Factory
+# 0.9.5, model/model_utils/liger_kernel.py; liger-kernel 0.8.5's apply_liger_kernel_to_<family>).
+LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# Stages whose loss is a token-level cross-entropy: LLaMA-Factory applies Liger's fused cross-entropy there.
+FUSED_CE_STAGES = ("sft", "pt")
+# flash-attention backends per gfx target, as docker/arch/<ARCH>.env names them (FLASH_ATTN_BACKEND); used
+# when neither the image's /etc/rocmft/arch.env nor the checkout's docker/arch/ has the target.
+FLASH_BACKENDS = {"gfx90a": "ck", "gfx942": "ck", "gfx1100": "triton"}
+ARCH_PROFILE = Path("/etc/rocmft/arch.env")
+PLANNED = "rocmft plan"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One decision.
+
+    Attributes:
+        name: the LLaMA-Factory argument (``per_device_train_batch_size``, ``neat_packing``, ...).
+        value: its value in the run.
+        reason: why, in words a user can check.
+        planned: True when the planner set it; False when it kept a value (the user's, or the default).
+    """
+
+    name: str
+    value: Any
+    reason: str
+    planned: bool
+
+
+@dataclass
+class PerfPlan:
+    """What the planner decided for one run (saved in the manifest as ``plan``).
+
+    Attributes:
+        active: whether the planner looked at the run at all (False without a GPU or for the built-in default).
+        note: one line on why it is inactive, or what it planned against.
+        choices: every decision, in order.
+        estimate_gib: rocmft.memfit's peak estimate for the planned configuration (GiB per GPU), when known.
+        breakdown_gib: that estimate by component.
+        usable_gib: the memory planned against (GiB per GPU).
+        arch: the GPU's gfx target or compute capability.
+    """
+
+    active: bool
+    note: str
+    choices: list[Choice] = field(default_factory=list)
+    estimate_gib: float | None = None
+    breakdown_gib: dict[str, float] | None = None
+    usable_gib: float | None = None
+    arch: str | None = None
+
+    def planned_arguments(self) -> dict[str, Any]:
+        """The arguments the planner sets (those it kept are not repeated)."""
+        return {c.name: c.value for c in self.choices if c.planned}
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy for the manifest."""
+        return asdict(self)
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def has_module(name: str) -> bool:
+    """Whether ``name`` can be imported (looked up without importing it: triton/flash_attn imports are slow)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def gfx_target(device: DeviceFacts) -> str | None:
+    """The first GPU's target without feature flags (``gfx942:sramecc+:xnack-`` → ``gfx942``), or None."""
+    return device.archs[0].split(":")[0] if device.archs else None
+
+
+def flash_backend(arch: str | None, profile: Path = ARCH_PROFILE) -> str:
+    """The flash-attention backend for ``arch``: the image's arch profile when it is that target's, else the
+    checkout's docker/arch/<arch>.env, else :data:`FLASH_BACKENDS`; ``none`` when none is known."""
+    if not arch:
+        return "none"
+    candidates = [profile, Path(__file__).resolve().parents[2] / "docker" / "arch" / f"{arch}.env"]
+    for path in candidates:
+        try:
+            values = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line
+                          and not line.startswith("#"))  # fmt: skip
+        except OSError:
+            continue
+        if values.get("ARCH") == arch:
+            return values.get("FLASH_ATTN_BACKEND", "none")
+    return FLASH_BACKENDS.get(arch, "none")
+
+
+def plan_defaults(
+    arguments: dict[str, Any],
+    explicit: set[str],
+    device: DeviceFacts,
+    *,
+    compute_dtype: str,
+    zero_stage: int = 0,
+    offload: str = "none",
+    world_size: int = 1,
+    demo: bool = False,
+    liger_available: bool | None = None,
+    flash_available: bool | None = None,
+) -> PerfPlan:
+    """Choose the performance settings of a run (see the module docstring for every rule and its source).
+
+    Args:
+        arguments: the run's arguments as rendered from the template and the user's values (template
+            defaults included).
+        explicit: names the user gave (environment or ROCMFT_CONFIG): never changed.
+        device: the probed device; without a GPU nothing is planned.
+        compute_dtype: the precision policy's dtype (``bfloat16``/``float16``/``float32``).
+        zero_stage, offload, world_size: the distributed set-up, as rocmft.memfit takes them (FSDP as stage 3).
+        demo: the built-in default (a fixed recipe): nothing is planned.
+        liger_available, flash_available: whether liger-kernel (with triton) and flash_attn can be imported;
+            looked up when None (tests inject them).
+
+    Returns:
+        The :class:`PerfPlan`. Never raises for a run that does not fit: the ``memory-fit`` check reports that
+        with its remedies.
+    """
+    if demo:
+        return PerfPlan(False, "the built-in default keeps its fixed recipe (templates/demo.yaml)")
+    if device.backend == "cpu" or device.count < 1 or not device.memory_gib:
+        return PerfPlan(False, "no GPU visible: the template's defaults are kept")
+    arch = gfx_target(device)
+    usable = min(device.memory_gib) * USABLE_FRACTION
+    plan = PerfPlan(True, "", usable_gib=round(usable, 2), arch=arch)
+    model_dir = Path(str(arguments.get("model_name_or_path") or "")).expanduser()
+    shape = None
+    if (model_dir / "config.json").is_file():
+        try:
+            shape = memfit.read_model_shape(model_dir)
+        except ConfigError:  # the model check reports a broken config; plan without the shape
+            shape = None
+    stage = str(arguments.get("stage") or "sft")
+    method = str(arguments.get("finetuning_type") or "lora")
+    choose = _Chooser(plan, explicit, arguments)
+
+    # -- attention ------------------------------------------------------------------------------------------
+    backend = flash_backend(arch) if device.backend == "rocm" else ("cuda" if device.backend == "cuda" else "none")
+    flash_ok = has_module("flash_attn") if flash_available is None else flash_available
+    if backend != "none" and flash_ok and compute_dtype != "float32":
+        choose.set("flash_attn", "fa2", f"FlashAttention-2 ({backend} backend for {arch}) is installed")
+    elif backend == "none":
+        choose.set("flash_attn", "sdpa", f"no flash-attention backend for {arch} (docker/arch): PyTorch SDPA")
+    elif compute_dtype == "float32":
+        choose.set("flash_attn", "sdpa", "FlashAttention-2 has no fp32 kernels: PyTorch SDPA")
+    else:
+        choose.set("flash_attn", "sdpa", f"{arch} has a {backend} flash-attention backend, but flash_attn is "
+                   "not installed here: PyTorch SDPA (build the image with FLASH_ATTN_BACKEND for speed)")  # fmt: skip
+    attention = str(choose.value("flash_attn") or "auto")
+
+    # -- packing --------------------------------------------------------------------------------------------
+    if stage == "sft":
+        if "packing" in explicit and not _flag(arguments.get("packing")):
+            choose.keep("neat_packing", False, "PACKING=false is yours: no packing")
+        elif "packing" in explicit and "neat_packing" not in explicit:
+            choose.keep("neat_packing", False, "PACKING=true is yours (plain packing: samples see each other)")
+        else:
+            choose.set("neat_packing", True, "SFT: samples packed into rows of CUTOFF_LEN tokens, each "
+                       "attending only to itself (block-diagonal mask, positions restart): same learning, "
+                       "no padding")  # fmt: skip
+    elif stage == "pt":
+        choose.keep("packing", _flag(arguments.get("packing", True)), "pre-training packs continuous text already")
+
+    # -- fused kernels ----------------------------------------------------------------------------------------
+    liger_ok = (has_module("liger_kernel") and has_module("triton")) if liger_available is None else liger_available
+    family = shape.model_type if shape else ""
+    if not liger_ok:
+        choose.set("enable_liger_kernel", False, "liger-kernel (with triton) is not installed: the logits are "
+                   "materialized (T×V fp32 for the loss)")  # fmt: skip
+    elif family not in LIGER_FAMILIES:
+        choose.set("enable_liger_kernel", False, f"model type {family or 'unknown'!r} is not one Liger patches "
+                   "that rocmft's memory model covers")  # fmt: skip
+    elif stage not in FUSED_CE_STAGES:
+        choose.set("enable_liger_kernel", False, f"stage {stage} needs the logits (no fused cross-entropy)")
+    else:
+        choose.set("enable_liger_kernel", True, "Liger's fused linear cross-entropy: no T×V logits in memory; "
+                   "fused RMSNorm/SwiGLU/RoPE")  # fmt: skip
+
+    # -- micro-batch, accumulation, checkpointing ---------------------------------------------------------------
+    micro = int(arguments.get("per_device_train_batch_size") or 8)
+    accumulation = int(arguments.get("gradient_accumulation_steps") or 1)
+    effective = micro * accumulation
+    batch_fixed = bool({"per_device_train_batch_size", "gradient_accumulation_steps"} & explicit)
+    gc_fixed = bool({"disable_gradient_checkpointing", "gradient_checkpointing"} & explicit)
+    if shape is None:
+        choose.keep("per_device_train_batch_size", micro, f"{model_dir}/config.json is not on disk: not planned")
+        choose.keep("gradient_accumulation_steps", accumulation, "kept with the micro-batch")
+        plan.note = "the model's config.json is not local: memory-based choices were not made"
+        return plan
+
+    def spec_for(mb: int, ga: int, checkpointing: bool) -> memfit.TrainSpec:
+        trial = {**arguments, **plan.planned_arguments(), "per_device_train_batch_size": mb,
+                 "gradient_accumulation_steps": ga, "disable_gradient_checkpointing": not checkpointing}  # fmt: skip
+        trial.pop("gradient_checkpointing", None)
+        if gc_fixed:
+            trial["disable_gradient_checkpointing"] = arguments.get("disable_gradient_checkpointing", False)
+            trial["gradient_checkpointing"] = arguments.get("gradient_checkpointing", False)
+        return memfit.spec_from_arguments(trial, compute_dtype=compute_dtype, zero_stage=zero_stage,
+                                          offload=offload, world_size=world_size)  # fmt: skip
+
+    free = int(usable * memfit.GiB)
+    gc_now = spec_for(micro, accumulation, True).gradient_checkpointing if gc_fixed else None
+    one_row = attention == "fa2" and _flag(choose.value("neat_packing"))
+    if batch_fixed:
+        sizes = [(micro, accumulation)]
+        why_batch = "yours (PER_DEVICE_TRAIN_BATCH_SIZE / GRADIENT_ACCUMULATION_STEPS given)"
+    elif one_row:
+        sizes = [(1, effective)]
+        why_batch = ("FlashAttention-2 with neat_packing takes one packed row per micro-batch (LLaMA-Factory "
+                     "0.9.5, data/collator.py)")  # fmt: skip
+    else:
+        sizes = [(mb, effective // mb) for mb in range(effective, 0, -1) if effective % mb == 0]
+        why_batch = f"the largest divisor of the effective batch {effective} that fits"
+    options = [False, True] if gc_now is None else [gc_now]
+    picked = None
+    for checkpointing in options:  # checkpointing off first: recomputation costs a forward per step
+        for mb, ga in sizes:
+            estimate = memfit.estimate(shape, spec_for(mb, ga, checkpointing))
+            if estimate.fits(free):
+                picked = (mb, ga, checkpointing, estimate)
+                break
+        if picked:
+            break
+    fitted = picked is not None
+    if picked is None:  # nothing fits: the smallest, with checkpointing; the memory-fit check explains
+        mb, ga = sizes[-1]
+        checkpointing = True if gc_now is None else gc_now
+        picked = (mb, ga, checkpointing, memfit.estimate(shape, spec_for(mb, ga, checkpointing)))
+    mb, ga, checkpointing, estimate = picked
+    peak = f"peak ≈ {estimate.total / memfit.GiB:.1f} of {usable:.1f} GiB"
+    if not fitted:
+        why_batch = f"nothing fits in {usable:.1f} GiB (the memory-fit check lists remedies)"
+    if batch_fixed:
+        choose.keep("per_device_train_batch_size", mb, f"{why_batch}; {peak}")
+        choose.keep("gradient_accumulation_steps", ga, "yours" if "gradient_accumulation_steps" in explicit
+                    else "kept with your micro-batch")  # fmt: skip
+    else:
+        choose.set("per_device_train_batch_size", mb, f"{why_batch}; {peak}")
+        choose.set("gradient_accumulation_steps", ga, f"keeps the effective batch of {effective} rows per GPU")
+    if gc_fixed:
+        choose.keep("disable_gradient_checkpointing", not checkpointing, "yours")
+    elif checkpointing:
+        choose.set("disable_gradient_checkpointing", False, "on: no micro-batch fits without it")
+    else:
+        choose.set("disable_gradient_checkpointing", True, f"off: micro-batch {mb} fits without recomputation "
+                   "(which costs one more forward per step)")  # fmt: skip
+    plan.estimate_gib = round(estimate.total / memfit.GiB, 2)
+    plan.breakdown_gib = estimate.breakdown()
+    plan.note = f"planned for {arch} with {usable:.1f} GiB per GPU ({method}, {stage}, {compute_dtype})"
+    return plan
+
+
+class _Chooser:
+    """Records choices; a name the user gave is kept with "yours" whatever the planner would pick."""
+
+    def __init__(self, plan: PerfPlan, explicit: set[str], arguments: dict[str, Any]) -> None:
+        self.plan, self.explicit, self.arguments = plan, explicit, arguments
+
+    def set(self, name: str, value: Any, reason: str) -> None:
+        if name in self.explicit:
+            self.keep(name, self.arguments.get(name), f"yours (the planner would pick {value!r}: {reason})")
+        else:
+            self.plan.choices.append(Choice(name, value, reason, planned=True))
+
+    def keep(self, name: str, value: Any, reason: str) -> None:
+        self.plan.choices.append(Choice(name, value, reason, planned=False))
+
+    def value(self, name: str) -> Any:
+        for choice in self.plan.choices:
+            if choice.name == name:
+                return choice.value
+        return self.arguments.get(name)
+
+
+def apply(plan: PerfPlan, layered: dict[str, Any], sources: dict[str, str]) -> bool:
+    """Put the planned values into render's layered arguments with the source ``rocmft plan: <reason>``;
+    returns whether anything changed."""
+    changed = False
+    for choice in plan.choices:
+        if choice.planned:
+            changed = changed or layered.get(choice.name) != choice.value
+            layered[choice.name] = choice.value
+            sources[choice.name] = f"{PLANNED}: {choice.reason}"
+    return changed
+
+
+__all__ = ["Choice", "PerfPlan", "apply", "flash_backend", "gfx_target", "has_module", "plan_defaults"]

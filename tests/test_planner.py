@@ -1,0 +1,161 @@
+"""The planner: defaults chosen for the GPU from the model's shape and memory; the user's values always win."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rocmft import memfit, planner
+from rocmft.device import DeviceFacts
+
+# Qwen2-7B's shape (its config.json on the Hugging Face hub, Qwen/Qwen2-7B)
+QWEN2_7B = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+            "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+            "tie_word_embeddings": False}  # fmt: skip
+H200 = DeviceFacts(backend="cuda", count=1, names=["NVIDIA H200"], archs=["sm_90"], memory_gib=[139.8], bf16=True)
+MI300X = DeviceFacts(backend="rocm", count=1, names=["AMD Instinct MI300X"], archs=["gfx942:sramecc+:xnack-"],
+                     memory_gib=[191.98], bf16=True)  # fmt: skip
+RX7900 = DeviceFacts(backend="rocm", count=1, names=["Radeon PRO W7900"], archs=["gfx1100"], memory_gib=[64.0],
+                     bf16=True)  # fmt: skip
+CPU = DeviceFacts(backend="cpu")
+SEED = {"stage": "sft", "finetuning_type": "lora", "lora_target": "all", "cutoff_len": 2048,
+        "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}  # fmt: skip
+
+
+@pytest.fixture
+def qwen7b(tmp_path) -> Path:
+    folder = tmp_path / "qwen2-7b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN2_7B))
+    return folder
+
+
+def run(model: Path, device: DeviceFacts, explicit=(), liger=True, flash=False, dtype="bfloat16", **arguments):
+    args = {**SEED, "model_name_or_path": str(model), **arguments}
+    return planner.plan_defaults(args, set(explicit), device, compute_dtype=dtype, liger_available=liger,
+                                 flash_available=flash)  # fmt: skip
+
+
+def chosen(plan) -> dict:
+    return {c.name: c.value for c in plan.choices}
+
+
+def test_h200_qwen7b_lora_gets_a_large_packed_batch_without_checkpointing(qwen7b):
+    plan = run(qwen7b, H200)
+    assert chosen(plan) == {
+        "flash_attn": "sdpa", "neat_packing": True, "enable_liger_kernel": True,
+        "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "disable_gradient_checkpointing": True,
+    }  # fmt: skip
+    assert all(c.planned and c.reason for c in plan.choices)
+    # the effective batch (rows per GPU per optimizer step) is the seed recipe's 2 x 8
+    assert chosen(plan)["per_device_train_batch_size"] * chosen(plan)["gradient_accumulation_steps"] == 16
+    # the plan fits what it planned against, and micro-batch 16 (the next candidate) would not have
+    assert plan.estimate_gib <= plan.usable_gib * (1 - memfit.ALLOCATOR_HEADROOM)
+    bigger = memfit.spec_from_arguments({**SEED, "neat_packing": True, "enable_liger_kernel": True,
+                                         "per_device_train_batch_size": 16, "disable_gradient_checkpointing": True},
+                                        compute_dtype="bfloat16", zero_stage=0)  # fmt: skip
+    assert not memfit.estimate(memfit.read_model_shape(qwen7b), bigger).fits(int(plan.usable_gib * memfit.GiB))
+
+
+def test_without_liger_the_logits_peak_halves_the_micro_batch(qwen7b):
+    plan = run(qwen7b, H200, liger=False)
+    values = chosen(plan)
+    assert values["enable_liger_kernel"] is False and "not installed" in plan.choices[2].reason
+    assert (values["per_device_train_batch_size"], values["gradient_accumulation_steps"]) == (4, 4)
+    assert values["disable_gradient_checkpointing"] is True
+
+
+def test_liger_removes_the_logits_from_the_estimate(qwen7b):
+    shape = memfit.read_model_shape(qwen7b)
+    base = {**SEED, "neat_packing": True, "per_device_train_batch_size": 8, "disable_gradient_checkpointing": True}
+    plain = memfit.estimate(shape, memfit.spec_from_arguments(base, compute_dtype="bf16", zero_stage=0))
+    fused = memfit.estimate(shape, memfit.spec_from_arguments({**base, "enable_liger_kernel": True},
+                                                              compute_dtype="bf16", zero_stage=0))  # fmt: skip
+    tokens = 8 * 2048
+    assert plain.logits == 12 * QWEN2_7B["vocab_size"] * tokens  # three fp32 T x V tensors
+    assert fused.logits < 0.05 * plain.logits  # the input gradient (T x h) and one chunk of logits
+    # Liger's RMSNorm keeps a bf16 input instead of an fp32 copy, its SwiGLU recomputes SiLU(gate)
+    saved = dict(memfit.layer_saved_tensors(shape, memfit.spec_from_arguments(
+        {**base, "enable_liger_kernel": True}, compute_dtype="bf16", zero_stage=0)))  # fmt: skip
+    assert "SiLU(gate) (saved by the product)" not in saved
+    assert saved["input RMSNorm: its input (Liger RMSNorm)"] == 2 * QWEN2_7B["hidden_size"]
+    # the fused cross-entropy is SFT/pre-training only: DPO keeps its logits
+    dpo = memfit.spec_from_arguments({**base, "stage": "dpo", "enable_liger_kernel": True}, compute_dtype="bf16",
+                                     zero_stage=0)  # fmt: skip
+    assert dpo.liger and not dpo.fused_cross_entropy
+
+
+def test_user_values_win(qwen7b):
+    plan = run(qwen7b, H200, explicit={"per_device_train_batch_size", "disable_gradient_checkpointing",
+                                       "neat_packing", "enable_liger_kernel"},
+               per_device_train_batch_size=2, disable_gradient_checkpointing=False, neat_packing=False,
+               enable_liger_kernel=False)  # fmt: skip
+    assert plan.planned_arguments() == {"flash_attn": "sdpa"}
+    values = chosen(plan)
+    assert values["per_device_train_batch_size"] == 2 and values["gradient_accumulation_steps"] == 8
+    assert values["disable_gradient_checkpointing"] is False and values["neat_packing"] is False
+    kept = {c.name: c.reason for c in plan.choices if not c.planned}
+    assert kept["neat_packing"].startswith("yours (the planner would pick True")
+    # an explicit plain PACKING=true is left alone (no neat_packing added behind the user's back)
+    plan = run(qwen7b, H200, explicit={"packing"}, packing=True)
+    assert "neat_packing" not in plan.planned_arguments()
+
+
+def test_gfx1100_64gb_card_and_gfx942(qwen7b):
+    small = run(qwen7b, RX7900)
+    values = chosen(small)
+    assert values["flash_attn"] == "sdpa" and "triton" in small.choices[0].reason  # backend named, not installed
+    assert values["per_device_train_batch_size"] * values["gradient_accumulation_steps"] == 16
+    assert small.estimate_gib <= 64.0 * planner.USABLE_FRACTION
+    assert values["per_device_train_batch_size"] < 8  # less memory, smaller micro-batch than on the H200
+    # with flash_attn installed: FA2 (Triton backend on RDNA3, CK on CDNA3), one packed row per micro-batch
+    fa = chosen(run(qwen7b, RX7900, flash=True))
+    assert fa["flash_attn"] == "fa2" and fa["per_device_train_batch_size"] == 1
+    assert fa["gradient_accumulation_steps"] == 16
+    mi300 = run(qwen7b, MI300X, flash=True)
+    assert chosen(mi300)["flash_attn"] == "fa2" and "ck backend for gfx942" in mi300.choices[0].reason
+
+
+def test_nothing_fits_without_checkpointing_turns_it_on(qwen7b):
+    tiny_gpu = DeviceFacts(backend="rocm", count=1, archs=["gfx1100"], memory_gib=[24.0], bf16=True)
+    plan = run(qwen7b, tiny_gpu)
+    values = chosen(plan)
+    assert values["disable_gradient_checkpointing"] is False
+    assert values["per_device_train_batch_size"] >= 1 and plan.estimate_gib <= 24.0
+
+
+def test_no_gpu_and_the_builtin_default_plan_nothing(qwen7b):
+    assert run(qwen7b, CPU).active is False and run(qwen7b, CPU).choices == []
+    args = {**SEED, "model_name_or_path": str(qwen7b)}
+    demo = planner.plan_defaults(args, set(), H200, compute_dtype="bfloat16", demo=True)
+    assert demo.active is False and demo.choices == []
+
+
+def test_other_stages_do_not_pack_and_keep_logits(qwen7b):
+    plan = run(qwen7b, H200, stage="dpo")
+    values = chosen(plan)
+    assert "neat_packing" not in values and values["enable_liger_kernel"] is False
+
+
+def test_render_records_the_plan_and_the_manifest_saves_it(render_env, tmp_path):
+    h200 = DeviceFacts(backend="cuda", count=1, names=["NVIDIA H200"], archs=["sm_90"], memory_gib=[139.8],
+                       bf16=True)  # fmt: skip
+    plan = render_env({"DATASET": "alpaca_en_demo", "PER_DEVICE_TRAIN_BATCH_SIZE": "4"}, device=h200)
+    rendered = OmegaConf.to_container(OmegaConf.load(plan.files["train.yaml"]))
+    assert rendered["neat_packing"] is True and rendered["per_device_train_batch_size"] == 4
+    assert plan.sources["neat_packing"].startswith("rocmft plan: SFT")
+    assert plan.sources["per_device_train_batch_size"] == "PER_DEVICE_TRAIN_BATCH_SIZE"
+    assert rendered["disable_gradient_checkpointing"] is True  # the tiny model fits anything
+    from rocmft.manifest import write_manifest
+
+    path = write_manifest(tmp_path / "manifest.json", plan, status="running", exit_code=None, timings={},
+                          checks=None, worker=None, started_at="now")  # fmt: skip
+    saved = json.loads(path.read_text())["plan"]
+    assert saved["active"] is True
+    assert {c["name"]: c["value"] for c in saved["choices"]}["neat_packing"] is True
+    # on a CPU nothing is planned: the seed recipe stays as it was
+    cpu = render_env({"DATASET": "alpaca_en_demo"})
+    assert cpu.perf.active is False and "neat_packing" not in OmegaConf.load(cpu.files["train.yaml"])
