@@ -1,0 +1,257 @@
+"""The run summary: what a finished run did, read back from the files it left in OUTPUT_DIR.
+
+:func:`run_facts` gathers the time series and the headline numbers from
+
+* ``trainer_log.jsonl`` (LLaMA-Factory's LogCallback: loss, eval_loss, lr, total_tokens per logging step),
+* ``trainer_state.json`` (transformers' ``log_history``: ``num_input_tokens_seen`` and ``train_runtime`` in
+  seconds at each log, from which tokens/s per logging interval is computed),
+* ``rocmft/worker-result.json`` (rocmft's worker: GPU memory per log on GPUs, peak memory, steps),
+* ``rocmft/manifest.json`` (model, data sets, method, versions),
+
+and :func:`write_summary` turns them into ``run_summary.md`` and ``run_summary.png`` (loss train/eval,
+learning rate, tokens/s, GPU memory; drawn with matplotlib, which LLaMA-Factory itself uses for
+``training_loss.png``). ``rocmft export`` puts the same headline numbers in the exported model's card.
+Nothing here is a secret: the manifest holds none (rocmft.manifest), and no environment is read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .fsutil import atomic_write_text
+
+SUMMARY_MD = "run_summary.md"
+SUMMARY_PNG = "run_summary.png"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if isinstance(item, dict):
+            rows.append(item)
+    return rows
+
+
+def run_facts(output_dir: Path) -> dict[str, Any]:
+    """Everything the summary and the model card show, from the files of the run in ``output_dir``.
+
+    Returns a dict with ``series`` (``train``: step, loss, lr; ``eval``: step, eval_loss; ``throughput``: step,
+    tokens/s over the logging interval; ``memory``: step, GiB allocated and peak — GPU runs only) and the
+    headline values ``model``, ``data_sets``, ``method``, ``steps``, ``max_steps``, ``final_loss``,
+    ``final_eval_loss``, ``tokens``, ``train_seconds``, ``peak_gpu_memory_gib``, ``status``, ``versions``.
+    Missing files give missing values (None or empty series), never an error.
+    """
+    output_dir = Path(output_dir)
+    log = _read_jsonl(output_dir / "trainer_log.jsonl")
+    state = _read_json(output_dir / "trainer_state.json") or {}
+    worker = _read_json(output_dir / "rocmft" / "worker-result.json") or {}
+    manifest = _read_json(output_dir / "rocmft" / "manifest.json") or {}
+    arguments = manifest.get("arguments") or {}
+
+    train = [{"step": r["current_steps"], "loss": r["loss"], "lr": r.get("lr")} for r in log if "loss" in r]
+    evals = [{"step": r["current_steps"], "eval_loss": r["eval_loss"]} for r in log if "eval_loss" in r]
+    if not train:  # no LLaMA-Factory log: the worker's own record of the losses
+        train = [{"step": e["step"], "loss": e["loss"], "lr": None} for e in worker.get("losses") or []]
+
+    throughput = []
+    history = [h for h in state.get("log_history") or [] if "loss" in h and "num_input_tokens_seen" in h]
+    previous = (0, 0.0)
+    for entry in history:
+        tokens, seconds = entry["num_input_tokens_seen"], entry.get("train_runtime")
+        if seconds is None:
+            continue
+        if seconds > previous[1]:
+            throughput.append({"step": entry["step"], "tokens_per_s": (tokens - previous[0]) / (seconds - previous[1])})
+        previous = (tokens, seconds)
+    if not throughput:  # older transformers: LLaMA-Factory's running average
+        throughput = [
+            {"step": r["current_steps"], "tokens_per_s": r["throughput"]}
+            for r in log
+            if "loss" in r and r.get("throughput")
+        ]
+
+    memory = [
+        {"step": e["step"], "allocated_gib": e.get("gpu_memory_gib"), "peak_gib": e.get("peak_gpu_memory_gib")}
+        for e in worker.get("losses") or []
+        if e.get("peak_gpu_memory_gib") is not None
+    ]
+
+    final_train = [h for h in state.get("log_history") or [] if "train_runtime" in h and "train_loss" in h]
+    method = {
+        key: arguments.get(key)
+        for key in (
+            "stage",
+            "finetuning_type",
+            "lora_rank",
+            "lora_alpha",
+            "lora_target",
+            "quantization_bit",
+            "learning_rate",
+            "num_train_epochs",
+            "max_steps",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "cutoff_len",
+            "packing",
+            "template",
+        )
+        if arguments.get(key) is not None
+    }
+    return {
+        "output_dir": str(output_dir),
+        "status": manifest.get("status"),
+        "model": arguments.get("model_name_or_path"),
+        "data_sets": [n.strip() for n in str(arguments.get("dataset") or "").split(",") if n.strip()],
+        "eval_data_sets": [n.strip() for n in str(arguments.get("eval_dataset") or "").split(",") if n.strip()],
+        "method": method,
+        "precision": {k: (manifest.get("precision") or {}).get(k) for k in ("policy", "compute_dtype")},
+        "steps": state.get("global_step") or worker.get("last_step"),
+        "max_steps": state.get("max_steps") or worker.get("max_steps"),
+        "final_loss": train[-1]["loss"] if train else None,
+        "final_eval_loss": evals[-1]["eval_loss"] if evals else None,
+        "tokens": state.get("num_input_tokens_seen") or worker.get("tokens_seen"),
+        "train_seconds": final_train[-1]["train_runtime"] if final_train else worker.get("elapsed_s"),
+        "peak_gpu_memory_gib": worker.get("peak_gpu_memory_gib"),
+        "world_size": worker.get("world_size"),
+        "versions": {
+            k: (manifest.get("versions") or {}).get(k)
+            for k in ("llamafactory", "transformers", "peft", "torch", "deepspeed")
+        }
+        | {"rocmft": manifest.get("rocmft_version")},
+        "series": {"train": train, "eval": evals, "throughput": throughput, "memory": memory},
+    }
+
+
+def _plot(facts: dict[str, Any], path: Path) -> bool:
+    """Draw the four panels into ``path`` (PNG). False when there is nothing to draw."""
+    series = facts["series"]
+    if not series["train"]:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display in a container
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    ax = axes[0][0]
+    ax.plot([r["step"] for r in series["train"]], [r["loss"] for r in series["train"]], label="train")
+    if series["eval"]:
+        ax.plot([r["step"] for r in series["eval"]], [r["eval_loss"] for r in series["eval"]], "o-", label="eval")
+    ax.set(title="loss", xlabel="step")
+    ax.legend()
+    panels = [
+        (axes[0][1], "learning rate", [(r["step"], r["lr"]) for r in series["train"] if r["lr"] is not None]),
+        (axes[1][0], "tokens/s (per logging interval)", [(r["step"], r["tokens_per_s"]) for r in series["throughput"]]),
+        (
+            axes[1][1],
+            "GPU memory allocated, GiB (rank 0)",
+            [(r["step"], r["allocated_gib"]) for r in series["memory"] if r["allocated_gib"] is not None],
+        ),
+    ]
+    for axis, title, points in panels:
+        axis.set(title=title, xlabel="step")
+        if points:
+            axis.plot([p[0] for p in points], [p[1] for p in points])
+        else:
+            axis.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=axis.transAxes)
+    if series["memory"]:
+        peaks = [(r["step"], r["peak_gib"]) for r in series["memory"]]
+        axes[1][1].plot([p[0] for p in peaks], [p[1] for p in peaks], "--", label="peak")
+        axes[1][1].legend()
+    fig.suptitle(Path(facts["output_dir"]).name)
+    fig.savefig(path, dpi=100, format="png")
+    plt.close(fig)
+    return True
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 10**digits else f"{value:.{digits}g}"
+    return str(value)
+
+
+def summary_markdown(facts: dict[str, Any], image: str | None) -> str:
+    """The Markdown of ``run_summary.md`` for ``facts`` (from :func:`run_facts`); ``image`` is the plot's file
+    name next to it, or None."""
+    series = facts["series"]
+    rates = [r["tokens_per_s"] for r in series["throughput"]]
+    rows = [
+        ("status", facts["status"]),
+        ("model", f"`{facts['model']}`" if facts["model"] else None),
+        ("data sets", ", ".join(facts["data_sets"]) or None),
+        ("method", ", ".join(f"{k} {v}" for k, v in facts["method"].items()) or None),
+        ("precision", facts["precision"].get("policy")),
+        ("steps", f"{facts['steps']} of {facts['max_steps']}" if facts["steps"] is not None else None),
+        ("final train loss", _number(facts["final_loss"])),
+        ("final eval loss", _number(facts["final_eval_loss"])),
+        ("tokens trained on", facts["tokens"]),
+        ("training time, s", _number(facts["train_seconds"], 5)),
+        ("tokens/s (median of the logging intervals)", _number(sorted(rates)[len(rates) // 2], 5) if rates else None),
+        ("peak GPU memory, GiB (rank 0, max_memory_allocated)", _number(facts["peak_gpu_memory_gib"])),
+        ("world size", facts["world_size"]),
+        ("versions", ", ".join(f"{k} {v}" for k, v in facts["versions"].items() if v)),
+    ]
+    lines = [f"# Run summary: {Path(facts['output_dir']).name}", "", "| | |", "|---|---|"]
+    lines += [f"| {name} | {_number(value)} |" for name, value in rows]
+    if image:
+        lines += ["", f"![loss, learning rate, tokens/s and GPU memory by step]({image})"]
+    lines += [
+        "",
+        "## Logged steps",
+        "",
+        "| step | train loss | eval loss | learning rate | tokens/s | GPU GiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    by_step: dict[int, dict[str, Any]] = {}
+    for name, key in (
+        ("train", "loss"),
+        ("train", "lr"),
+        ("eval", "eval_loss"),
+        ("throughput", "tokens_per_s"),
+        ("memory", "allocated_gib"),
+    ):
+        for row in series[name]:
+            by_step.setdefault(row["step"], {})[key] = row.get(key)
+    for step in sorted(by_step):
+        row = by_step[step]
+        cells = [_number(row.get(k)) for k in ("loss", "eval_loss", "lr", "tokens_per_s", "allocated_gib")]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Sources: trainer_log.jsonl and trainer_state.json (LLaMA-Factory, transformers), "
+        "rocmft/worker-result.json and rocmft/manifest.json (rocmft). Written by `rocmft report`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_summary(output_dir: Path) -> Path:
+    """Write ``run_summary.md`` (and ``run_summary.png`` when any step was logged) into ``output_dir``.
+
+    Returns the Markdown file's path. Raises OSError when ``output_dir`` cannot be written.
+    """
+    output_dir = Path(output_dir)
+    facts = run_facts(output_dir)
+    image = SUMMARY_PNG if _plot(facts, output_dir / f".{SUMMARY_PNG}.tmp") else None
+    if image:
+        (output_dir / f".{SUMMARY_PNG}.tmp").replace(output_dir / SUMMARY_PNG)
+    return atomic_write_text(output_dir / SUMMARY_MD, summary_markdown(facts, image))
