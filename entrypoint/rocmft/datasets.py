@@ -92,6 +92,192 @@ def read_records(path: Path, limit: int) -> list[dict[str, Any]]:
     return records
 
 
+# Sampling of a data file for the record checks: the first and last SAMPLE_PART records and SAMPLE_PART spread
+# evenly through the rest, so a bad record in the middle or at the end of a file (a second file appended, a
+# converter that failed half-way) is found too. SAMPLE_SECONDS bounds the scan of a .jsonl file (measured on the
+# developer machine: ~1.5 s per GiB to find the line offsets), so a huge file costs seconds, not minutes.
+SAMPLE_PART = 200
+SAMPLE_SECONDS = 20.0
+# LLaMA-Factory's default sharegpt tags (DatasetAttr in llamafactory/data/parser.py)
+SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
+                 "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}  # fmt: skip
+
+
+@dataclass
+class Sample:
+    """Records sampled across one data file.
+
+    Attributes:
+        records: (record number, record) pairs, numbers counted from 0 in file order.
+        total: the number of records in the file, or of those scanned when the scan hit SAMPLE_SECONDS.
+        complete: whether the whole file was scanned.
+    """
+
+    records: list[tuple[int, dict[str, Any]]]
+    total: int
+    complete: bool = True
+
+
+def _spread(total: int, part: int) -> list[int]:
+    """Record numbers to look at: the first and last ``part`` and ``part`` evenly spaced in between."""
+    if total <= 3 * part:
+        return list(range(total))
+    step = (total - 2 * part) / part
+    middle = {part + int(i * step) for i in range(part)}
+    return sorted(set(range(part)) | middle | set(range(total - part, total)))
+
+
+def sample_records(path: Path, part: int = SAMPLE_PART, budget_s: float = SAMPLE_SECONDS) -> Sample:
+    """Records sampled across ``path`` (a .json array or .jsonl file): see :data:`SAMPLE_PART`.
+
+    A .jsonl file is scanned for line offsets (bounded by ``budget_s`` seconds), then only the chosen lines are
+    parsed; a .json file is parsed whole (LLaMA-Factory loads it whole too).
+
+    Raises:
+        ValueError: a sampled line is not JSON, the file is not an array of records, or a record is not an object
+            (the message gives the record number and, for .jsonl, the line number).
+    """
+    import time
+
+    if path.suffix != ".jsonl":
+        records = read_records(path, limit=2**63)
+        chosen = _spread(len(records), part)
+        return Sample([(i, records[i]) for i in chosen], len(records))
+    started = time.monotonic()
+    offsets: list[tuple[int, int]] = []  # (byte offset, line number) of each non-empty line
+    complete = True
+    with path.open("rb") as handle:
+        position = 0
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                offsets.append((position, number))
+            position += len(line)
+            if number % 100_000 == 0 and time.monotonic() - started > budget_s:
+                complete = False
+                break
+        sampled = []
+        for index in _spread(len(offsets), part):
+            offset, number = offsets[index]
+            handle.seek(offset)
+            text = handle.readline()
+            try:
+                record = json.loads(text)
+            except ValueError as err:
+                raise ValueError(f"{path}: record {index} (line {number}) is not JSON ({err})") from err
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}: record {index} (line {number}) is not an object")
+            sampled.append((index, record))
+    return Sample(sampled, len(offsets), complete)
+
+
+def required_columns(entry: dict[str, Any]) -> list[str]:
+    """The columns every record of a data set needs, from its dataset_info entry (LLaMA-Factory's data/README.md:
+    alpaca needs the prompt and response columns, or chosen/rejected when ranking; sharegpt the messages column)."""
+    columns = entry.get("columns", {})
+    if entry.get("formatting", "alpaca") == "alpaca":
+        needed = [columns.get("prompt", ALPACA_COLUMNS["prompt"])]
+        if entry.get("ranking"):
+            return [*needed, columns.get("chosen", "chosen"), columns.get("rejected", "rejected")]
+        return [*needed, columns.get("response", ALPACA_COLUMNS["response"])]
+    needed = [columns.get("messages", "conversations")]
+    if entry.get("ranking"):
+        needed += [columns.get("chosen", "chosen"), columns.get("rejected", "rejected")]
+    return needed
+
+
+def _tags_found(records: list[tuple[int, dict[str, Any]]], messages: str) -> tuple[set[str], dict[str, set[str]]]:
+    """The keys of the messages in ``records`` and, per key, the short text values seen (roles live there)."""
+    keys: set[str] = set()
+    values: dict[str, set[str]] = {}
+    for _, record in records:
+        for turn in record.get(messages) or []:
+            if isinstance(turn, dict):
+                keys.update(turn)
+                for key, value in turn.items():
+                    if isinstance(value, str) and len(value) <= 24:
+                        values.setdefault(key, set()).add(value)
+    return keys, values
+
+
+def _suggest_tags(keys: set[str], values: dict[str, set[str]]) -> dict[str, str]:
+    """A "tags" mapping that fits what the file has: the usual role/content key names and role values."""
+    role = next((k for k in ("role", "from", "speaker", "author") if k in keys), None)
+    content = next((k for k in ("content", "value", "text", "message") if k in keys), None)
+    tags: dict[str, str] = {}
+    if role:
+        tags["role_tag"] = role
+        seen = values.get(role, set())
+        for name, options in (("user_tag", ("user", "human")), ("assistant_tag", ("assistant", "gpt", "bot", "model")),
+                              ("system_tag", ("system",))):  # fmt: skip
+            found = next((o for o in options if o in seen), None)
+            if found:
+                tags[name] = found
+    if content:
+        tags["content_tag"] = content
+    return tags
+
+
+def _message_problem(turns: Any, tags: dict[str, str]) -> str | None:
+    """Why a sharegpt message list would be dropped or fail in LLaMA-Factory's converter, or None."""
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        return "its messages are not a list of objects"
+    role, content = tags["role_tag"], tags["content_tag"]
+    for position, turn in enumerate(turns):
+        absent = [k for k in (role, content) if k not in turn]
+        if absent:
+            return f"message {position} has no {' / '.join(absent)} key (it has: {', '.join(sorted(turn)) or 'none'})"
+    if turns and turns[0][role] == tags["system_tag"]:
+        turns = turns[1:]
+    accept = ((tags["user_tag"], tags["observation_tag"]), (tags["assistant_tag"], tags["function_tag"]))
+    for position, turn in enumerate(turns):
+        if turn[role] not in accept[position % 2]:
+            want = " or ".join(repr(t) for t in accept[position % 2])
+            return f"turn {position} has {role}={turn[role]!r} where {want} must come (turns alternate user, assistant)"
+    return None
+
+
+def record_problem(name: str, entry: dict[str, Any], path: Path, sample: Sample) -> str | None:
+    """The first sampled record of ``path`` that does not fit its dataset_info entry, described with what the
+    file has, or None.
+
+    Rules (LLaMA-Factory's data/README.md and its converters): every record has the columns its format needs
+    (:func:`required_columns`); in sharegpt data every message has the role and content keys of the entry's
+    "tags" (defaults: :data:`SHAREGPT_TAGS`), and roles alternate user/observation and assistant/function after
+    an optional first system turn (LLaMA-Factory drops other records with only a warning, "Invalid role tag").
+    """
+    needed = required_columns(entry)
+    for index, record in sample.records:
+        absent = [c for c in needed if c not in record]
+        if absent:
+            return (f"data set {name!r}: record {index} of {path.name} lacks {', '.join(absent)} "
+                    f"(has: {', '.join(sorted(record))}); fix the file or the \"columns\" of {name!r} in "
+                    "dataset_info.json.")  # fmt: skip
+    if entry.get("formatting") != "sharegpt":
+        return None
+    tags = {**SHAREGPT_TAGS, **(entry.get("tags") or {})}
+    messages = entry.get("columns", {}).get("messages", "conversations")
+    for index, record in sample.records:
+        problem = _message_problem(record.get(messages), tags)
+        if problem is None and entry.get("ranking"):  # a pairwise sharegpt record's answers are single messages
+            columns = entry.get("columns", {})
+            answers = [record.get(columns.get(k, k)) for k in ("chosen", "rejected")]
+            bad = [a for a in answers if not isinstance(a, dict) or tags["role_tag"] not in a
+                   or tags["content_tag"] not in a]  # fmt: skip
+            if bad:
+                problem = f"its chosen/rejected answer {str(bad[0])[:80]} lacks the role or content key"
+        if problem is not None:
+            keys, values = _tags_found(sample.records, messages)
+            given = {k: tags[k] for k in ("role_tag", "content_tag", "user_tag", "assistant_tag")}
+            fit = _suggest_tags(keys, values)
+            roles = ", ".join(sorted(values.get(fit.get("role_tag", tags["role_tag"]), set()))) or "none found"
+            hint = (f' Set "tags": {json.dumps(fit)} for {name!r} in dataset_info.json.'
+                    if fit and any(given.get(k) != v for k, v in fit.items()) else "")  # fmt: skip
+            return (f"data set {name!r}: record {index} of {path.name}: {problem}. The tags in effect are "
+                    f"{json.dumps(given)}; the file's messages have keys {', '.join(sorted(keys)) or 'none'} and "
+                    f"role values {roles}.{hint}")  # fmt: skip
+    return None
+
+
 def detect_entry(path: Path) -> dict[str, Any]:
     """A dataset_info entry for a plain data file, from the keys of its first record."""
     entry: dict[str, Any] = {"file_name": str(path)}

@@ -51,6 +51,36 @@ ALLREDUCE_TIMEOUT_S = 90
 GPU_NODES = ("/dev/kfd", "/dev/nvidiactl")
 
 _probes: dict[str, ProbeProcess] = {}
+# TEST ONLY (RocmftSettings.test_probes): a JSON file of recorded probe results that replace the probes, read
+# here because the probes start before the settings are read.
+TEST_PROBES_VARIABLE = "ROCMFT_TEST_PROBES"
+
+
+def injected_probes() -> dict:
+    """The probe results of ROCMFT_TEST_PROBES (a test hook; ``{}`` unless the variable is set).
+
+    Raises:
+        ConfigError: the file cannot be read or is not a JSON object.
+    """
+    import json
+    import os
+    from pathlib import Path
+
+    from .errors import ConfigError
+
+    path = os.environ.get(TEST_PROBES_VARIABLE)
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"{TEST_PROBES_VARIABLE}={path} cannot be read as JSON: {err}.",
+            f"Unset {TEST_PROBES_VARIABLE} (a test hook), or point it at a JSON object.",
+        ) from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{TEST_PROBES_VARIABLE}={path} is not a JSON object.", "Give probe id: result pairs.")
+    return data
 
 
 def start_probes() -> None:
@@ -62,6 +92,8 @@ def start_probes() -> None:
 
     from .probe import ProbeProcess
 
+    if injected_probes():
+        return
     _device_probe()
     if "allreduce" not in _probes and any(Path(node).exists() for node in GPU_NODES):
         _probes["allreduce"] = ProbeProcess(["allreduce", "all", str(ALLREDUCE_MIB)], ALLREDUCE_TIMEOUT_S)
@@ -72,6 +104,9 @@ def probe_devices_raw() -> dict:
 
     On a probe failure: ``{"error": ..., "timed_out": ...}`` — the ``gpu-runtime`` check reports it.
     """
+    injected = injected_probes()
+    if "devices" in injected:
+        return injected["devices"]
     return _device_probe().result()
 
 
@@ -89,6 +124,9 @@ def allreduce_probe(world: int) -> dict:
     covers every visible GPU, else a new one (hard timeout ALLREDUCE_TIMEOUT_S)."""
     from .probe import ProbeProcess
 
+    injected = injected_probes()
+    if "allreduce" in injected:
+        return injected["allreduce"]
     early = _probes.get("allreduce")
     if early is not None:
         result = early.result()

@@ -71,28 +71,39 @@ def gpu_devices(plan) -> Outcome:
     """On ROCm images: /dev/kfd and every /dev/dri/renderD* exist and the running user can open them."""
     if not gpu_expected(plan):
         return Outcome(SKIP, "no ROCm image", "Device nodes matter only in a ROCm image.")
-    kfd = Path("/dev/kfd")
-    renders = sorted(Path("/dev/dri").glob("renderD*")) if Path("/dev/dri").is_dir() else []
+    nodes = device_nodes(plan)
+    has_kfd = any(n["path"] == "/dev/kfd" for n in nodes)
+    renders = [n for n in nodes if n["path"] != "/dev/kfd"]
     groups = ", ".join(_group_name(g) for g in os.getgroups()) or "none"
-    if not kfd.exists() or not renders:
-        missing = " and ".join(
-            n for n, ok in (("/dev/kfd", kfd.exists()), ("/dev/dri/renderD*", bool(renders))) if not ok
-        )
+    if not has_kfd or not renders:
+        missing = " and ".join(n for n, ok in (("/dev/kfd", has_kfd), ("/dev/dri/renderD*", bool(renders))) if not ok)
         return Outcome(
             FAIL, "missing", f"{missing} not present in the container: no GPU was passed in.",
             "compose: devices [/dev/kfd, /dev/dri] (compose.yaml has them; do not use compose.cpu.yaml on a GPU "
             "node); docker run: --device /dev/kfd --device /dev/dri.",
         )  # fmt: skip
-    denied = [node for node in [kfd, *renders] if not os.access(node, os.R_OK | os.W_OK)]
+    denied = [node for node in nodes if not node["access"]]
     if denied:
-        detail = ", ".join(f"{node} (group id {node.stat().st_gid})" for node in denied)
-        gid = denied[-1].stat().st_gid
+        detail = ", ".join(f"{node['path']} (group id {node['gid']})" for node in denied)
+        gid = denied[-1]["gid"]
         return Outcome(
             FAIL, f"{len(denied)} not accessible",
             f"uid {os.getuid()} (groups: {groups}) cannot open {detail}.",
             f"Add the owning group: RENDER_GID={gid} in .env (compose group_add), or docker run --group-add {gid}.",
         )  # fmt: skip
     return Outcome(PASS, f"kfd + {len(renders)} render nodes", f"groups: {groups}")
+
+
+def device_nodes(plan) -> list[dict[str, Any]]:
+    """/dev/kfd and each /dev/dri/renderD* as ``{"path", "gid", "access"}`` (access: the running user may read
+    and write it), kept in ``plan.probes["device_nodes"]``; tests put recorded nodes there instead."""
+    if "device_nodes" not in plan.probes:
+        renders = sorted(Path("/dev/dri").glob("renderD*")) if Path("/dev/dri").is_dir() else []
+        nodes = [p for p in [Path("/dev/kfd"), *renders] if p.exists()]
+        plan.probes["device_nodes"] = [
+            {"path": str(p), "gid": p.stat().st_gid, "access": os.access(p, os.R_OK | os.W_OK)} for p in nodes
+        ]
+    return plan.probes["device_nodes"]
 
 
 def _group_name(gid: int) -> str:

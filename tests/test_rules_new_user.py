@@ -1,0 +1,235 @@
+"""Issue 7's remaining kinds, one small wrong input each, run through the real `rocmft` command: the exit code,
+the variables and files named in the message, and what is left in OUTPUT_DIR (nothing on exit 2, only
+rocmft/checks.json on exit 3). The "Tried as a new user" list in docs/rules.md maps each case here to its row."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rocmft.errors import ExitCode
+
+
+def only_the_report(output: Path) -> bool:
+    """OUTPUT_DIR holds nothing but rocmft/checks.json."""
+    files = sorted(str(p.relative_to(output)) for p in output.rglob("*") if p.is_file())
+    return files == ["rocmft/checks.json"]
+
+
+def empty(output: Path) -> bool:
+    return not output.exists() or not any(output.iterdir())
+
+
+@pytest.fixture
+def data_dir(tmp_path, shared_data) -> Path:
+    """A data folder with LLaMA-Factory's demo files (alpaca_en_demo, dpo_en_demo, identity)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("alpaca_en_demo.json", "dpo_en_demo.json", "identity.json"):
+        shutil.copy(shared_data / name, folder / name)
+    return folder
+
+
+# kind: (environment, words the message must contain); {data} is the data folder, {model} the tiny model,
+# {tmp} the test's folder
+EXIT_2 = {
+    "dpo on sft data (gap 4)": ({"STAGE": "dpo", "DATASET": "alpaca_en_demo"},
+                                ["STAGE=dpo", "'alpaca_en_demo' is not pairwise", '"ranking": true']),
+    "sft on pairwise data": ({"STAGE": "sft", "DATASET": "dpo_en_demo"},
+                             ["STAGE=sft", "'dpo_en_demo', which is pairwise", "STAGE=dpo"]),
+    "kto without kto_tag": ({"STAGE": "kto", "DATASET": "alpaca_en_demo"}, ["STAGE=kto", "kto_tag"]),
+    "llama3 template, qwen tokenizer (gap 6)": ({"TEMPLATE": "llama3"},
+                                                ["TEMPLATE=llama3", "<|start_header_id|>", "TEMPLATE=qwen"]),
+    "dataset dir is a file (gap 7)": ({"DATASET_DIR": "{data}/identity.json"},
+                                      ["DATASET_DIR={data}/identity.json", "is a file, not a folder"]),
+    "model is a file (gap 7)": ({"MODEL_NAME_OR_PATH": "{model}/model.safetensors"},
+                                ["MODEL_NAME_OR_PATH={model}/model.safetensors", "is a file", "its folder {model}"]),
+    "output is a file (gap 7)": ({"OUTPUT_DIR": "{data}/identity.json"}, ["OUTPUT_DIR={data}/identity.json",
+                                                                          "is a file, not a folder"]),
+    "interleave wrong length (gap 7)": ({"DATASET": "alpaca_en_demo,identity", "MIX_STRATEGY": "interleave_under",
+                                         "INTERLEAVE_PROBS": "0.5,0.3,0.2"},
+                                        ["INTERLEAVE_PROBS=0.5,0.3,0.2", "3 probabilities for the 2 data sets",
+                                         "DATASET=alpaca_en_demo,identity"]),
+    "interleave not summing to 1 (gap 7)": ({"DATASET": "alpaca_en_demo,identity", "INTERLEAVE_PROBS": "0.7,0.7",
+                                             "MIX_STRATEGY": "interleave_under"},
+                                            ["INTERLEAVE_PROBS=0.7,0.7", "sums to 1.4", "INTERLEAVE_PROBS=0.5,0.5"]),
+    "interleave with concat": ({"DATASET": "alpaca_en_demo,identity", "INTERLEAVE_PROBS": "0.5,0.5"},
+                               ["MIX_STRATEGY=concat", "interleave_under"]),
+    "lora alpha 0": ({"LORA_ALPHA": "0"}, ["LORA_ALPHA=0", "alpha / rank"]),
+    "negative warmup": ({"WARMUP_STEPS": "-10"}, ["WARMUP_STEPS=-10", "negative"]),
+    "negative max grad norm": ({"MAX_GRAD_NORM": "-1"}, ["MAX_GRAD_NORM=-1", "0 for no clipping"]),
+    "max samples 0": ({"MAX_SAMPLES": "0"}, ["MAX_SAMPLES=0", "no records"]),
+    "3-bit bitsandbytes": ({"QUANTIZATION_BIT": "3"}, ["QUANTIZATION_BIT=3", "4 or 8"]),
+    "warmup ratio and steps": ({"WARMUP_RATIO": "0.1", "WARMUP_STEPS": "100"}, ["WARMUP_STEPS=100", "WARMUP_RATIO"]),
+    "val size with streaming": ({"STREAMING": "true", "VAL_SIZE": "0.1", "MAX_STEPS": "10"},
+                                ["STREAMING=true", "VAL_SIZE=0.1", "VAL_SIZE=500"]),
+    "eval steps, no eval strategy": ({"VAL_SIZE": "0.1", "EVAL_STEPS": "20"}, ["EVAL_STEPS=20", "EVAL_STRATEGY=no"]),
+    "negative dropout": ({"FINETUNING_TYPE": "lora", "LORA_DROPOUT": "-0.1"},
+                         ["LORA_DROPOUT=-0.1", "between 0 and 1"]),
+    "windows path": ({"MODEL_NAME_OR_PATH": "C:\\Users\\me\\models\\Qwen2-0.5B"},
+                     ["Windows paths", "MODEL_NAME_OR_PATH=C:\\Users\\me\\models\\Qwen2-0.5B", "/models/"]),
+    "trailing space": ({"DATASET": "alpaca_en_demo "}, ["DATASET='alpaca_en_demo '", "Remove the spaces"]),
+    "empty value": ({"TEMPLATE": ""}, ["Empty values: TEMPLATE=", "remove the line"]),
+    "CRLF line endings": ({"TEMPLATE": "qwen\r"}, ["TEMPLATE='qwen\\r'", "CRLF", "dos2unix"]),
+    "model and dataset swapped": ({"MODEL_NAME_OR_PATH": "alpaca_en_demo", "DATASET": "{model}"},
+                                  ["DATASET={model}", "is a model folder", "look swapped"]),
+    "model names a data set": ({"MODEL_NAME_OR_PATH": "alpaca_en_demo"},
+                               ["MODEL_NAME_OR_PATH=alpaca_en_demo", "data set", "swapped"]),
+    "lora target with spaces": ({"FINETUNING_TYPE": "lora", "LORA_TARGET": "q_proj v_proj"},
+                                ["LORA_TARGET=q_proj v_proj", "LORA_TARGET=q_proj,v_proj"]),
+    "adapter path missing": ({"ADAPTER_NAME_OR_PATH": "/nonexistent/adapter"},
+                             ["ADAPTER_NAME_OR_PATH=/nonexistent/adapter", "does not exist"]),
+    "resume path missing": ({"RESUME_FROM_CHECKPOINT": "/nonexistent/checkpoint-100"},
+                            ["RESUME_FROM_CHECKPOINT=/nonexistent/checkpoint-100", "ROCMFT_RESUME=auto"]),
+    # gap 5: a user's DeepSpeed config ({tmp}/ds.json is written from DS_CONFIGS)
+    "ds offload_param at ZeRO-2 (gap 5)": ({"DEEPSPEED": "{tmp}/ds-param.json"},
+                                           ["DEEPSPEED={tmp}/ds-param.json", "offload_param", "stage 3",
+                                            "the file has stage 2"]),
+    "ds nvme offload without path (gap 5)": ({"DEEPSPEED": "{tmp}/ds-nvme.json"},
+                                             ["offload_optimizer.device is nvme but there is no nvme_path"]),
+    "ds nvme path missing (gap 5)": ({"DEEPSPEED": "{tmp}/ds-nvme-missing.json"},
+                                     ["nvme_path=/nonexistent/nvme is not a folder"]),
+}  # fmt: skip
+
+DS_CONFIGS = {
+    "ds-param.json": {"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+    "ds-nvme.json": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},
+    "ds-nvme-missing.json": {
+        "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nonexistent/nvme"}}
+    },
+}
+
+
+@pytest.mark.parametrize("kind", list(EXIT_2))
+def test_each_new_kind_is_refused_with_exit_2_naming_it_and_writing_nothing(
+    run_rocmft, tmp_path, data_dir, tiny_model, kind
+):
+    environ, words = EXIT_2[kind]
+    for name, config in DS_CONFIGS.items():
+        (tmp_path / name).write_text(json.dumps(config))
+    places = {"data": str(data_dir), "model": str(tiny_model), "tmp": str(tmp_path)}
+    output = tmp_path / "out"
+    env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "alpaca_en_demo", "DATASET_DIR": str(data_dir),
+           "TEMPLATE": "qwen", "OUTPUT_DIR": str(output)}  # fmt: skip
+    env.update({key: value.format(**places) for key, value in environ.items()})
+    result = run_rocmft("render", env=env)
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-2000:]
+    for word in words:
+        assert word.format(**places) in result.stdout, (word, result.stdout[-2000:])
+    assert empty(output)
+    assert (data_dir / "identity.json").is_file()  # OUTPUT_DIR pointing at it left it alone
+
+
+def test_new_warnings_are_printed_and_the_run_renders(run_rocmft, tmp_path, data_dir, tiny_model):
+    env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "alpaca_en_demo", "DATASET_DIR": str(data_dir),
+           "EVAL_DATASET": "alpaca_en_demo", "SAVE_TOTAL_LIMIT": "0", "MAX_STEPS": "100", "SAVE_STEPS": "500",
+           "EVAL_STRATEGY": "steps", "EVAL_STEPS": "50", "OUTPUT_DIR": str(tmp_path / "out")}  # fmt: skip
+    result = run_rocmft("render", env=env)
+    assert result.returncode == ExitCode.OK, result.stdout[-2000:]
+    for words in ("WARNING: SAVE_TOTAL_LIMIT=0 keeps every checkpoint",
+                  "WARNING: SAVE_STEPS=500 is beyond MAX_STEPS=100",
+                  "WARNING: EVAL_DATASET and DATASET share alpaca_en_demo"):  # fmt: skip
+        assert words in result.stdout, (words, result.stdout[-2000:])
+
+
+# --- data records (exit 3, check `dataset`) ----------------------------------------------------------------
+def write_data(folder: Path, name: str, records: list[dict], entry: dict) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(records))
+    (folder / "dataset_info.json").write_text(json.dumps({name: {"file_name": f"{name}.json", **entry}}))
+
+
+def check_data(run_rocmft, tmp_path, tiny_model, folder: Path, name: str):
+    output = tmp_path / "out"
+    env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": name, "DATASET_DIR": str(folder), "CUTOFF_LEN": "512",
+           "TEMPLATE": "qwen", "OUTPUT_DIR": str(output)}  # fmt: skip
+    result = run_rocmft("check", env=env)
+    report = json.loads((output / "rocmft" / "checks.json").read_text()) if only_the_report(output) else None
+    return result, output, report
+
+
+def test_sharegpt_tags_that_do_not_match_the_records_list_what_the_file_has(run_rocmft, tmp_path, tiny_model):
+    """Gap 1: OpenAI-style role/content messages registered as sharegpt with the default tags (from/value)."""
+    records = [{"conversations": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+               for i in range(20)]  # fmt: skip
+    write_data(tmp_path / "data", "chats", records, {"formatting": "sharegpt"})
+    result, output, report = check_data(run_rocmft, tmp_path, tiny_model, tmp_path / "data", "chats")
+    assert result.returncode == ExitCode.CHECK_FAILED, result.stdout[-3000:]
+    assert report is not None, sorted(output.rglob("*"))
+    failed = {c["id"]: c for c in report["checks"] if c["status"] == "fail"}
+    assert set(failed) == {"dataset"}
+    message = failed["dataset"]["message"]
+    assert "record 0 of chats.json" in message and "has no from / value key" in message
+    assert '"role_tag": "from"' in message and "keys content, role" in message
+    assert "role values assistant, user" in message
+    fit = {"role_tag": "role", "user_tag": "user", "assistant_tag": "assistant", "content_tag": "content"}
+    assert f'"tags": {json.dumps(fit)}' in message
+
+
+def test_sharegpt_roles_out_of_order_are_found_with_the_record_number(run_rocmft, tmp_path, tiny_model):
+    records = [{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]} for _ in range(50)]
+    records[30]["conversations"].reverse()
+    write_data(tmp_path / "data", "chats", records, {"formatting": "sharegpt"})
+    result, _, report = check_data(run_rocmft, tmp_path, tiny_model, tmp_path / "data", "chats")
+    assert result.returncode == ExitCode.CHECK_FAILED and report is not None, result.stdout[-3000:]
+    message = next(c["message"] for c in report["checks"] if c["id"] == "dataset")
+    assert "record 30 of chats.json: turn 0 has from='gpt'" in message
+
+
+@pytest.mark.parametrize("bad", [777, 1999])
+def test_a_bad_record_deep_in_the_file_is_found_and_numbered(run_rocmft, tmp_path, tiny_model, bad):
+    """Gap 2: the sample covers the whole file (first, last, a stride), not the first 200 records. Record 777 is
+    reached only when the stride hits it, so the file is laid out to make it one: 2000 records, 200 first, 200
+    last and 200 spaced 8 apart from record 200 (200 + 8 x 72 = 776, 777 is missed); the test therefore breaks
+    every record from 777 to 784, as a converter that failed half-way would."""
+    records = [{"instruction": f"q{i}", "input": "", "output": f"a{i}"} for i in range(2000)]
+    for index in range(bad, min(bad + 8, 2000)):
+        del records[index]["output"]
+    write_data(tmp_path / "data", "big", records, {})
+    result, _, report = check_data(run_rocmft, tmp_path, tiny_model, tmp_path / "data", "big")
+    assert result.returncode == ExitCode.CHECK_FAILED and report is not None, result.stdout[-3000:]
+    message = next(c["message"] for c in report["checks"] if c["id"] == "dataset")
+    assert f"record {bad if bad == 1999 else 784} of big.json lacks output" in message, message
+
+
+def test_jsonl_sampling_reports_line_numbers_and_stays_bounded(tmp_path):
+    from rocmft.datasets import sample_records
+
+    path = tmp_path / "big.jsonl"
+    lines = [json.dumps({"instruction": str(i), "output": "a"}) for i in range(5000)]
+    lines[4321] = "{not json"
+    path.write_text("\n".join(lines[:100]) + "\n\n" + "\n".join(lines[100:]) + "\n")
+    with pytest.raises(ValueError, match=r"record 4321 \(line 4323\) is not JSON"):
+        sample_records(path, part=5000)
+    lines[4321] = lines[4320]
+    path.write_text("\n".join(lines) + "\n")
+    sample = sample_records(path)
+    numbers = [n for n, _ in sample.records]
+    assert sample.total == 5000 and len(numbers) == 600 and numbers[:200] == list(range(200))
+    assert numbers[-200:] == list(range(4800, 5000)) and max(b - a for a, b in itertools.pairwise(numbers)) < 25
+
+
+# --- model metadata (exit 2) -----------------------------------------------------------------------------
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("hidden_size", 128, "hidden_size=128 but model.embed_tokens.weight is 635 x 64"),
+    ("vocab_size", 32000, "vocab_size=32000 but model.embed_tokens.weight is 635 x 64"),
+    ("num_hidden_layers", 24, "num_hidden_layers=24 but the weights have 2 layers"),
+])  # fmt: skip
+def test_a_config_json_that_contradicts_the_weights_is_refused(run_rocmft, tmp_path, tiny_model, key, value, words):
+    """Gap 3: config.json from another size of the family beside the weights (only the safetensors headers
+    are read)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "config.json").read_text())
+    config[key] = value
+    (model / "config.json").write_text(json.dumps(config))
+    output = tmp_path / "out"
+    result = run_rocmft("render", env={"MODEL_NAME_OR_PATH": str(model), "DATASET": "rocmft_demo",
+                                       "OUTPUT_DIR": str(output), "CUTOFF_LEN": "512"})  # fmt: skip
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-2000:]
+    assert words in result.stdout and f"{model}/config.json does not describe the weights" in result.stdout
+    assert empty(output)
