@@ -126,3 +126,57 @@ def test_user_yaml_values_are_typed_like_variables(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_settings({"ROCMFT_CONFIG": str(config)})
     assert "learning_rate: 'abc'" in str(caught.value) and "float" in str(caught.value)
+
+
+def test_the_cached_vocabulary_types_values_as_the_live_dataclasses_do():
+    """The JSON vocabulary (what rocmft's own process reads instead of importing LLaMA-Factory) must type every
+    argument's value as LLaMA-Factory's own annotation does: same accepted values, same results (enums compared
+    by value, which is what YAML holds)."""
+    import dataclasses
+    import enum
+
+    from pydantic import TypeAdapter
+
+    from rocmft.lfargs import _annotation, _live_vocabulary, _train_dataclasses
+    from rocmft.settings import _field_type
+
+    live = {f.name: f.type for cls in _train_dataclasses() for f in dataclasses.fields(cls) if f.init}
+    plain = {a["name"]: a["type"] for a in _live_vocabulary()["arguments"]}
+    samples = ["1", "0.5", "true", "False", "a,b", "cosine", "auto", "fa2", "bnb", '{"k": 1}', "[1, 2]", "x"]
+
+    def outcome(adapter, value):
+        try:
+            result = adapter.validate_python(value)
+        except Exception:
+            return "rejected"
+        return result.value if isinstance(result, enum.Enum) else result
+
+    opaque = {name for name, kind in plain.items() if "opaque" in str(kind)}
+    assert opaque == {"parallelism_config"}  # typed as text by us, by LLaMA-Factory's parser in the validator
+    compared = 0
+    for name, annotation in live.items():
+        if name in opaque:
+            continue
+        ours, theirs = TypeAdapter(_field_type(_annotation(plain[name]))), TypeAdapter(_field_type(annotation))
+        for value in samples:
+            assert outcome(ours, value) == outcome(theirs, value), (name, value)
+            compared += 1
+    assert compared > 3000  # every argument (346 in LLaMA-Factory 0.9.5) with every sample
+
+
+def test_settings_do_not_import_llamafactory_once_the_vocabulary_is_cached(tmp_path):
+    """`rocmft check` spent 14 s of its 20 s on the H200 host importing LLaMA-Factory for the settings."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from rocmft.settings import load_settings; s = load_settings({'LEARNING_RATE': '1e-4', "
+             "'TEMPLATE': 'qwen'}); print(s.arguments['learning_rate'], 'llamafactory' in sys.modules)")  # fmt: skip
+    env = {"ROCMFT_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert first.stdout.split() == ["0.0001", "True"]  # built from the live dataclasses, then saved
+    assert len(list(tmp_path.glob("lf-vocabulary-*.json"))) == 1
+    again = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert again.stdout.split() == ["0.0001", "False"]
+    next(tmp_path.glob("lf-vocabulary-*.json")).write_text("{not json")  # a torn file is rebuilt, not trusted
+    torn = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert torn.stdout.split() == ["0.0001", "True"]

@@ -71,10 +71,9 @@ def reference(full: bool = False) -> str:
         for arg in sorted(lf_arguments().values(), key=lambda a: a.env):
             if arg.name in NOT_FROM_ENVIRONMENT:
                 continue
-            default = "(required)" if arg.default is __import__("dataclasses").MISSING else f"`{arg.default!r}`"
-            parts.append(
-                f"\n| `{arg.env}` | {_type_text(arg.annotation)} | {_cell(default)} | {arg.owner} | {_cell(arg.help)} |"
-            )
+            default = "(required)" if arg.default_text is None else f"`{arg.default_text}`"
+            kind = arg.type_text.replace("|", "\\|")
+            parts.append(f"\n| `{arg.env}` | {kind} | {_cell(default)} | {arg.owner} | {_cell(arg.help)} |")
         parts.append("\n")
     return "".join(parts)
 

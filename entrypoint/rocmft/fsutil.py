@@ -73,3 +73,9 @@ def replace_dir(staging: Path, final: Path, keep_old_as: Path | None = None) -> 
         old.rename(keep_old_as)
     elif old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def default_cache_dir() -> Path:
+    """rocmft's cache folder when ROCMFT_CACHE_DIR is unset: ``$XDG_CACHE_HOME/rocmft`` or ``~/.cache/rocmft``
+    (the XDG base directory convention)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rocmft"

@@ -26,20 +26,20 @@ from pydantic import BeforeValidator, Field, ValidationError, create_model, fiel
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import ConfigError
+from .fsutil import default_cache_dir
 from .lfargs import (
     NOT_FROM_ENVIRONMENT,
     env_arguments,
     is_secret_name,
     lf_arguments,
     stack_versions,
-    type_text,
 )
 
 PREFIX = "ROCMFT_"
 
 
 def _default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rocmft"
+    return default_cache_dir()
 
 
 class RocmftSettings(BaseSettings):
@@ -128,6 +128,37 @@ class RocmftSettings(BaseSettings):
         description="Container entry only (compose's train service sets 1): after exit 2 or 3 keep the "
         "container idle with the error in its log instead of exiting, so that the restart policy does not loop.",
     )
+    export_base: str | None = Field(
+        None,
+        description="`rocmft export`: the unquantized base model (folder or hub id) to merge the LoRA adapter "
+        "into, when the run's base is a quantized checkpoint (GPTQ, AWQ, pre-quantized bitsandbytes). Must "
+        "have the same architecture and shapes. Where the export goes: EXPORT_DIR (LLaMA-Factory's "
+        "argument; default OUTPUT_DIR-merged).",
+    )
+    serve_model: str | None = Field(
+        None,
+        description="compose service `serve`: the exported model folder to serve, as seen in the vLLM container "
+        "(default: the latest `rocmft export`, recorded in ROCMFT_SAVES_DIR/rocmft-latest-export.json).",
+    )
+    serve_name: str | None = Field(
+        None,
+        description="The model name the OpenAI-compatible API serves (`model` in requests). `rocmft export` "
+        "records it in the export (default: the run's folder name); set at serve time, it overrides that.",
+    )
+    serve_port: int = Field(
+        8000, ge=1, le=65535, description="compose service `serve`: the port vLLM listens on, in and outside "
+        "the container."
+    )  # fmt: skip
+    serve_image: str = Field(
+        "rocm/vllm:rocm7.0.0_vllm_0.11.2_20251210",
+        description="compose service `serve`: the vLLM ROCm image (read by compose; the README lists the tag "
+        "for each architecture).",
+    )
+    serve_args: str = Field(
+        "",
+        description="compose service `serve`: extra `vllm serve` arguments, split like a shell line (e.g. "
+        "`--tensor-parallel-size 8 --max-model-len 8192`).",
+    )
     fault_nan_at_step: int | None = Field(
         None,
         ge=1,
@@ -141,6 +172,12 @@ class RocmftSettings(BaseSettings):
         description="TEST ONLY: SIGKILL the worker while it writes the checkpoint of step N (after the weights, "
         "before the optimizer state and trainer_state.json), as a pre-emption mid-save would; proves that the "
         "next run skips that checkpoint.",
+    )
+    test_probes: Path | None = Field(
+        None,
+        description="TEST ONLY: a JSON file of probe results used instead of probing this machine (keys: devices, "
+        "allreduce, libs, image, shm_bytes, host, device_nodes, shaped as rocmft.probe and the checks record "
+        "them), so the GPU checks' failures can be tested end to end without a GPU. Ignored unless set.",
     )
 
     @field_validator("skip_checks", mode="before")
@@ -365,7 +402,7 @@ def load_user_config(path: Path) -> dict[str, Any]:
             try:
                 loaded[key] = _adapter(key).validate_python(value)
             except ValidationError as err:
-                expected = type_text(lf_arguments()[key].annotation)
+                expected = lf_arguments()[key].type_text
                 bad.append(f"  {key}: {value!r}: {err.errors()[0]['msg']} (expected {expected})")
         if bad:
             raise ConfigError(
@@ -431,7 +468,7 @@ def _validation_messages(err: ValidationError, env_name: typing.Callable[[str], 
         given = item.get("input")
         expected = ""
         if name in arguments:
-            expected = f" (expected {type_text(arguments[name].annotation)})"
+            expected = f" (expected {arguments[name].type_text})"
         messages.append(f"{env_name(name)}={given!r}: {item['msg']}{expected}")
     return messages
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..datasets import ALPACA_COLUMNS, available_names, read_records
+from ..datasets import ALPACA_COLUMNS, available_names, read_records, record_problem, sample_records
 from . import FAIL, PASS, SKIP, WARN, Outcome, check
 
 # Share of samples longer than cutoff_len above which the length check warns: LLaMA-Factory truncates
@@ -22,7 +22,6 @@ from . import FAIL, PASS, SKIP, WARN, Outcome, check
 # outliers are normal, a twentieth of the data losing its answers is not.
 TRUNCATED_WARN_SHARE = 0.05
 LENGTH_SAMPLE = 500  # records per data set tokenized for the length distribution (~1 s with a fast tokenizer)
-COLUMN_SAMPLE = 200  # records per data set checked for the columns their format needs
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
@@ -73,22 +72,6 @@ def _inside_container_layer(path: Path) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------
-def _required_columns(entry: dict[str, Any]) -> list[str]:
-    columns = entry.get("columns", {})
-    if entry.get("formatting", "alpaca") == "alpaca":
-        needed = [columns.get("prompt", ALPACA_COLUMNS["prompt"])]
-        needed += (
-            [columns["chosen"], columns["rejected"]]
-            if entry.get("ranking")
-            else [columns.get("response", ALPACA_COLUMNS["response"])]
-        )
-        return needed
-    needed = [columns.get("messages", "conversations")]
-    if entry.get("ranking"):
-        needed += [columns.get("chosen", "chosen"), columns.get("rejected", "rejected")]
-    return needed
-
-
 def _texts(record: dict[str, Any], entry: dict[str, Any]) -> str:
     """The trainable text of a record (prompt and response contents, without chat markup)."""
     columns = entry.get("columns", {})
@@ -103,7 +86,8 @@ def _texts(record: dict[str, Any], entry: dict[str, Any]) -> str:
 @check("dataset", "data sets found and well-formed", timeout_s=60)
 def dataset(plan) -> Outcome:
     """Every data set in DATASET/EVAL_DATASET resolves to a readable file whose records have the columns its
-    format needs (LLaMA-Factory's data/README.md), checked on the first records of each file."""
+    format needs (LLaMA-Factory's data/README.md), checked on records sampled across each file (first, last and
+    evenly in between: rocmft.datasets.sample_records), and the first bad one named by its record number."""
     registry = plan.registry
     if not plan.arguments.get("dataset") and not plan.arguments.get("eval_dataset"):
         return Outcome(
@@ -147,23 +131,17 @@ def dataset(plan) -> Outcome:
             problems.append(f"data set {name!r}: file {path} does not exist.")
             continue
         try:
-            records = read_records(files[0], COLUMN_SAMPLE)
+            sample = sample_records(files[0])
         except (ValueError, OSError) as err:
             problems.append(f"data set {name!r}: {err}")
             continue
-        if not records:
+        if not sample.records:
             problems.append(f"data set {name!r}: {files[0]} has no records.")
             continue
-        needed = _required_columns(entry)
-        for index, record in enumerate(records):
-            absent = [c for c in needed if c not in record]
-            if absent:
-                problems.append(
-                    f"data set {name!r}: record {index} of {files[0].name} lacks {', '.join(absent)} "
-                    f"(has: {', '.join(sorted(record))}); fix the file or the columns mapping in dataset_info.json."
-                )
-                break
-        counts[name] = len(records)
+        problem = record_problem(name, entry, files[0], sample)
+        if problem:
+            problems.append(problem)
+        counts[name] = f"{len(sample.records)} of {sample.total}{'' if sample.complete else '+'}"
     if problems:
         return Outcome(
             FAIL, f"{len(problems)} problem(s)", "\n".join(problems),
@@ -255,6 +233,25 @@ def model(plan) -> Outcome:
     return Outcome(PASS, "hub id, will download", f"{name} will be downloaded from {endpoint}.")
 
 
+def _token_counter(model_dir: Path, trust_remote_code: bool):
+    """texts -> token counts (no special tokens) with the model's tokenizer.
+
+    A folder with tokenizer.json is read by the `tokenizers` library itself (what transformers' fast tokenizers
+    wrap): 0.2 s, where importing transformers for AutoTokenizer cost 12 s of `rocmft check` on the H200 host
+    once nothing else had imported it (BENCHMARKS.md). Other folders (slow/sentencepiece-only tokenizers) go
+    through AutoTokenizer.
+    """
+    if (model_dir / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        fast = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        return lambda texts: [len(e.ids) for e in fast.encode_batch(texts, add_special_tokens=False)]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    return lambda texts: [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
 # ---------------------------------------------------------------------------------------------------------
 @check("lengths", "sample lengths vs cutoff_len", timeout_s=90, needs=("dataset", "model"))
 def lengths(plan) -> Outcome:
@@ -263,11 +260,7 @@ def lengths(plan) -> Outcome:
     local = _local_model_dir(plan)
     if local is None:
         return Outcome(SKIP, "no local tokenizer", "Lengths are measured with a local model's tokenizer only.")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(local), trust_remote_code=bool(plan.arguments.get("trust_remote_code"))
-    )
+    count = _token_counter(local, bool(plan.arguments.get("trust_remote_code")))
     cutoff = int(plan.arguments.get("cutoff_len", 2048))
     lengths_all: list[int] = []
     for entry in plan.registry.entries.values():
@@ -275,7 +268,7 @@ def lengths(plan) -> Outcome:
         if not path.is_file():
             continue
         texts = [_texts(r, entry) for r in read_records(path, LENGTH_SAMPLE)]
-        lengths_all += [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        lengths_all += count(texts)
     if not lengths_all:
         return Outcome(SKIP, "no local records", "No local data file to measure.")
     lengths_all.sort()
