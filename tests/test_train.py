@@ -85,3 +85,21 @@ def test_non_finite_loss_stops_with_exit_5(run_rocmft, tmp_path):
     assert manifest["worker"]["non_finite"]["step"] == 10
     status = run_rocmft("status", str(output))
     assert status.returncode == 1 and status.stdout.startswith("non-finite loss: step 5/"), status.stdout
+
+
+def test_neat_packing_counts_the_tokens_it_trains_on(run_rocmft, tmp_path, tiny_model, demo_data):
+    """Neat packing hands the model a 4-D attention mask; transformers' non_padding count summed that mask and
+    reported 0 tokens (measured on an H200, tokens/s read nan). The count is the real tokens: more than one
+    sample's worth per packed row, never more than the rows' room."""
+    output = tmp_path / "neat"
+    steps, rows, cutoff = 3, 2, 128
+    result = run_rocmft("train", env={
+        "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+        "PACKING": "true", "NEAT_PACKING": "true", "CUTOFF_LEN": str(cutoff), "MAX_STEPS": str(steps),
+        "PER_DEVICE_TRAIN_BATCH_SIZE": str(rows), "GRADIENT_ACCUMULATION_STEPS": "1", "OUTPUT_DIR": str(output),
+    })  # fmt: skip
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:]
+    state = json.loads((output / "trainer_state.json").read_text())
+    seen = max(h.get("num_input_tokens_seen", 0) for h in state["log_history"])
+    assert cutoff < seen <= steps * rows * (cutoff + 1), seen
+    assert "tok/s nan" not in result.stdout

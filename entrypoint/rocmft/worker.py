@@ -201,8 +201,12 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             elapsed = now - self.started
             done = state.global_step / max(state.max_steps, 1)
             eta = elapsed / done - elapsed if done > 0 else float("nan")
-            self.result["losses"].append({"step": state.global_step, "loss": logs["loss"]})
             self._record_peak()
+            entry = {"step": state.global_step, "loss": logs["loss"]}
+            if torch.cuda.is_available():  # for the run summary's memory curve (rocmft.report)
+                entry["gpu_memory_gib"] = round(torch.cuda.memory_allocated() / 2**30, 3)
+                entry["peak_gpu_memory_gib"] = self.result["peak_gpu_memory_gib"]
+            self.result["losses"].append(entry)
             self.result.update(last_step=state.global_step, tokens_seen=tokens, elapsed_s=round(elapsed, 2))
             self._save(state)
             print(
@@ -263,6 +267,31 @@ def _force_compute_dtype(dtype_name: str) -> None:
 
     tuner.get_train_args = get_train_args_with_dtype
     loader.patch_config = patch_config_with_dtype
+
+
+def _count_tokens_under_4d_masks() -> None:
+    """Count non-padding tokens right when the attention mask is 4-D (LLaMA-Factory's neat packing under SDPA or
+    eager attention: ``prepare_4d_attention_mask`` in llamafactory/data/collator.py).
+
+    transformers 5.6's ``Trainer._track_num_input_tokens`` counts ``attention_mask.sum()`` for
+    ``include_num_input_tokens_seen: non_padding``; a 4-D mask holds 0 where attention is allowed and the dtype's
+    minimum elsewhere, so that sum is 0 or negative (measured on an H200: ``num_input_tokens_seen`` stayed 0 for a
+    whole neat-packed run, and tokens/s read nan). A position is a real token exactly when it may attend to itself,
+    so the count is the number of zeros on the mask's diagonal. Other masks are left to transformers.
+    """
+    import torch
+    from transformers import Trainer
+
+    track = Trainer._track_num_input_tokens
+
+    def track_with_4d_masks(self, inputs):
+        mask = inputs.get("attention_mask") if hasattr(inputs, "get") else None
+        if self.args.include_num_input_tokens_seen != "non_padding" or mask is None or mask.dim() != 4:
+            return track(self, inputs)
+        tokens = (mask.diagonal(dim1=-2, dim2=-1) == 0).sum().to(device=self.args.device, dtype=torch.int64)
+        self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
+
+    Trainer._track_num_input_tokens = track_with_4d_masks
 
 
 def _disk_full(err: BaseException, output_dir: Path) -> bool:
@@ -365,6 +394,7 @@ def main(run_dir: str) -> int:
         _force_compute_dtype("float32")
     if policy.get("fault_kill_in_save_at_step"):
         _fault_kill_in_save(policy["fault_kill_in_save_at_step"])
+    _count_tokens_under_4d_masks()
 
     from llamafactory.train.tuner import run_exp
 
