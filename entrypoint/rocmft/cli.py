@@ -1,10 +1,14 @@
 """The ``rocmft`` command: ``render | check | train | env``.
 
 * ``render``: settings → rendered files → LLaMA-Factory's parser; writes OUTPUT_DIR/rocmft/ and prints it.
+* ``plan``: the planner's choices for the GPU (rocmft.planner) as a table; writes nothing.
 * ``check``: render, then the health checks; writes the files and checks.json. Never trains.
 * ``train``: all of the above, then the worker; writes the manifest, the weights, the logs.
 * ``status``: is the run making progress (the compose healthcheck); exit 0 yes, 1 no.
 * ``env``: versions, device facts and the image build record; ``--docs`` prints the variable reference.
+* ``export``: merge a finished run's LoRA adapter into its base, as a Hugging Face model folder (rocmft.export).
+* ``chat``: answer prompts with an export or a run's adapter, with the model's chat template (rocmft.chat).
+* ``report``: (re)write a run's summary, run_summary.md/.png, from its files (rocmft.report; train writes it too).
 
 Exit codes: see :mod:`rocmft.errors` (0, 2 config, 3 check failed, 4 training failed, 5 non-finite loss,
 143 interrupted). On 2 nothing is left in OUTPUT_DIR; on 3 only OUTPUT_DIR/rocmft/checks.json.
@@ -92,7 +96,7 @@ class Workspace:
 
 def _prepare(workspace: Workspace, timings: dict[str, float]):
     """Settings → render → validate. Returns the plan, staged."""
-    from .device import facts_from_probe, probe_devices_raw, start_probes
+    from .device import facts_from_probe, injected_probes, probe_devices_raw, start_probes
     from .validate import start_validator, validate
 
     start_probes()  # GPU probes in child processes, running while the settings import LLaMA-Factory
@@ -115,9 +119,11 @@ def _prepare(workspace: Workspace, timings: dict[str, float]):
     started = time.monotonic()
     plan = render(settings, device, workspace.make_staging)
     plan.probes["devices"] = devices
+    plan.probes.update(injected_probes())  # a test hook (ROCMFT_TEST_PROBES); empty unless set
     prepare_launch(plan)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
     timings["render"] = time.monotonic() - started
     _say(f"precision: {plan.precision.policy} ({plan.precision.reason})")
+    _say_plan(plan.perf)
 
     started = time.monotonic()
     validation = validate(plan)
@@ -155,6 +161,46 @@ def _run_checks(plan, workspace: Workspace, timings: dict[str, float]) -> dict[s
     atomic_write_json(plan.staging / CHECKS_FILE, data)
     print_table(results, plan.run_dir / CHECKS_FILE)
     return data
+
+
+def _say_plan(perf) -> None:
+    """One line per planner decision (rocmft.planner), or why it planned nothing."""
+    if perf is None or not perf.active:
+        _say(f"plan: nothing planned ({perf.note if perf else 'no planner'})")
+        return
+    for choice in perf.choices:
+        _say(f"plan: {choice.name}={choice.value} ({'' if choice.planned else 'kept: '}{choice.reason})")
+
+
+def cmd_plan(_args) -> int:
+    """Print the planner's choices as a table (choice, value, reason); writes nothing to OUTPUT_DIR."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .device import facts_from_probe, probe_devices_raw, start_probes
+    from .render import render
+    from .settings import load_settings
+
+    start_probes()
+    settings = load_settings()
+    device = facts_from_probe(probe_devices_raw())
+    staging = Path(tempfile.mkdtemp(prefix="rocmft-plan-"))
+    try:
+        plan = render(settings, device, lambda _output_dir: staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    perf = plan.perf
+    table = Table(title=f"rocmft plan: {perf.note}")
+    for column in ("choice", "value", "reason"):
+        table.add_column(column, overflow="fold")
+    for choice in perf.choices:
+        table.add_row(choice.name, str(choice.value), ("" if choice.planned else "kept: ") + choice.reason)
+    console = Console()
+    console.print(table)
+    if perf.estimate_gib is not None:
+        console.print(f"estimated peak {perf.estimate_gib} GiB per GPU of {perf.usable_gib} GiB planned against "
+                      f"(rocmft.memfit): {perf.breakdown_gib}")  # fmt: skip
+    return ExitCode.OK
 
 
 def cmd_render(_args) -> int:
@@ -227,6 +273,7 @@ def cmd_train(_args) -> int:
               ExitCode.INTERRUPTED: "interrupted"}.get(code, "failed")  # fmt: skip
     write_manifest(manifest_path, plan, status=status, exit_code=int(code), timings=timings, checks=checks_summary,
                    worker=worker, started_at=started_at)  # fmt: skip
+    _write_summary(plan)
     if code == ExitCode.NON_FINITE_LOSS and _restart_in_fp32(plan, worker):
         return cmd_train(_args)
     if code == ExitCode.OK:
@@ -236,6 +283,52 @@ def cmd_train(_args) -> int:
     else:
         _say(f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}")
     return code
+
+
+def _write_summary(plan) -> None:
+    """run_summary.md/.png in OUTPUT_DIR (node 0 only); a failure costs only the summary, never the run's code."""
+    from .render import RUN_SUBDIR
+    from .report import write_summary
+
+    if plan.run_dir.name != RUN_SUBDIR:
+        return
+    try:
+        _say(f"run summary in {write_summary(plan.output_dir)}")
+    except Exception as err:  # matplotlib, a full disk: the run's outcome stands
+        _say(f"WARNING: the run summary could not be written ({type(err).__name__}: {err})")
+
+
+def cmd_export(args) -> int:
+    """Merge/export the run (argument, else the run of these settings) into EXPORT_DIR (rocmft.export)."""
+    from .export import export, find_run, plan_export
+    from .settings import load_settings
+
+    settings = load_settings()
+    plan = plan_export(find_run(args.run, settings), settings)
+    export(plan, settings.rocmft.saves_dir)
+    return ExitCode.OK
+
+
+def cmd_chat(args) -> int:
+    """Answer prompts with an export or a run (rocmft.chat)."""
+    from .chat import main as chat_main
+    from .chat import read_prompts
+    from .settings import load_settings
+
+    prompts = read_prompts(args.prompt, args.file)
+    chat_main(args.model, prompts, args.max_new_tokens, args.system, args.json, load_settings())
+    return ExitCode.OK
+
+
+def cmd_report(args) -> int:
+    """Write run_summary.md/.png for the run (argument, else the run of these settings)."""
+    from .export import find_run
+    from .report import write_summary
+    from .settings import load_settings
+
+    run = find_run(args.run, load_settings())
+    _say(f"run summary in {write_summary(run.output_dir)}")
+    return ExitCode.OK
 
 
 def _restart_in_fp32(plan, worker: dict[str, Any] | None) -> bool:
@@ -340,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rocmft {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("render", help="render and validate the configs into OUTPUT_DIR/rocmft; never trains")
+    sub.add_parser("plan", help="print the planner's choices (micro-batch, packing, checkpointing, kernels) and why")
     sub.add_parser("check", help="render, validate and run the health checks; never trains")
     sub.add_parser("train", help="render, validate, check, then train")
     status = sub.add_parser("status", help="is the run making progress? exit 0 yes (or finished), 1 no")
@@ -359,10 +453,26 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="print versions, device facts and the image build record as JSON")
     env.add_argument("--docs", action="store_true", help="print the environment-variable reference (Markdown)")
     env.add_argument("--full", action="store_true", help="with --docs: list every training argument too")
+    export = sub.add_parser("export", help="merge a finished run's LoRA adapter into its base: a Hugging Face "
+                            "model folder in EXPORT_DIR (default OUTPUT_DIR-merged)")  # fmt: skip
+    export.add_argument("run", nargs="?", help="the run's OUTPUT_DIR or a checkpoint-N in it (default: the run "
+                        "of these settings)")  # fmt: skip
+    chat = sub.add_parser("chat", help="answer prompts with an exported model or a run's adapter (greedy)")
+    chat.add_argument("model", nargs="?", help="an export folder or a run's OUTPUT_DIR (default: the export of the "
+                      "run of these settings, else the run)")  # fmt: skip
+    chat.add_argument("--prompt", "-p", action="append", help="a prompt (repeatable)")
+    chat.add_argument("--file", "-f", help="a file with one prompt per line (- for standard input)")
+    chat.add_argument("--system", help="a system message before each prompt")
+    chat.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt (default 128)")
+    chat.add_argument("--json", action="store_true", help="one JSON line per prompt: {prompt, completion}")
+    report = sub.add_parser("report", help="write run_summary.md/.png (loss, eval loss, lr, tokens/s, GPU memory)")
+    report.add_argument("run", nargs="?", help="the run's OUTPUT_DIR (default: the run of these settings)")
     return parser
 
 
-COMMANDS = {"render": cmd_render, "check": cmd_check, "train": cmd_train, "status": cmd_status, "env": cmd_env}
+COMMANDS = {"plan": cmd_plan, "render": cmd_render, "check": cmd_check, "train": cmd_train,
+            "status": cmd_status, "env": cmd_env, "export": cmd_export, "chat": cmd_chat,
+            "report": cmd_report}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

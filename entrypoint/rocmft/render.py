@@ -23,7 +23,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from . import __version__
+from . import __version__, planner
 from .datasets import Registry, build_registry, split_names
 from .device import DeviceFacts
 from .errors import ConfigError
@@ -109,6 +109,8 @@ class Plan:
             for the manifest; tests put probe data here instead of running a probe.
         launch: how the worker is started (rocmft.launch.prepare_launch): command, NUMA binding, the
             effective communication environment with each value's source; for the manifest.
+        perf: the planner's choices (rocmft.planner.PerfPlan): micro-batch, packing, checkpointing,
+            attention, fused kernels, each with its reason; for the manifest and ``rocmft plan``.
     """
 
     settings: Settings
@@ -126,6 +128,7 @@ class Plan:
     files: dict[str, Path] = field(default_factory=dict)
     probes: dict[str, Any] = field(default_factory=dict)
     launch: dict[str, Any] = field(default_factory=dict)
+    perf: Any = None
 
     def staged(self, final: str | Path) -> Path:
         """Map a path under ``run_dir`` to its staged twin (used to validate before files move)."""
@@ -223,6 +226,13 @@ def default_run_name(arguments: dict[str, Any], demo: bool) -> str:
     return f"{base}-{arguments.get('stage', 'sft')}-{arguments.get('finetuning_type', 'lora')}"
 
 
+def default_output_dir(arguments: dict[str, Any], saves_dir: Path, run_name: str | None, demo: bool) -> Path:
+    """The absolute OUTPUT_DIR of a run: ``output_dir`` when given, else ``saves_dir/<run name>`` (ROCMFT_RUN_NAME,
+    else :func:`default_run_name`). ``rocmft export`` and ``chat`` find the run of the same settings by it."""
+    chosen = arguments.get("output_dir") or saves_dir / (run_name or default_run_name(arguments, demo))
+    return Path(chosen).expanduser().absolute()
+
+
 def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     """Render the run's files into a staging folder and return the :class:`Plan`.
 
@@ -258,11 +268,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     rocmft = settings.rocmft
     _check_distributed(settings, layered)
 
-    output_dir = (
-        Path(layered.get("output_dir") or rocmft.saves_dir / (rocmft.run_name or default_run_name(layered, demo)))
-        .expanduser()
-        .absolute()
-    )
+    output_dir = default_output_dir(layered, rocmft.saves_dir, rocmft.run_name, demo)
     if "output_dir" not in layered:
         name = "ROCMFT_RUN_NAME" if rocmft.run_name else "<run name>"
         sources["output_dir"] = f"rocmft's default (ROCMFT_SAVES_DIR/{name})"
@@ -317,6 +323,10 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
 
     text, arguments = render_train_yaml()
     world_size = local_processes(settings, device, launcher) * nnodes()
+    # the planner replaces template defaults (never the user's values) with ones chosen for the GPU
+    perf = _plan_performance(settings, arguments, device, precision, ds_config, world_size, demo)
+    if planner.apply(perf, layered, sources):
+        text, arguments = render_train_yaml()
     # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
     resume = _resume(settings, arguments, output_dir, run_dir, world_size)
     resumable = resume.checkpoint is not None or bool(checkpoints(output_dir))  # checkpoints there, used or not
@@ -340,7 +350,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         elif name not in sources and arguments[name] is not None:
             sources[name] = TEMPLATE_SOURCE
 
-    _apply_rules(arguments, sources, device, world_size, ds_config is None)
+    _apply_rules(arguments, sources, device, world_size, ds_config is None, registry)
     for name, problem in resume.skipped:
         print(f"[rocmft] WARNING: skipping {output_dir / name}: {problem}", flush=True)
     if resumable:
@@ -358,6 +368,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         ds_config=ds_config,
         demo=demo,
         launcher=launcher,
+        perf=perf,
     )
     plan.files["train.yaml"] = atomic_write_text(staging / "train.yaml", text)
     plan.files["dataset_info.json"] = atomic_write_json(staging / "data" / "dataset_info.json", registry.entries)
@@ -368,10 +379,13 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
 
 
 def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: DeviceFacts, world_size: int,
-                 user_deepspeed: bool) -> None:  # fmt: skip
-    """The rules of rocmft.rules on the rendered arguments (errors raise ConfigError, warnings are printed)."""
+                 user_deepspeed: bool, registry: Registry) -> None:  # fmt: skip
+    """The rules of rocmft.rules on the rendered arguments and the run's data set registry (errors raise
+    ConfigError, warnings are printed)."""
     from . import rules
 
+    rules.text_hygiene(arguments, sources)  # first: stray spaces and CRs would mislead every later message
+    rules.folders(arguments, sources, registry.source_dir, list(registry.entries) + list(registry.missing))
     if arguments.get("deepspeed") and user_deepspeed:
         rules.user_ds_config(arguments, world_size, sources.get("deepspeed", "DEEPSPEED"))
     rules.quoted_values(arguments, sources)
@@ -381,8 +395,23 @@ def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: Dev
     rules.more_ranges(arguments, sources)
     rules.lora_target(arguments, sources.get("lora_target", TEMPLATE_SOURCE))
     rules.fp16_on_bf16_model(arguments, device.bf16, sources.get("fp16", "precision policy"))
-    for warning in rules.ranges(arguments, sources):
+    rules.stage_data(arguments, sources, registry.entries)
+    rules.model_shapes(arguments, sources)
+    warnings = rules.ranges(arguments, sources) + rules.more_values(arguments, sources)
+    for warning in warnings + rules.chat_template_fits(arguments, sources):
         print(f"[rocmft] WARNING: {warning}", flush=True)
+
+
+def _plan_performance(settings: Settings, arguments: dict[str, Any], device: DeviceFacts, precision: Precision,
+                      ds_config: dict[str, Any] | None, world_size: int, demo: bool) -> planner.PerfPlan:  # fmt: skip
+    """rocmft.planner over the rendered arguments; the user's arguments (environment, ROCMFT_CONFIG) are
+    never changed. FSDP is planned as ZeRO-3 (both shard weights, gradients and optimizer states)."""
+    zero = int(((ds_config or {}).get("zero_optimization") or {}).get("stage", 0))
+    if settings.rocmft.distributed == "fsdp":
+        zero = 3
+    offload = settings.rocmft.offload if settings.rocmft.distributed == "deepspeed" else "none"
+    return planner.plan_defaults(arguments, set(settings.arguments), device, compute_dtype=precision.compute_dtype,
+                                 zero_stage=zero, offload=offload, world_size=world_size, demo=demo)  # fmt: skip
 
 
 def _asked_processes(settings: Settings) -> int:
