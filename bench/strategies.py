@@ -11,7 +11,10 @@ Run on a host with two GPUs, from the repository root::
    one GPU (ROCMFT_DISTRIBUTED=none, the scaling baseline), then on two GPUs ``ddp``, ``deepspeed`` ZeRO-2,
    ZeRO-3, ZeRO-3 with optimizer offload, and ``fsdp``;
 3. two "nodes" of one GPU each on this host: two ``rocmft train`` processes with NNODES=2 and NODE_RANK 0/1;
-4. for each: exit code, the final logged loss, tokens/s (the trainer's num_input_tokens_seen over
+4. ``stop-resume`` (asked for by name): ddp on two GPUs for 60 steps, SIGTERM to ``rocmft train`` once
+   the trainer has logged step 10, then the same command again: the stop must end both ranks with exit 143
+   and a checkpoint at the same step, the second run must resume from it and finish;
+5. for each: exit code, the final logged loss, tokens/s (the trainer's num_input_tokens_seen over
    train_runtime, all ranks together), whether the saved adapter loads onto the base model, and which
    rocmft folders each node wrote. Prints a table and writes DIR/strategies.json.
 """
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -125,6 +129,56 @@ def outcome(output: Path, model: Path, code: int, wall: float, log: Path) -> dic
     return result
 
 
+def _logged_step(output: Path) -> int:
+    """The newest step in LLaMA-Factory's trainer_log.jsonl (written by rank 0 at each logging step), 0 before."""
+    log = output / "trainer_log.jsonl"
+    if not log.is_file():
+        return 0
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    return json.loads(lines[-1]).get("current_steps", 0) if lines else 0
+
+
+def stop_resume(out: Path, model: Path, data: Path, timeout: float) -> dict:
+    """SIGTERM a two-GPU ddp run after step 10, then run it again; what each half did (see the module doc)."""
+    output = out / "runs" / "stop-resume"
+    shutil.rmtree(output, ignore_errors=True)
+    output.mkdir(parents=True)
+    extra = {"ROCMFT_DISTRIBUTED": "ddp", "MAX_STEPS": "60", "LOGGING_STEPS": "1", "SAVE_STRATEGY": "steps",
+             "SAVE_STEPS": "1000"}  # fmt: skip
+    proc, handle = start(extra, "0,1", output, model, data, out / "stop.log")
+    deadline = time.monotonic() + timeout
+    while _logged_step(output) < 10 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    signalled_at, step_at_signal = time.monotonic(), _logged_step(output)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = -9
+    handle.close()
+    result = {"step_at_signal": step_at_signal, "stop_exit": code, "stop_s": round(time.monotonic() - signalled_at, 1),
+              "checkpoints": sorted(p.name for p in output.glob("checkpoint-*"))}  # fmt: skip
+    worker = output / "rocmft" / "worker-result.json"
+    if worker.is_file():
+        result["stopped_at_step"] = json.loads(worker.read_text()).get("stopped_at_step")
+    started = time.monotonic()
+    proc, handle = start(extra, "0,1", output, model, data, out / "resume.log")
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = -9
+    handle.close()
+    text = (out / "resume.log").read_text(errors="replace")
+    result.update(resume=outcome(output, model, code, time.monotonic() - started, out / "resume.log"),
+                  resumed_line=next((line for line in text.splitlines() if "resuming from" in line), None))  # fmt: skip
+    result["exit"] = 0 if result["stop_exit"] == 143 and code == 0 and result["resumed_line"] else 1
+    result["wall_s"] = result["resume"]["wall_s"]
+    result["rocmft_folders"] = result["resume"]["rocmft_folders"]
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -145,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name in args.runs.split(","):
         started = time.monotonic()
-        if name == "2nodes":
+        if name == "stop-resume":
+            results[name] = stop_resume(out, model, args.data.resolve(), args.timeout)
+        elif name == "2nodes":
             output = out / "runs" / name
             shutil.rmtree(output, ignore_errors=True)
             output.mkdir(parents=True)
