@@ -20,3 +20,17 @@ def clean_environment() -> dict[str, str]:
 
     arguments = env_arguments()
     return {k: v for k, v in os.environ.items() if not k.upper().startswith("ROCMFT_") and k.upper() not in arguments}
+
+
+def save_with_tiny_tokenizer(model, folder: Path, tiny: Path) -> None:
+    """Save a random-weight model into ``folder`` (through ``<folder>.tmp`` and a rename, so an interrupted save
+    never looks complete) with the tokenizer files of rocmft's tiny model ``tiny``."""
+    import shutil
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for name in TOKENIZER_FILES:
+        if (tiny / name).is_file():
+            shutil.copy2(tiny / name, tmp / name)
+    tmp.rename(folder)

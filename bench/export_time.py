@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, TOKENIZER_FILES, clean_environment
+from common import REPO, TOKENIZER_FILES, clean_environment, save_with_tiny_tokenizer
 from memfit import QWEN2_7B
 
 LORA_RANK = 16
@@ -61,13 +61,7 @@ def build_base(out: Path, shape: str, cache: Path, device: str) -> tuple[Path, i
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    tmp = out / ".base-tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    for name in TOKENIZER_FILES:
-        if (tiny / name).is_file():
-            shutil.copy2(tiny / name, tmp / name)
-    tmp.rename(folder)
+    save_with_tiny_tokenizer(model, folder, tiny)
     del model
     return folder, _params(folder)
 

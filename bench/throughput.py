@@ -46,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, TOKENIZER_FILES, clean_environment
+from common import REPO, clean_environment, save_with_tiny_tokenizer
 
 SHAPES = {  # published config.json values (Hugging Face hub, Qwen/Qwen2-*)
     "7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
@@ -78,13 +78,7 @@ def build_model(folder: Path, shape: str, cache: Path) -> None:
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    for name in TOKENIZER_FILES:
-        if (tiny / name).is_file():
-            shutil.copy2(tiny / name, tmp / name)
-    tmp.rename(folder)
+    save_with_tiny_tokenizer(model, folder, tiny)
     print(f"[bench] built {folder}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters", flush=True)
 
 

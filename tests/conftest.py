@@ -108,6 +108,15 @@ def _rocmft_environment(tmp_path: Path, cache_dir: Path, env: dict[str, str] | N
     return environ
 
 
+def rocmft_in(folder: Path, cache_dir: Path, *args: str, env: dict[str, str] | None = None,
+              timeout: float = 600) -> subprocess.CompletedProcess:  # fmt: skip
+    """Run ``python -m rocmft *args`` in ``folder`` with the tests' clean environment plus ``env``; stdout and
+    stderr together in ``.stdout``."""
+    return subprocess.run([sys.executable, "-m", "rocmft", *args], cwd=folder,
+                          env=_rocmft_environment(folder, cache_dir, env), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
+
+
 @pytest.fixture
 def run_rocmft(tmp_path, cache_dir):
     """Run ``rocmft <args>`` in a child process with ``env`` added to a clean environment.
@@ -117,15 +126,7 @@ def run_rocmft(tmp_path, cache_dir):
     """
 
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "rocmft", *args],
-            cwd=tmp_path,
-            env=_rocmft_environment(tmp_path, cache_dir, env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-        )
+        return rocmft_in(tmp_path, cache_dir, *args, env=env, timeout=timeout)
 
     return run
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, _rocmft_environment, all_text_under
+from conftest import REPO, all_text_under, rocmft_in
 from rocmft.errors import ConfigError, ExitCode
 
 pytestmark = pytest.mark.train
@@ -32,15 +32,7 @@ FP32_TOLERANCE = 1e-4
 
 
 def _rocmft(tmp: Path, cache: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rocmft", *args],
-        cwd=tmp,
-        env=_rocmft_environment(tmp, cache, env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=900,
-    )
+    return rocmft_in(tmp, cache, *args, env=env, timeout=900)
 
 
 @pytest.fixture(scope="module")
