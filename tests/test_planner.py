@@ -159,3 +159,55 @@ def test_render_records_the_plan_and_the_manifest_saves_it(render_env, tmp_path)
     # on a CPU nothing is planned: the seed recipe stays as it was
     cpu = render_env({"DATASET": "alpaca_en_demo"})
     assert cpu.perf.active is False and "neat_packing" not in OmegaConf.load(cpu.files["train.yaml"])
+
+
+def test_packed_steps_keep_the_samples_per_step_of_the_recipe(qwen7b):
+    """Measured on an H200 (BENCHMARKS.md): alpaca_en_demo averaged 483 tokens per sample (154,627 tokens over
+    320 samples) and the plan that kept 16 *rows* per step saw ~4.2x the recipe's samples per optimizer step, its
+    loss per token falling slower. With the mean sample length known, 16 samples become 16 x 483 / 2048 = 3.8
+    -> 4 packed rows."""
+    plan = planner.plan_defaults({**SEED, "model_name_or_path": str(qwen7b)}, set(), H200, compute_dtype="bfloat16",
+                                 liger_available=True, flash_available=False, sample_tokens=483.0)  # fmt: skip
+    values = chosen(plan)
+    assert values["per_device_train_batch_size"] * values["gradient_accumulation_steps"] == 4
+    reason = next(c.reason for c in plan.choices if c.name == "gradient_accumulation_steps")
+    assert "~16 samples per optimizer step" in reason and "4 packed rows" in reason and "483 tokens" in reason
+    # long samples (a row holds one): rows = samples; never below one row
+    longer = planner.plan_defaults({**SEED, "model_name_or_path": str(qwen7b)}, set(), H200, compute_dtype="bfloat16",
+                                   liger_available=True, flash_available=False, sample_tokens=5000.0)  # fmt: skip
+    assert chosen(longer)["per_device_train_batch_size"] * chosen(longer)["gradient_accumulation_steps"] == 16
+    few = planner.plan_defaults({**SEED, "model_name_or_path": str(qwen7b), "gradient_accumulation_steps": 1},
+                                set(), H200, compute_dtype="bfloat16", liger_available=True, flash_available=False,
+                                sample_tokens=10.0)  # fmt: skip
+    assert chosen(few)["per_device_train_batch_size"] * chosen(few)["gradient_accumulation_steps"] == 1
+
+
+def test_render_measures_the_sample_length_for_the_plan(render_env, tiny_model, demo_data):
+    """End to end through render on an injected GPU: the mean length of the real data set's samples, measured
+    with the tiny model's tokenizer, sets the packed rows (a recorded device, not a patched planner)."""
+    from rocmft.datasets import sample_token_lengths
+
+    plan = render_env({"DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data), "CUTOFF_LEN": "64"},
+                      device=H200)  # fmt: skip
+    entries = [plan.registry.entries["rocmft_demo"]]
+    lengths = sample_token_lengths(entries, tiny_model)
+    mean = sum(lengths) / len(lengths)
+    arguments = plan.arguments
+    rows = arguments["per_device_train_batch_size"] * arguments["gradient_accumulation_steps"]
+    assert rows == max(1, round(16 / (64 / min(mean, 64))))
+    reasons = {c["name"]: c["reason"] for c in plan.perf.as_dict()["choices"]}
+    assert f"mean {mean:.0f} tokens per sample" in reasons["gradient_accumulation_steps"]
+
+
+def test_sample_lengths_from_tokenizer_json_equal_transformers_counts(tiny_model, shared_data):
+    """The lengths check and the planner read tokenizer.json with the tokenizers library (0.2 s instead of a 12 s
+    transformers import on the H200 host); the counts must be AutoTokenizer's."""
+    from transformers import AutoTokenizer
+
+    from rocmft.datasets import read_records, token_counter, trainable_text
+
+    entry = {"file_name": str(shared_data / "alpaca_en_demo.json"), "formatting": "alpaca"}
+    texts = [trainable_text(r, entry) for r in read_records(Path(entry["file_name"]), 200)]
+    reference = AutoTokenizer.from_pretrained(str(tiny_model))(texts, add_special_tokens=False)["input_ids"]
+    assert token_counter(tiny_model)(texts) == [len(ids) for ids in reference]
+    assert sum(len(t) for t in texts) > 10_000  # real records, not empty strings

@@ -353,3 +353,52 @@ def available_names(source_dir: Path) -> list[str]:
             p.stem for p in source_dir.iterdir() if p.suffix in DATA_FILE_SUFFIXES and p.name != "dataset_info.json"
         )
     return sorted(names)
+
+
+def trainable_text(record: dict[str, Any], entry: dict[str, Any]) -> str:
+    """The trainable text of a record (prompt and response contents, without chat markup)."""
+    columns = entry.get("columns", {})
+    if entry.get("formatting", "alpaca") == "alpaca":
+        keys = [columns.get(role, ALPACA_COLUMNS[role]) for role in ("prompt", "query", "response", "system")]
+        return "\n".join(str(record.get(k) or "") for k in keys)
+    content = entry.get("tags", {}).get("content_tag", "value")
+    turns = record.get(columns.get("messages", "conversations")) or []
+    return "\n".join(str(t.get(content, "")) for t in turns if isinstance(t, dict))
+
+
+def token_counter(model_dir: Path, trust_remote_code: bool = False):
+    """texts -> token counts (no special tokens) with the model's tokenizer.
+
+    A folder with tokenizer.json is read by the `tokenizers` library itself (what transformers' fast tokenizers
+    wrap): 0.2 s, where importing transformers for AutoTokenizer cost 12 s of `rocmft check` on the H200 host
+    once nothing else had imported it (BENCHMARKS.md). Other folders (slow/sentencepiece-only tokenizers) go
+    through AutoTokenizer.
+    """
+    if (model_dir / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        fast = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        return lambda texts: [len(e.ids) for e in fast.encode_batch(texts, add_special_tokens=False)]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    return lambda texts: [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def sample_token_lengths(entries: list[dict[str, Any]], model_dir: Path, trust_remote_code: bool = False,
+                         limit: int = 500) -> list[int]:  # fmt: skip
+    """Token counts of the first ``limit`` records of each local data file in ``entries`` (registry entries),
+    trainable text only (:func:`trainable_text`: the chat template's markup is not counted), with the model's
+    tokenizer; unreadable or missing files are skipped (the dataset check reports them)."""
+    count = token_counter(model_dir, trust_remote_code)
+    lengths: list[int] = []
+    for entry in entries:
+        path = Path(entry.get("file_name", ""))
+        if not path.is_file():
+            continue
+        try:
+            records = read_records(path, limit)
+        except ValueError:
+            continue
+        lengths += count([trainable_text(r, entry) for r in records])
+    return lengths

@@ -324,7 +324,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     text, arguments = render_train_yaml()
     world_size = local_processes(settings, device, launcher) * nnodes()
     # the planner replaces template defaults (never the user's values) with ones chosen for the GPU
-    perf = _plan_performance(settings, arguments, device, precision, ds_config, world_size, demo)
+    perf = _plan_performance(settings, arguments, device, precision, ds_config, world_size, demo, registry)
     if planner.apply(perf, layered, sources):
         text, arguments = render_train_yaml()
     # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
@@ -403,15 +403,27 @@ def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: Dev
 
 
 def _plan_performance(settings: Settings, arguments: dict[str, Any], device: DeviceFacts, precision: Precision,
-                      ds_config: dict[str, Any] | None, world_size: int, demo: bool) -> planner.PerfPlan:  # fmt: skip
+                      ds_config: dict[str, Any] | None, world_size: int, demo: bool,
+                      registry: Registry) -> planner.PerfPlan:  # fmt: skip
     """rocmft.planner over the rendered arguments; the user's arguments (environment, ROCMFT_CONFIG) are
-    never changed. FSDP is planned as ZeRO-3 (both shard weights, gradients and optimizer states)."""
+    never changed. FSDP is planned as ZeRO-3 (both shard weights, gradients and optimizer states). The mean
+    sample length (for the rows of a packed step) is measured only where the planner will use it: SFT on a GPU
+    with a local model folder."""
     zero = int(((ds_config or {}).get("zero_optimization") or {}).get("stage", 0))
     if settings.rocmft.distributed == "fsdp":
         zero = 3
     offload = settings.rocmft.offload if settings.rocmft.distributed == "deepspeed" else "none"
+    sample_tokens = None
+    model_dir = Path(str(arguments.get("model_name_or_path") or "")).expanduser()
+    if not demo and device.count and arguments.get("stage", "sft") == "sft" and model_dir.is_dir():
+        from .datasets import sample_token_lengths
+
+        train = [registry.entries[n] for n in split_names(arguments.get("dataset")) if n in registry.entries]
+        lengths = sample_token_lengths(train, model_dir, bool(arguments.get("trust_remote_code")))
+        sample_tokens = sum(lengths) / len(lengths) if lengths else None
     return planner.plan_defaults(arguments, set(settings.arguments), device, compute_dtype=precision.compute_dtype,
-                                 zero_stage=zero, offload=offload, world_size=world_size, demo=demo)  # fmt: skip
+                                 zero_stage=zero, offload=offload, world_size=world_size, demo=demo,
+                                 sample_tokens=sample_tokens)  # fmt: skip
 
 
 def _asked_processes(settings: Settings) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..datasets import ALPACA_COLUMNS, available_names, read_records, record_problem, sample_records
+from ..datasets import available_names, record_problem, sample_records, sample_token_lengths
 from . import FAIL, PASS, SKIP, WARN, Outcome, check
 
 # Share of samples longer than cutoff_len above which the length check warns: LLaMA-Factory truncates
@@ -72,17 +72,6 @@ def _inside_container_layer(path: Path) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------
-def _texts(record: dict[str, Any], entry: dict[str, Any]) -> str:
-    """The trainable text of a record (prompt and response contents, without chat markup)."""
-    columns = entry.get("columns", {})
-    if entry.get("formatting", "alpaca") == "alpaca":
-        keys = [columns.get(role, ALPACA_COLUMNS[role]) for role in ("prompt", "query", "response", "system")]
-        return "\n".join(str(record.get(k) or "") for k in keys)
-    content = entry.get("tags", {}).get("content_tag", "value")
-    turns = record.get(columns.get("messages", "conversations")) or []
-    return "\n".join(str(t.get(content, "")) for t in turns if isinstance(t, dict))
-
-
 @check("dataset", "data sets found and well-formed", timeout_s=60)
 def dataset(plan) -> Outcome:
     """Every data set in DATASET/EVAL_DATASET resolves to a readable file whose records have the columns its
@@ -233,25 +222,6 @@ def model(plan) -> Outcome:
     return Outcome(PASS, "hub id, will download", f"{name} will be downloaded from {endpoint}.")
 
 
-def _token_counter(model_dir: Path, trust_remote_code: bool):
-    """texts -> token counts (no special tokens) with the model's tokenizer.
-
-    A folder with tokenizer.json is read by the `tokenizers` library itself (what transformers' fast tokenizers
-    wrap): 0.2 s, where importing transformers for AutoTokenizer cost 12 s of `rocmft check` on the H200 host
-    once nothing else had imported it (BENCHMARKS.md). Other folders (slow/sentencepiece-only tokenizers) go
-    through AutoTokenizer.
-    """
-    if (model_dir / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
-        fast = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        return lambda texts: [len(e.ids) for e in fast.encode_batch(texts, add_special_tokens=False)]
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
-    return lambda texts: [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-
 # ---------------------------------------------------------------------------------------------------------
 @check("lengths", "sample lengths vs cutoff_len", timeout_s=90, needs=("dataset", "model"))
 def lengths(plan) -> Outcome:
@@ -260,15 +230,9 @@ def lengths(plan) -> Outcome:
     local = _local_model_dir(plan)
     if local is None:
         return Outcome(SKIP, "no local tokenizer", "Lengths are measured with a local model's tokenizer only.")
-    count = _token_counter(local, bool(plan.arguments.get("trust_remote_code")))
     cutoff = int(plan.arguments.get("cutoff_len", 2048))
-    lengths_all: list[int] = []
-    for entry in plan.registry.entries.values():
-        path = Path(entry.get("file_name", ""))
-        if not path.is_file():
-            continue
-        texts = [_texts(r, entry) for r in read_records(path, LENGTH_SAMPLE)]
-        lengths_all += count(texts)
+    lengths_all = sample_token_lengths(list(plan.registry.entries.values()), local,
+                                       bool(plan.arguments.get("trust_remote_code")), LENGTH_SAMPLE)  # fmt: skip
     if not lengths_all:
         return Outcome(SKIP, "no local records", "No local data file to measure.")
     lengths_all.sort()
