@@ -109,12 +109,13 @@ def _rocmft_environment(tmp_path: Path, cache_dir: Path, env: dict[str, str] | N
 
 
 def rocmft_in(folder: Path, cache_dir: Path, *args: str, env: dict[str, str] | None = None,
-              timeout: float = 600) -> subprocess.CompletedProcess:  # fmt: skip
+              timeout: float = 600, merge_stderr: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
     """Run ``python -m rocmft *args`` in ``folder`` with the tests' clean environment plus ``env``; stdout and
-    stderr together in ``.stdout``."""
+    stderr together in ``.stdout`` unless ``merge_stderr`` is False."""
     return subprocess.run([sys.executable, "-m", "rocmft", *args], cwd=folder,
                           env=_rocmft_environment(folder, cache_dir, env), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
+                          stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                          timeout=timeout)  # fmt: skip
 
 
 @pytest.fixture

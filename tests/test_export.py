@@ -110,7 +110,8 @@ def test_export_is_a_complete_model_folder_recorded_for_serving(exported, lora_r
     assert record["final_eval_loss"] == [r["eval_loss"] for r in log if "eval_loss" in r][-1]
     card = (exported / "README.md").read_text()
     meta = yaml.safe_load(card.split("---")[1])
-    assert meta["base_model"] == str(tiny_model) and meta["datasets"] == ["rocmft_demo"]
+    # base_model is card metadata for a hub id; a local base folder is named in the text, not as metadata
+    assert "base_model" not in meta and f"`{tiny_model}`" in card and meta["datasets"] == ["rocmft_demo"]
     for fact in (
         "| steps | 40 of 40 |",
         f"{record['final_loss']:.5g}",
@@ -150,11 +151,10 @@ def test_chat_answers_from_the_export_and_from_the_adapter_alike(exported, lora_
     prompts.write_text("What is two plus three?\n\nWhat is LoRA?\n")
     answers = {}
     for name, target in (("export", str(exported)), ("adapter", str(lora_run))):
-        result = _rocmft(
-            work, cache_dir, "chat", target, "--file", str(prompts), "--json", "--max-new-tokens", "16", env=lora_env
-        )
-        assert result.returncode == ExitCode.OK, result.stdout[-3000:]
-        lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"prompt"')]
+        result = rocmft_in(work, cache_dir, "chat", target, "--file", str(prompts), "--json", "--max-new-tokens",
+                           "16", env=lora_env, timeout=900, merge_stderr=False)  # fmt: skip
+        assert result.returncode == ExitCode.OK, result.stderr[-3000:]
+        lines = [json.loads(line) for line in result.stdout.splitlines()]  # stdout: JSON lines only
         assert [line["prompt"] for line in lines] == ["What is two plus three?", "What is LoRA?"]
         answers[name] = [line["completion"] for line in lines]
     assert all(answers["export"]), answers  # the trained tiny model says something (greedy: always the same)
@@ -232,6 +232,16 @@ def test_unsafe_export_dirs_and_unfinished_runs_are_refused(lora_run, work, lora
     with pytest.raises(ConfigError, match="is not an earlier rocmft export"):
         plan_export(find_run(None, settings), settings)
     assert (foreign / "notes.txt").read_text() == "keep me"
+    a_file = work / "a-file"
+    a_file.write_text("x")
+    settings = _settings({**lora_env, "EXPORT_DIR": str(a_file)})
+    with pytest.raises(ConfigError, match="is a file; the export is a folder"):
+        plan_export(find_run(None, settings), settings)
+    # ROCMFT_EXPORT_BASE replaces a quantized base only: on this run (an ordinary base) any same-shape model
+    # would be accepted and the export would be a model nobody trained
+    settings = _settings({**lora_env, "ROCMFT_EXPORT_BASE": str(work / "anything")})
+    with pytest.raises(ConfigError, match="only replaces a quantized base"):
+        plan_export(find_run(None, settings), settings)
 
     stopped = _copy_run(lora_run, work / "saves" / "stopped")
     manifest = json.loads((stopped / "rocmft" / "manifest.json").read_text())

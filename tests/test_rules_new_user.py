@@ -85,6 +85,9 @@ EXIT_2 = {
                              ["ADAPTER_NAME_OR_PATH=/nonexistent/adapter", "does not exist"]),
     "resume path missing": ({"RESUME_FROM_CHECKPOINT": "/nonexistent/checkpoint-100"},
                             ["RESUME_FROM_CHECKPOINT=/nonexistent/checkpoint-100", "ROCMFT_RESUME=auto"]),
+    "output inside the data folder": ({"OUTPUT_DIR": "{data}/out"},
+                                      ["OUTPUT_DIR {data}/out", "is the data folder DATASET_DIR {data}"]),
+    "qlora as a method": ({"FINETUNING_TYPE": "qlora"}, ["FINETUNING_TYPE='qlora'", "QUANTIZATION_BIT=4"]),
     # gap 5: a user's DeepSpeed config ({tmp}/ds.json is written from DS_CONFIGS)
     "ds offload_param at ZeRO-2 (gap 5)": ({"DEEPSPEED": "{tmp}/ds-param.json"},
                                            ["DEEPSPEED={tmp}/ds-param.json", "offload_param", "stage 3",
@@ -120,20 +123,24 @@ def test_each_new_kind_is_refused_with_exit_2_naming_it_and_writing_nothing(
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-2000:]
     for word in words:
         assert word.format(**places) in result.stdout, (word, result.stdout[-2000:])
-    assert empty(output)
+    assert empty(output) and not (data_dir / "out").exists()
     assert (data_dir / "identity.json").is_file()  # OUTPUT_DIR pointing at it left it alone
 
 
 def test_new_warnings_are_printed_and_the_run_renders(run_rocmft, tmp_path, data_dir, tiny_model):
     env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "alpaca_en_demo", "DATASET_DIR": str(data_dir),
            "EVAL_DATASET": "alpaca_en_demo", "SAVE_TOTAL_LIMIT": "0", "MAX_STEPS": "100", "SAVE_STEPS": "500",
-           "EVAL_STRATEGY": "steps", "EVAL_STEPS": "50", "OUTPUT_DIR": str(tmp_path / "out")}  # fmt: skip
+           "EVAL_STRATEGY": "steps", "EVAL_STEPS": "50", "NUM_TRAIN_EPOCHS": "3",
+           "OUTPUT_DIR": str(tmp_path / "out")}  # fmt: skip
     result = run_rocmft("render", env=env)
     assert result.returncode == ExitCode.OK, result.stdout[-2000:]
     for words in ("WARNING: SAVE_TOTAL_LIMIT=0 keeps every checkpoint",
                   "WARNING: SAVE_STEPS=500 is beyond MAX_STEPS=100",
-                  "WARNING: EVAL_DATASET and DATASET share alpaca_en_demo"):  # fmt: skip
+                  "WARNING: EVAL_DATASET and DATASET share alpaca_en_demo",
+                  "WARNING: NUM_TRAIN_EPOCHS=3 is ignored: MAX_STEPS=100"):  # fmt: skip
         assert words in result.stdout, (words, result.stdout[-2000:])
+    result = run_rocmft("render", env={**env, "SAVE_STEPS": "0", "OUTPUT_DIR": str(tmp_path / "out2")})
+    assert result.returncode == ExitCode.OK and "WARNING: SAVE_STEPS=0 with SAVE_STRATEGY=steps" in result.stdout
 
 
 # --- data records (exit 3, check `dataset`) ----------------------------------------------------------------

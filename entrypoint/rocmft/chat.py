@@ -21,7 +21,8 @@ from .export import EXPORT_MANIFEST, Run, default_export_dir, find_run, model_co
 
 
 def _say(message: str) -> None:
-    print(f"[rocmft] {message}", flush=True)
+    """Progress lines go to stderr, so stdout holds only the answers (``--json``: one JSON object per line)."""
+    print(f"[rocmft] {message}", file=sys.stderr, flush=True)
 
 
 def read_prompts(prompts: list[str] | None, file: str | None) -> list[str]:
@@ -53,6 +54,11 @@ def resolve_model(given: str | None, settings) -> tuple[Path, Run | None]:
     """
     if given:
         folder = Path(given).expanduser().absolute()
+        if not folder.is_dir():
+            raise ConfigError(
+                f"rocmft chat {given}: {'a file, not a folder' if folder.exists() else 'no such folder'}.",
+                "Give an export folder (a Hugging Face model folder) or a run's OUTPUT_DIR.",
+            )
         if (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
             return folder, None  # an exported (or any Hugging Face) model folder
         return folder, find_run(given, settings)

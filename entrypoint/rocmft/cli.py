@@ -385,7 +385,12 @@ def cmd_status(args) -> int:
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as err:
-        print(f"no run: cannot read {manifest_path} ({err})")
+        where = (
+            f"{manifest_path}"
+            if args.output_dir is None
+            else (f"{Path(args.output_dir) / RUN_SUBDIR / MANIFEST_FILE} (or {manifest_path})")
+        )
+        print(f"no run: cannot read {where} ({err})")
         return ExitCode.UNHEALTHY
     try:
         result = json.loads(result_path.read_text())
@@ -420,6 +425,13 @@ def cmd_env(args) -> int:
              "host": host_facts(), "image": build_record()}  # fmt: skip
     print(json.dumps(facts, indent=2))
     return ExitCode.OK
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number above 0 (argparse prints the error with the option's name and exits 2)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {text!r}")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -463,7 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--prompt", "-p", action="append", help="a prompt (repeatable)")
     chat.add_argument("--file", "-f", help="a file with one prompt per line (- for standard input)")
     chat.add_argument("--system", help="a system message before each prompt")
-    chat.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt (default 128)")
+    chat.add_argument("--max-new-tokens", type=_positive_int, default=128,
+                      help="tokens to generate per prompt (default 128)")  # fmt: skip
     chat.add_argument("--json", action="store_true", help="one JSON line per prompt: {prompt, completion}")
     report = sub.add_parser("report", help="write run_summary.md/.png (loss, eval loss, lr, tokens/s, GPU memory)")
     report.add_argument("run", nargs="?", help="the run's OUTPUT_DIR (default: the run of these settings)")

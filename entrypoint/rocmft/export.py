@@ -303,6 +303,17 @@ def plan_export(run: Run, settings) -> ExportPlan:
             f"Set ROCMFT_EXPORT_BASE to the unquantized model{example}, a folder under /models or a hub id, and "
             "run `rocmft export` again.",
         )
+    if override and not (method == "lora" and quantized):
+        what = (
+            f"a {method} run (its own weights are exported)"
+            if method != "lora"
+            else (f"a LoRA run whose base {trained_on} is not quantized (the adapter merges into it)")
+        )
+        raise ConfigError(
+            f"ROCMFT_EXPORT_BASE={override} is set for {what}: it only replaces a quantized base, and merging an "
+            "adapter into any other model of the same shape gives a model that was never trained.",
+            "Unset ROCMFT_EXPORT_BASE (or export the run it belongs to).",
+        )
     if override and method == "lora":
         override_config = model_config(override)
         if override_config is None:
@@ -346,9 +357,10 @@ def plan_export(run: Run, settings) -> ExportPlan:
                 f"EXPORT_DIR={export_dir} would overlap {what} {folder}; the export replaces its folder whole.",
                 f"Set EXPORT_DIR to a folder of its own (the default is {run.output_dir}{MERGED_SUFFIX}).",
             )
-    if export_dir.exists() and (
-        not export_dir.is_dir() or (any(export_dir.iterdir()) and not (export_dir / EXPORT_MANIFEST).is_file())
-    ):
+    if export_dir.exists() and not export_dir.is_dir():
+        raise ConfigError(f"EXPORT_DIR={export_dir} is a file; the export is a folder.",
+                          "Set EXPORT_DIR to a folder path (it is created).")  # fmt: skip
+    if export_dir.exists() and any(export_dir.iterdir()) and not (export_dir / EXPORT_MANIFEST).is_file():
         raise ConfigError(
             f"EXPORT_DIR={export_dir} exists and is not an earlier rocmft export (no {EXPORT_MANIFEST}); rocmft "
             "replaces only its own exports.",
@@ -434,7 +446,10 @@ def model_card(plan: ExportPlan, facts: dict[str, Any], versions: dict[str, str]
     method = str(args.get("finetuning_type") or "lora")
     base = str(args.get("model_name_or_path") or plan.base)
     meta: dict[str, Any] = {"library_name": "transformers", "tags": ["rocmft", "llama-factory", method]}
-    meta["base_model"] = plan.base if method == "lora" else base
+    chosen_base = plan.base if method == "lora" else base
+    # the card's base_model is a hub id; a local folder (a host path, meaningless elsewhere) is named in the text
+    if not Path(chosen_base).expanduser().is_absolute() and not chosen_base.startswith("."):
+        meta["base_model"] = chosen_base
     if facts["data_sets"]:
         meta["datasets"] = facts["data_sets"]
     how = f"{method} fine-tuning"
@@ -608,6 +623,11 @@ def record_latest(saves_dir: Path, export_dir: Path, served_name: str) -> Path |
     data = {"model_path": str(export_dir), "served_model_name": served_name}
     if _inside(export_dir, saves_dir):
         data["model_path_in_saves"] = str(export_dir.resolve().relative_to(saves_dir.resolve()))
+    else:
+        _say(
+            f"WARNING: {export_dir} is outside {saves_dir}: the compose service `serve` mounts only the saves "
+            "folder, so set ROCMFT_SERVE_MODEL to where it sees this export (or export under the saves folder)"
+        )
     try:
         return atomic_write_json(saves_dir / LATEST_EXPORT, data)
     except OSError as err:

@@ -391,7 +391,7 @@ def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: Dev
     rules.quoted_values(arguments, sources)
     rules.template(arguments, sources)
     rules.method_settings(arguments, sources)
-    rules.output_not_input(arguments, sources)
+    rules.output_not_input(arguments, sources, registry.source_dir)
     rules.more_ranges(arguments, sources)
     rules.lora_target(arguments, sources.get("lora_target", TEMPLATE_SOURCE))
     rules.fp16_on_bf16_model(arguments, device.bf16, sources.get("fp16", "precision policy"))

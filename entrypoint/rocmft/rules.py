@@ -332,9 +332,10 @@ def method_settings(arguments: dict[str, Any], sources: dict[str, str]) -> None:
                           "Remove them, or set FINETUNING_TYPE to the method they belong to.")  # fmt: skip
 
 
-def output_not_input(arguments: dict[str, Any], sources: dict[str, str]) -> None:
-    """OUTPUT_DIR is neither the model's folder (or inside it) nor the data folder: saving there overwrites the
-    base weights (`model.safetensors`) or mixes results into the data.
+def output_not_input(arguments: dict[str, Any], sources: dict[str, str], data_dir: Path | None = None) -> None:
+    """OUTPUT_DIR is neither the model's folder (or inside it) nor the data folder ``data_dir`` (DATASET_DIR, or
+    inside it): saving there overwrites the base weights (`model.safetensors`) or writes into the data, which
+    the README promises is never written to (and is often a read-only mount).
 
     Raises:
         ConfigError: naming both paths.
@@ -344,6 +345,11 @@ def output_not_input(arguments: dict[str, Any], sources: dict[str, str]) -> None
     if model.is_dir() and (output == model.resolve() or model.resolve() in output.parents):
         raise ConfigError(f"OUTPUT_DIR {output} ({sources.get('output_dir')}) is the model's folder "
                           f"{model} or inside it: saving would overwrite the base model.",
+                          "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default).")  # fmt: skip
+    if data_dir is not None and data_dir.is_dir() and (output == data_dir.resolve() or data_dir.resolve() in
+                                                       output.parents):  # fmt: skip
+        raise ConfigError(f"OUTPUT_DIR {output} ({sources.get('output_dir')}) is the data folder DATASET_DIR "
+                          f"{data_dir} or inside it: results and checkpoints would be written into the data.",
                           "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default).")  # fmt: skip
 
 
@@ -602,6 +608,13 @@ def more_values(arguments: dict[str, Any], sources: dict[str, str]) -> list[str]
             f"SAVE_STEPS={arguments['save_steps']:g} is beyond MAX_STEPS={arguments['max_steps']}: no "
             "checkpoint is saved before the end, so an interrupted run starts over; lower SAVE_STEPS."
         )
+    if (_user_set("save_steps", sources) and save_steps == 0
+            and str(arguments.get("save_strategy") or "steps") == "steps"):  # fmt: skip
+        warnings.append("SAVE_STEPS=0 with SAVE_STRATEGY=steps saves no checkpoint during the run (an interrupted "
+                        "run starts over); set SAVE_STEPS to a number of steps, or SAVE_STRATEGY=no.")  # fmt: skip
+    if _user_set("num_train_epochs", sources) and _user_set("max_steps", sources) and max_steps and max_steps > 0:
+        warnings.append(f"NUM_TRAIN_EPOCHS={arguments['num_train_epochs']:g} is ignored: MAX_STEPS={max_steps:g} "
+                        "decides the length of the run (transformers); unset one of them.")  # fmt: skip
     from .datasets import split_names
 
     both = set(split_names(arguments.get("dataset"))) & set(split_names(arguments.get("eval_dataset")))

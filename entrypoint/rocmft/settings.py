@@ -461,6 +461,16 @@ class Settings:
         }
 
 
+# Values from tutorials and other tools that a field does not take, with what to write instead.
+REPLACED_VALUES: dict[tuple[str, str], str] = {
+    ("finetuning_type", "qlora"): "QLoRA in LLaMA-Factory is FINETUNING_TYPE=lora with QUANTIZATION_BIT=4",
+    ("finetuning_type", "dora"): "DoRA in LLaMA-Factory is FINETUNING_TYPE=lora with USE_DORA=true",
+    ("finetuning_type", "lora_plus"): "LoRA+ in LLaMA-Factory is FINETUNING_TYPE=lora with LORAPLUS_LR_RATIO=16",
+    ("stage", "orpo"): "ORPO in LLaMA-Factory is STAGE=dpo with PREF_LOSS=orpo",
+    ("stage", "simpo"): "SimPO in LLaMA-Factory is STAGE=dpo with PREF_LOSS=simpo",
+}
+
+
 def _validation_messages(err: ValidationError, env_name: typing.Callable[[str], str], arguments: dict) -> list[str]:
     messages = []
     for item in err.errors():
@@ -469,7 +479,9 @@ def _validation_messages(err: ValidationError, env_name: typing.Callable[[str], 
         expected = ""
         if name in arguments:
             expected = f" (expected {arguments[name].type_text})"
-        messages.append(f"{env_name(name)}={given!r}: {item['msg']}{expected}")
+        hint = REPLACED_VALUES.get((name, str(given).strip().lower()))
+        messages.append(f"{env_name(name)}={given!r}: {hint}" if hint else
+                        f"{env_name(name)}={given!r}: {item['msg']}{expected}")  # fmt: skip
     return messages
 
 
