@@ -129,3 +129,28 @@ def test_only_4bit_bitsandbytes_is_shardable(render_env):
     qlora = render_env({"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3", "QUANTIZATION_BIT": "4",
                         "DATASET": "identity"})  # fmt: skip
     assert qlora.arguments["quantization_bit"] == 4
+
+
+def test_the_parser_process_becomes_the_worker_only_with_the_same_environment(render_env, shared_data):
+    """A one-process `rocmft train` reuses the child that imported LLaMA-Factory and parsed the configuration;
+    a torchrun command or an environment the child did not start with (variables that must be set before
+    torch initialises) gets a fresh worker. A real child process and a real parse."""
+    import os
+    import sys
+
+    from rocmft.validate import Validator
+
+    plan = render_env({"DATASET": "identity", "DATASET_DIR": str(shared_data), "CUTOFF_LEN": "64"})
+    child = Validator()
+    try:
+        result = child.parse({"arguments": plan.arguments, "environ": {}}, timeout=300)
+        assert result is not None and result["ok"], result
+        worker = [sys.executable, "-m", "rocmft.worker", str(plan.run_dir)]
+        same = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_handedOverOnTrain1"}
+        assert child.can_train(worker, same)
+        assert not child.can_train(worker, {**same, "HSA_NO_SCRATCH_RECLAIM": "1"})
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *worker[1:]]
+        assert not child.can_train(torchrun, same)
+    finally:
+        child.cancel()
+    assert child.proc.poll() is not None  # cancel ends it

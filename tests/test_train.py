@@ -32,6 +32,8 @@ def test_builtin_default_trains_and_leaves_a_complete_record(run_rocmft, tmp_pat
     assert manifest["environment"]["HF_TOKEN"] == "<redacted>"
     assert manifest["settings"]["secrets_given"] == ["HF_HUB_TOKEN"]
     assert "[rocmft] step " in result.stdout and "tok/s" in result.stdout
+    # one process: the worker is the child that imported LLaMA-Factory and parsed the configuration
+    assert "the worker is the process that validated the configuration" in result.stdout
     assert SECRET not in all_text_under(output) and SECRET not in result.stdout
     status = run_rocmft("status")  # the healthcheck finds the run this container started
     assert status.returncode == 0 and status.stdout.startswith("finished: step 240/240, loss "), status.stdout

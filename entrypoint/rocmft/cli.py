@@ -94,8 +94,9 @@ class Workspace:
         self.staging = None
 
 
-def _prepare(workspace: Workspace, timings: dict[str, float]):
-    """Settings → render → validate. Returns the plan, staged."""
+def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bool = False):
+    """Settings → render → validate. Returns the plan, staged. ``keep_validator``: `rocmft train` may reuse the
+    parser's process as its worker (rocmft.validate.take_kept)."""
     from .device import facts_from_probe, injected_probes, probe_devices_raw, start_probes
     from .validate import start_validator, validate
 
@@ -126,7 +127,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float]):
     _say_plan(plan.perf)
 
     started = time.monotonic()
-    validation = validate(plan)
+    validation = validate(plan, keep=keep_validator)
     timings["validate"] = time.monotonic() - started
     _say(f"LLaMA-Factory accepted the configuration ({validation['seconds']:.1f} s)")
     return plan
@@ -244,7 +245,7 @@ def cmd_train(_args) -> int:
     started_at = now()
     workspace, timings = Workspace(), {}
     try:
-        plan = _prepare(workspace, timings)
+        plan = _prepare(workspace, timings, keep_validator=True)
         checks = _run_checks(plan, workspace, timings)
         workspace.promote(plan.run_dir)
     except BaseException:

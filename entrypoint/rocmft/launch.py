@@ -177,10 +177,20 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
             print(f"[rocmft] network: {note}", flush=True)
         shown = ", ".join(f"{k}={v['value']} ({v['source']})" for k, v in launch["communication"].items())
         print(f"[rocmft] communication settings: {shown or 'library defaults'}", flush=True)
-    proc = subprocess.Popen(
-        command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-        start_new_session=True,
-    )  # fmt: skip
+    from .validate import take_kept
+
+    kept = take_kept()
+    if kept is not None and kept.can_train(command, environ):
+        print("[rocmft] the worker is the process that validated the configuration (LLaMA-Factory already "
+              "imported)", flush=True)  # fmt: skip
+        proc = kept.train(plan.run_dir, environ)
+    else:
+        if kept is not None:
+            kept.cancel()
+        proc = subprocess.Popen(
+            command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            start_new_session=True,
+        )  # fmt: skip
     interrupted = []
 
     def forward(signum, _frame):

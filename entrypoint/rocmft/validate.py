@@ -8,6 +8,11 @@ variables (ACCELERATE_USE_DEEPSPEED) and configures logging. For torchrun launch
 environment torchrun would give rank 0 of a one-process job, so the distributed rules are checked too.
 The child starts when the entrypoint does and imports LLaMA-Factory meanwhile (:class:`Validator`), so the
 parse itself adds about a second once the configuration is rendered.
+
+For a one-process `rocmft train` whose worker would get the environment the child started with, the child is
+then kept and becomes the worker (:meth:`Validator.train`): its LLaMA-Factory import (4-6 s on our CPU
+machines, 14 s on the H200 host) is not paid a second time. torchrun launches, and launches that add variables
+the child did not start with (they must be set before torch/HIP initialise), start a fresh worker as before.
 """
 
 from __future__ import annotations
@@ -77,10 +82,11 @@ def _describe(name: str, plan: Plan) -> str:
     return f"{name} (not set; the variable is {name.upper()})"
 
 
-def validate(plan: Plan) -> dict[str, Any]:
+def validate(plan: Plan, keep: bool = False) -> dict[str, Any]:
     """Parse ``plan.arguments`` with LLaMA-Factory's ``get_train_args`` in a child process.
 
-    Paths under ``OUTPUT_DIR/rocmft`` are pointed at their staged copies for the check.
+    Paths under ``OUTPUT_DIR/rocmft`` are pointed at their staged copies for the check. With ``keep`` (a
+    one-process `rocmft train`), the child stays alive after a successful parse, for :func:`take_kept`.
 
     Returns:
         Facts the parser derived: ``world_size``, ``parallel_mode``, ``compute_dtype`` (the parser's,
@@ -96,7 +102,7 @@ def validate(plan: Plan) -> dict[str, Any]:
     environ = torchrun_rank0_env({}) if plan.launcher == "torchrun" else {}
     validator = take_validator()
     try:
-        validator.proc.communicate(json.dumps({"arguments": arguments, "environ": environ}), timeout=TIMEOUT_S)
+        result = validator.parse({"arguments": arguments, "environ": environ}, TIMEOUT_S)
     except subprocess.TimeoutExpired as err:
         validator.cancel()
         locks = stale_extension_locks()
@@ -107,8 +113,12 @@ def validate(plan: Plan) -> dict[str, Any]:
              "DeepSpeed op build) and run again." if locks else
              "Run `rocmft render` again; if it hangs, look for a stuck process-group setup (MASTER_ADDR)."),
         ) from err  # fmt: skip
-    result, log = validator.result(), validator.log()
-    validator.cancel()
+    global _kept
+    log = validator.log()
+    if keep and plan.launcher != "torchrun" and result is not None and result["ok"]:
+        _kept = validator
+    else:
+        validator.cancel()
     if result is None:
         tail = "\n".join(log.strip().splitlines()[-15:])
         raise ConfigError(
@@ -145,20 +155,72 @@ class Validator:
 
         self.folder = Path(tempfile.mkdtemp(prefix="rocmft-validate-"))
         self.result_path, self.log_path = self.folder / "result.json", self.folder / "parser.log"
-        environ = {k: v for k, v in os.environ.items() if not is_secret_name(k)}
-        self._log = self.log_path.open("w")
+        self.environ = {k: v for k, v in os.environ.items() if not is_secret_name(k)}
+        self.log_path.touch()
+        # stdout (stderr joined) is a pipe that stays silent while the child parses (it writes to parser.log
+        # then) and carries the worker's output if the child becomes the worker (:meth:`train`)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rocmft.validate", str(self.result_path)], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, stderr=self._log, env=environ, text=True, start_new_session=True,
+            [sys.executable, "-m", "rocmft.validate", str(self.result_path), str(self.log_path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.environ, text=True,
+            bufsize=1, start_new_session=True,
         )  # fmt: skip
+        self.parsed = False
         atexit.register(self.cancel)
+
+    def parse(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """Send one ``{arguments, environ}`` request and wait for the result (None when the child died first).
+
+        Raises:
+            subprocess.TimeoutExpired: no result within ``timeout`` seconds.
+        """
+        import time
+
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return self.result()
+        deadline = time.monotonic() + timeout
+        while not self.result_path.is_file():
+            if self.proc.poll() is not None:
+                return self.result()
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.proc.args, timeout)
+            time.sleep(0.02)
+        self.parsed = True
+        return self.result()
+
+    def can_train(self, command: list[str], environ: dict[str, str]) -> bool:
+        """Whether this child, alive after a successful parse, can run the worker ``command`` (one process,
+        no numactl/torchrun prefix) with ``environ``: the same environment it started with, secrets and
+        PYTHONUNBUFFERED aside (secrets are handed over on :meth:`train`; the worker's output is line-buffered)."""
+        from .lfargs import is_secret_name
+
+        if not self.parsed or self.proc.poll() is not None or command[1:3] != ["-m", "rocmft.worker"]:
+            return False
+        wanted = {k: v for k, v in environ.items() if not is_secret_name(k) and k != "PYTHONUNBUFFERED"}
+        return wanted == {k: v for k, v in self.environ.items() if k != "PYTHONUNBUFFERED"}
+
+    def train(self, run_dir: Path, environ: dict[str, str]) -> subprocess.Popen:
+        """Make the child the worker for ``run_dir`` with ``environ`` (secrets included, sent through its stdin,
+        never a file); returns its process, whose stdout carries the worker's output."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"train": str(run_dir), "environ": environ}) + "\n")
+        self.proc.stdin.close()
+        return self.proc
 
     def cancel(self) -> None:
         """Kill the child if it still runs, and remove its folder."""
         from .probe import kill_group
 
         kill_group(self.proc)
-        self._log.close()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None and not stream.closed:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def result(self) -> dict[str, Any] | None:
@@ -180,6 +242,9 @@ def start_validator() -> None:
         _validator = Validator()
 
 
+_kept: Validator | None = None
+
+
 def take_validator() -> Validator:
     """The started parser child (or a new one), handed over for its one parse."""
     global _validator
@@ -187,14 +252,39 @@ def take_validator() -> Validator:
     return validator
 
 
-def _child(result_path: str) -> int:
-    """In the child: import LLaMA-Factory, read {arguments, environ} from stdin, parse, write the result."""
+def take_kept() -> Validator | None:
+    """The child kept after a successful parse for a one-process run (:func:`validate` with ``keep``), once."""
+    global _kept
+    kept, _kept = _kept, None
+    return kept
+
+
+def _child(result_path: str, log_path: str) -> int:
+    """In the child: import LLaMA-Factory, read {arguments, environ} from stdin, parse, write the result; then,
+    if a second line ``{train, environ}`` comes, become the worker (rocmft.worker.main) on the stdout pipe."""
+    pipe = os.dup(1)  # the parent's pipe: silent until this process becomes the worker
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     import llamafactory.hparams  # noqa: F401  (the slow import, done while the entrypoint renders)
 
-    request = json.loads(sys.stdin.read())
+    request = json.loads(sys.stdin.readline())
     os.environ.update(request["environ"])
     _parse(request["arguments"], result_path)
-    return 0
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    order = json.loads(line)
+    os.environ.update(order["environ"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(pipe, 1)
+    os.dup2(pipe, 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115  (the process's own stdout)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    from .worker import main
+
+    return main(order["train"])
 
 
 def _parse(arguments: dict[str, Any], result_path: str) -> None:
@@ -225,4 +315,4 @@ def _parse(arguments: dict[str, Any], result_path: str) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_child(sys.argv[1]))
+    raise SystemExit(_child(sys.argv[1], sys.argv[2]))
