@@ -147,10 +147,12 @@ def test_the_parser_process_becomes_the_worker_only_with_the_same_environment(re
         assert result is not None and result["ok"], result
         worker = [sys.executable, "-m", "rocmft.worker", str(plan.run_dir)]
         same = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_handedOverOnTrain1"}
-        assert child.can_train(worker, same)
-        assert not child.can_train(worker, {**same, "HSA_NO_SCRATCH_RECLAIM": "1"})
+        assert child.can_train(worker, same) is None
+        assert child.can_train(worker, {**same, "HSA_NO_SCRATCH_RECLAIM": "1"}) == (
+            "the launch changes HSA_NO_SCRATCH_RECLAIM"
+        )
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *worker[1:]]
-        assert not child.can_train(torchrun, same)
+        assert child.can_train(torchrun, same) == "the launch is not one plain worker process"
     finally:
         child.cancel()
     assert child.proc.poll() is not None  # cancel ends it

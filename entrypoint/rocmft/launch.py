@@ -180,12 +180,14 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
     from .validate import take_kept
 
     kept = take_kept()
-    if kept is not None and kept.can_train(command, environ):
+    why_not = kept.can_train(command, environ) if kept is not None else "no parser process was kept"
+    if kept is not None and why_not is None:
         print("[rocmft] the worker is the process that validated the configuration (LLaMA-Factory already "
               "imported)", flush=True)  # fmt: skip
         proc = kept.train(plan.run_dir, environ)
     else:
         if kept is not None:
+            print(f"[rocmft] a fresh worker process: {why_not}", flush=True)
             kept.cancel()
         proc = subprocess.Popen(
             command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,

@@ -191,16 +191,21 @@ class Validator:
         self.parsed = True
         return self.result()
 
-    def can_train(self, command: list[str], environ: dict[str, str]) -> bool:
-        """Whether this child, alive after a successful parse, can run the worker ``command`` (one process,
-        no numactl/torchrun prefix) with ``environ``: the same environment it started with, secrets and
-        PYTHONUNBUFFERED aside (secrets are handed over on :meth:`train`; the worker's output is line-buffered)."""
+    def can_train(self, command: list[str], environ: dict[str, str]) -> str | None:
+        """Why this child cannot run the worker ``command`` with ``environ``, or None when it can: alive after a
+        successful parse, one process (no numactl/torchrun prefix), and the environment it started with, secrets
+        and PYTHONUNBUFFERED aside (secrets are handed over on :meth:`train`; the worker's output is
+        line-buffered)."""
         from .lfargs import is_secret_name
 
-        if not self.parsed or self.proc.poll() is not None or command[1:3] != ["-m", "rocmft.worker"]:
-            return False
+        if not self.parsed or self.proc.poll() is not None:
+            return "the parser's process is gone"
+        if command[1:3] != ["-m", "rocmft.worker"]:
+            return "the launch is not one plain worker process"
         wanted = {k: v for k, v in environ.items() if not is_secret_name(k) and k != "PYTHONUNBUFFERED"}
-        return wanted == {k: v for k, v in self.environ.items() if k != "PYTHONUNBUFFERED"}
+        started = {k: v for k, v in self.environ.items() if k != "PYTHONUNBUFFERED"}
+        changed = sorted(k for k in wanted.keys() | started.keys() if wanted.get(k) != started.get(k))
+        return f"the launch changes {', '.join(changed)}" if changed else None
 
     def train(self, run_dir: Path, environ: dict[str, str]) -> subprocess.Popen:
         """Make the child the worker for ``run_dir`` with ``environ`` (secrets included, sent through its stdin,
