@@ -25,6 +25,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+# The image's copy of docker/arch/<ARCH>.env (the Dockerfile installs it; container-entry.sh reads it).
+ARCH_PROFILE = Path("/etc/rocmft/arch.env")
+
 
 def read_profile(path: Path) -> dict[str, str]:
     """The KEY=VALUE lines of an architecture profile (comments and blank lines skipped)."""

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .buildinfo import ARCH_PROFILE, read_profile
 from .errors import ConfigError, ExitCode
 from .render import Plan, local_processes, nnodes, node_rank
 from .validate import free_port
@@ -26,7 +27,6 @@ LOG_FILE = "train.log"
 LOG_DIR = "logs"
 # The variables that steer RCCL/NCCL, HIP and the collectives: printed and recorded with their source.
 COMMUNICATION_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "GPU_MAX_", "TORCH_NCCL_", "GLOO_", "ROCR_")
-ARCH_PROFILE = Path("/etc/rocmft/arch.env")  # the image's docker/arch/<ARCH>.env (container-entry.sh reads it)
 
 
 def processes_per_node(plan: Plan) -> int:
@@ -66,12 +66,8 @@ def communication_environment(environ: dict[str, str], added: dict[str, str],
     container-entry.sh exports unless the user set the name), ``rocmft`` (``added``: network detection for
     multi-node runs), or ``user`` (anything else: the user's value always wins over the profile's).
     """
-    defaults = {}
-    if profile.is_file():
-        for line in profile.read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.startswith("RUNTIME_"):
-                defaults[key.removeprefix("RUNTIME_")] = value
+    values = read_profile(profile) if profile.is_file() else {}
+    defaults = {k.removeprefix("RUNTIME_"): v for k, v in values.items() if k.startswith("RUNTIME_")}
     effective = {}
     for name in sorted({**environ, **added}):
         if not name.startswith(COMMUNICATION_PREFIXES) or name.endswith("_VISIBLE_DEVICES"):

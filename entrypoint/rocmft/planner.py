@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from . import memfit
+from .buildinfo import ARCH_PROFILE, read_profile
 from .device import DeviceFacts
 from .errors import ConfigError
 
@@ -66,7 +67,6 @@ FUSED_CE_STAGES = ("sft", "pt")
 # flash-attention backends per gfx target, as docker/arch/<ARCH>.env names them (FLASH_ATTN_BACKEND); used
 # when neither the image's /etc/rocmft/arch.env nor the checkout's docker/arch/ has the target.
 FLASH_BACKENDS = {"gfx90a": "ck", "gfx942": "ck", "gfx1100": "triton"}
-ARCH_PROFILE = Path("/etc/rocmft/arch.env")
 PLANNED = "rocmft plan"
 
 
@@ -145,8 +145,7 @@ def flash_backend(arch: str | None, profile: Path = ARCH_PROFILE) -> str:
     candidates = [profile, Path(__file__).resolve().parents[2] / "docker" / "arch" / f"{arch}.env"]
     for path in candidates:
         try:
-            values = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line
-                          and not line.startswith("#"))  # fmt: skip
+            values = read_profile(path)
         except OSError:
             continue
         if values.get("ARCH") == arch:
