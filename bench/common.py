@@ -14,6 +14,19 @@ sys.path.insert(0, str(REPO / "entrypoint"))
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 
+# Qwen2's published shapes (config.json on the Hugging Face hub, Qwen/Qwen2-7B, -1.5B, -0.5B): the random-weight
+# models the GPU benchmarks build (:func:`random_qwen2`).
+_QWEN2_COMMON = {"max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
+QWEN2_SHAPES = {
+    "7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False, **_QWEN2_COMMON},
+    "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True, **_QWEN2_COMMON},
+    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True, **_QWEN2_COMMON},
+}  # fmt: skip
+
+
 def clean_environment() -> dict[str, str]:
     """This process's environment without ROCMFT_* and training-argument variables (like the tests)."""
     from rocmft.lfargs import env_arguments
@@ -22,15 +35,32 @@ def clean_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.upper().startswith("ROCMFT_") and k.upper() not in arguments}
 
 
-def save_with_tiny_tokenizer(model, folder: Path, tiny: Path) -> None:
-    """Save a random-weight model into ``folder`` (through ``<folder>.tmp`` and a rename, so an interrupted save
-    never looks complete) with the tokenizer files of rocmft's tiny model ``tiny``."""
+def random_qwen2(folder: Path, shape: dict, cache: Path, device: str):
+    """Build a random-weight bf16 Qwen2 model of ``shape`` (config.json values) on ``device`` (seed 0) with the
+    eos/pad tokens of rocmft's tiny model, and save it into ``folder`` with the tiny model's tokenizer files
+    (through ``<folder>.tmp`` and a rename, so an interrupted save never looks complete; an earlier folder is
+    replaced). Returns the model (the caller may count or free it)."""
+    import json
     import shutil
 
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rocmft.demo import ensure_tiny_model
+
+    tiny = ensure_tiny_model(cache)
+    tiny_config = json.loads((tiny / "config.json").read_text())
+    config = Qwen2Config(**shape, bos_token_id=None, eos_token_id=tiny_config.get("eos_token_id"),
+                         pad_token_id=tiny_config.get("pad_token_id"))  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     for name in TOKENIZER_FILES:
         if (tiny / name).is_file():
             shutil.copy2(tiny / name, tmp / name)
+    shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
+    return model

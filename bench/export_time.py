@@ -4,7 +4,7 @@ Run from the repository root (the lead runs ``--shape 7b`` on one H200; ``--shap
 
     python bench/export_time.py --shape 7b --out DIR
 
-1. the base: ``7b`` builds random bf16 weights of Qwen2-7B's shape (bench/memfit.py's QWEN2_7B: hidden 3584,
+1. the base: ``7b`` builds random bf16 weights of Qwen2-7B's shape (bench/common.py's QWEN2_SHAPES["7b"]: hidden 3584,
    28 layers, vocab 152064, untied; 7.6B parameters) on the GPU when there is one, and saves them to
    DIR/base with the tiny model's tokenizer; ``tiny`` uses rocmft's built-in tiny Qwen2 model (fp32) as it is;
 2. the adapter: peft LoRA (rank 16, alpha 32, all linear layers of the decoder) on that base, with A and B drawn
@@ -32,17 +32,13 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, TOKENIZER_FILES, clean_environment, save_with_tiny_tokenizer
-from memfit import QWEN2_7B
+from common import QWEN2_SHAPES, REPO, TOKENIZER_FILES, clean_environment, random_qwen2
 
 LORA_RANK = 16
 
 
 def build_base(out: Path, shape: str, cache: Path, device: str) -> tuple[Path, int]:
     """The base model folder and its parameter count (see the module docstring, step 1)."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
     from rocmft.demo import ensure_tiny_model
 
     tiny = ensure_tiny_model(cache)
@@ -51,18 +47,7 @@ def build_base(out: Path, shape: str, cache: Path, device: str) -> tuple[Path, i
     folder = out / "base"
     if (folder / "config.json").is_file():
         return folder, _params(folder)
-    tiny_config = json.loads((tiny / "config.json").read_text())
-    config = Qwen2Config(
-        **QWEN2_7B,
-        bos_token_id=None,
-        eos_token_id=tiny_config.get("eos_token_id"),
-        pad_token_id=tiny_config.get("pad_token_id"),
-    )
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    save_with_tiny_tokenizer(model, folder, tiny)
-    del model
+    random_qwen2(folder, QWEN2_SHAPES["7b"], cache, device)  # saved; the model is freed on return
     return folder, _params(folder)
 
 

@@ -35,21 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, TOKENIZER_FILES, clean_environment
+from common import QWEN2_SHAPES, REPO, clean_environment, random_qwen2
 
-QWEN2_7B = {
-    "hidden_size": 3584,
-    "intermediate_size": 18944,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 28,
-    "num_key_value_heads": 4,
-    "vocab_size": 152064,
-    "max_position_embeddings": 32768,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
-}
+QWEN2_7B = QWEN2_SHAPES["7b"]
+
 MODEL_FOLDER = "qwen2-7b-random"
 CUTOFF_LEN = 2048
 STEPS = 3
@@ -65,33 +54,12 @@ DEFAULT_USABLE_GIB = 139.8  # one H200, what a process can allocate
 def build_model(out: Path, cache: Path) -> None:
     """Child process: random Qwen2-7B-shaped bf16 weights made on the GPU, saved with the tiny tokenizer."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from rocmft.demo import ensure_tiny_model
 
     free, total = torch.cuda.mem_get_info()
-    tiny = ensure_tiny_model(cache)
-    tiny_config = json.loads((tiny / "config.json").read_text())
     folder = out / MODEL_FOLDER
-    tmp = out / f".{MODEL_FOLDER}-tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    config = Qwen2Config(
-        **QWEN2_7B,
-        bos_token_id=None,
-        eos_token_id=tiny_config.get("eos_token_id"),
-        pad_token_id=tiny_config.get("pad_token_id"),
-    )
     started = time.monotonic()
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = random_qwen2(folder, QWEN2_7B, cache, "cuda")
     params = sum(p.numel() for p in model.parameters())
-    model.save_pretrained(tmp)
-    for name in TOKENIZER_FILES:
-        if (tiny / name).is_file():
-            shutil.copy2(tiny / name, tmp / name)
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
     record = {"params": params, "device": torch.cuda.get_device_name(), "free_bytes": free, "total_bytes": total,
               "torch": torch.__version__, "build_seconds": round(time.monotonic() - started, 1)}  # fmt: skip
     (out / "device.json").write_text(json.dumps(record, indent=2))

@@ -31,22 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, TOKENIZER_FILES, clean_environment
+from common import QWEN2_SHAPES, REPO, clean_environment, random_qwen2
 
-# Qwen2-0.5B's shape (its config.json on the Hugging Face hub, Qwen/Qwen2-0.5B)
-QWEN2_05B = {
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "max_position_embeddings": 32768,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-}
 COMMON = {
     "FINETUNING_TYPE": "lora", "DATASET": "alpaca_en_demo", "TEMPLATE": "qwen", "CUTOFF_LEN": "512",
     "PER_DEVICE_TRAIN_BATCH_SIZE": "4", "GRADIENT_ACCUMULATION_STEPS": "1", "MAX_STEPS": "20",
@@ -66,22 +52,7 @@ RUNS = {  # name -> (visible GPUs, extra environment)
 
 def build_model(folder: Path, cache: Path) -> None:
     """Child process: random Qwen2-0.5B-shaped bf16 weights made on the GPU, saved with the tiny tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from rocmft.demo import ensure_tiny_model
-
-    tiny = ensure_tiny_model(cache)
-    tiny_config = json.loads((tiny / "config.json").read_text())
-    config = Qwen2Config(**QWEN2_05B, bos_token_id=None, eos_token_id=tiny_config.get("eos_token_id"),
-                         pad_token_id=tiny_config.get("pad_token_id"))  # fmt: skip
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        if (tiny / name).is_file():
-            shutil.copy2(tiny / name, folder / name)
+    model = random_qwen2(folder, QWEN2_SHAPES["0.5b"], cache, "cuda")
     print(f"[bench] built {folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters", flush=True)
 
 

@@ -46,17 +46,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, clean_environment, save_with_tiny_tokenizer
+from common import QWEN2_SHAPES as SHAPES
+from common import REPO, clean_environment, random_qwen2
 
-SHAPES = {  # published config.json values (Hugging Face hub, Qwen/Qwen2-*)
-    "7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-           "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False},
-    "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True},
-    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True},
-}  # fmt: skip
-COMMON_SHAPE = {"max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
 STOCK = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}  # the blog recipe; GC on, no packing
 H200_BF16_TFLOPS = 989.0
 PLANNED_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "neat_packing",
@@ -66,19 +58,9 @@ PLANNED_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "n
 def build_model(folder: Path, shape: str, cache: Path) -> None:
     """Child process: random-weight bf16 model of ``shape`` (on the GPU when there is one), tiny tokenizer."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from rocmft.demo import ensure_tiny_model
-
-    tiny = ensure_tiny_model(cache)
-    tiny_config = json.loads((tiny / "config.json").read_text())
-    config = Qwen2Config(**SHAPES[shape], **COMMON_SHAPE, bos_token_id=None,
-                         eos_token_id=tiny_config.get("eos_token_id"),
-                         pad_token_id=tiny_config.get("pad_token_id"))  # fmt: skip
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    save_with_tiny_tokenizer(model, folder, tiny)
+    model = random_qwen2(folder, SHAPES[shape], cache,
+                         "cuda" if torch.cuda.is_available() else "cpu")  # fmt: skip
     print(f"[bench] built {folder}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters", flush=True)
 
 
