@@ -16,6 +16,7 @@ Format and column conventions: LLaMA-Factory's data/README.md.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -389,16 +390,30 @@ def sample_token_lengths(entries: list[dict[str, Any]], model_dir: Path, trust_r
                          limit: int = 500) -> list[int]:  # fmt: skip
     """Token counts of the first ``limit`` records of each local data file in ``entries`` (registry entries),
     trainable text only (:func:`trainable_text`: the chat template's markup is not counted), with the model's
-    tokenizer; unreadable or missing files are skipped (the dataset check reports them)."""
-    count = token_counter(model_dir, trust_remote_code)
+    tokenizer; unreadable or missing files are skipped (the dataset check reports them). Each file's counts are
+    kept for the process (:func:`_file_token_lengths`): render's planner and the ``lengths`` check ask for the
+    same files, and a .json data file is read whole."""
     lengths: list[int] = []
     for entry in entries:
         path = Path(entry.get("file_name", ""))
-        if not path.is_file():
-            continue
-        try:
-            records = read_records(path, limit)
-        except ValueError:
-            continue
-        lengths += count([trainable_text(r, entry) for r in records])
+        if path.is_file():
+            lengths += _file_token_lengths(str(path), path.stat().st_mtime_ns, json.dumps(entry, sort_keys=True),
+                                           str(model_dir), trust_remote_code, limit)  # fmt: skip
     return lengths
+
+
+@functools.lru_cache(maxsize=64)
+def _file_token_lengths(path: str, _mtime_ns: int, entry: str, model_dir: str, trust_remote_code: bool,
+                        limit: int) -> tuple[int, ...]:  # fmt: skip
+    """One file's counts for :func:`sample_token_lengths` (the modification time is part of the key)."""
+    try:
+        records = read_records(Path(path), limit)
+    except ValueError:
+        return ()
+    parsed = json.loads(entry)
+    return tuple(_counter(model_dir, trust_remote_code)([trainable_text(r, parsed) for r in records]))
+
+
+@functools.lru_cache(maxsize=4)
+def _counter(model_dir: str, trust_remote_code: bool):
+    return token_counter(Path(model_dir), trust_remote_code)
