@@ -164,7 +164,6 @@ class Validator:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.environ, text=True,
             bufsize=1, start_new_session=True,
         )  # fmt: skip
-        self.parsed = False
         atexit.register(self.cancel)
 
     def parse(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
@@ -188,7 +187,6 @@ class Validator:
             if time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(self.proc.args, timeout)
             time.sleep(0.02)
-        self.parsed = True
         return self.result()
 
     def can_train(self, command: list[str], environ: dict[str, str]) -> str | None:
@@ -198,7 +196,7 @@ class Validator:
         line-buffered)."""
         from .lfargs import is_secret_name
 
-        if not self.parsed or self.proc.poll() is not None:
+        if not self.result_path.is_file() or self.proc.poll() is not None:
             return "the parser's process is gone"
         if command[1:3] != ["-m", "rocmft.worker"]:
             return "the launch is not one plain worker process"
@@ -316,7 +314,9 @@ def _parse(arguments: dict[str, Any], result_path: str) -> None:
     except metadata.PackageNotFoundError:
         pass
     result["seconds"] = round(time.monotonic() - started, 2)
-    Path(result_path).write_text(json.dumps(result))
+    from .fsutil import atomic_write_json
+
+    atomic_write_json(Path(result_path), result)  # the parent polls for the file: never a half-written one
 
 
 if __name__ == "__main__":
