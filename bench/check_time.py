@@ -45,14 +45,16 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": round(wall, 2),
             "breakdown": breakdown.group(1) if breakdown else None,
         }
+        parser_import = re.search(r"accepted the configuration \(its import ([\d.]+) s", proc.stdout)
+        row["parser_lf_import_s"] = float(parser_import.group(1)) if parser_import else None
         report = output / "rocmft" / "checks.json"
         if report.is_file():
             checks = {c["id"]: c for c in json.loads(report.read_text())["checks"]}
             row["collectives"] = checks.get("collectives", {}).get("value")
             row["slowest_checks"] = sorted(((c["seconds"], k) for k, c in checks.items()), reverse=True)[:3]
         rows.append(row)
-        print(f"[bench] run {i}: exit {row['exit']}, wall {row['wall_s']} s; {row['breakdown']}; "
-              f"{row.get('collectives')}", flush=True)  # fmt: skip
+        print(f"[bench] run {i}: exit {row['exit']}, wall {row['wall_s']} s; {row['breakdown']}; the parser's "
+              f"LLaMA-Factory import {row['parser_lf_import_s']} s; {row.get('collectives')}", flush=True)  # fmt: skip
     probe = json.loads((args.out / "check-0" / "rocmft" / "checks.json").read_text()) if rows else {}
     name = next((c["message"] for c in probe.get("checks", []) if c["id"] == "gpu-runtime"), "")
     peak = next((v for k, v in PEAK_GBPS.items() if k in name), None)

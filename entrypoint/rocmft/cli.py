@@ -129,7 +129,10 @@ def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bo
     started = time.monotonic()
     validation = validate(plan, keep=keep_validator)
     timings["validate"] = time.monotonic() - started
-    _say(f"LLaMA-Factory accepted the configuration ({validation['seconds']:.1f} s)")
+    _say(
+        f"LLaMA-Factory accepted the configuration (its import {validation.get('import_s', 0):.1f} s, "
+        f"started with rocmft; the parse {validation['seconds']:.1f} s)"
+    )
     return plan
 
 

@@ -269,11 +269,15 @@ def _child(result_path: str, log_path: str) -> int:
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    import time
+
+    started = time.monotonic()
     import llamafactory.hparams  # noqa: F401  (the slow import, done while the entrypoint renders)
 
+    imported = time.monotonic() - started
     request = json.loads(sys.stdin.readline())
     os.environ.update(request["environ"])
-    _parse(request["arguments"], result_path)
+    _parse(request["arguments"], result_path, imported)
     line = sys.stdin.readline()
     if not line.strip():
         return 0
@@ -290,8 +294,9 @@ def _child(result_path: str, log_path: str) -> int:
     return main(order["train"])
 
 
-def _parse(arguments: dict[str, Any], result_path: str) -> None:
-    """Parse with ``get_train_args`` and write {ok, error|facts} as JSON to ``result_path``. Never raises."""
+def _parse(arguments: dict[str, Any], result_path: str, import_s: float) -> None:
+    """Parse with ``get_train_args`` and write {ok, error|facts, seconds (the parse), import_s (the child's
+    LLaMA-Factory import, measured for the check-time benchmark)} as JSON to ``result_path``. Never raises."""
     import time
     from importlib import metadata
 
@@ -314,6 +319,7 @@ def _parse(arguments: dict[str, Any], result_path: str) -> None:
     except metadata.PackageNotFoundError:
         pass
     result["seconds"] = round(time.monotonic() - started, 2)
+    result["import_s"] = round(import_s, 2)
     from .fsutil import atomic_write_json
 
     atomic_write_json(Path(result_path), result)  # the parent polls for the file: never a half-written one
