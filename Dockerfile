@@ -86,7 +86,8 @@ LABEL org.opencontainers.image.title="rocmft" \
       org.opencontainers.image.licenses="Apache-2.0" \
       io.rocmft.arch="${ARCH}" \
       io.rocmft.rocm-version="${ROCM_VERSION}"
-# rocmft itself last: changing entrypoint/ or templates/ rebuilds only from here (seconds).
+# rocmft itself last: changing entrypoint/ or templates/ rebuilds only from here (seconds). LLaMA-Factory's
+# argument vocabulary is baked next to build.json (rocmft.lfargs.BAKED_DIR): a first start skips that import.
 COPY pyproject.toml README.md /tmp/rocmft-src/
 COPY entrypoint /tmp/rocmft-src/entrypoint
 COPY templates /tmp/rocmft-src/templates
@@ -96,7 +97,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && rm -rf /tmp/rocmft-src \
  && chmod 1777 /home/rocmft \
  && ROCMFT_BASE_IMAGE="$BASE_IMAGE" ROCMFT_GIT_COMMIT="$GIT_COMMIT" ROCMFT_BUILD_DATE="$BUILD_DATE" \
-    python3 -m rocmft.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json
+    python3 -m rocmft.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json \
+ && ROCMFT_CACHE_DIR=/etc/rocmft python3 -c "from rocmft.lfargs import vocabulary; vocabulary()" \
+ && ls /etc/rocmft/lf-vocabulary-*.json
 # HOME, USER and LOGNAME are set so that any uid works (compose runs as the host user, HOST_UID, which has
 # no /etc/passwd entry here): torch's cache paths call getpass.getuser(), which reads USER before passwd.
 ENV HOME=/home/rocmft \

@@ -79,6 +79,17 @@ def test_image_runs_as_non_root_and_labels_match_the_build_record(cpu_image, doc
     assert "rocmft:0.1.0-cpu" in cpu_image.tags
 
 
+def test_the_image_reads_llamafactorys_vocabulary_without_importing_it(cpu_image, docker_client):
+    """A first start on an empty cache volume reads the vocabulary baked at build time (rocmft.lfargs.BAKED_DIR)
+    instead of importing LLaMA-Factory in rocmft's own process."""
+    script = ("import sys; from rocmft.lfargs import lf_arguments, vocabulary; v = vocabulary(); "
+              "print(len(v['arguments']), 'cutoff_len' in lf_arguments(), 'llamafactory' in sys.modules)")  # fmt: skip
+    output = docker_client.containers.run("rocmft:cpu", entrypoint=["python3", "-c", script], remove=True,
+                                          environment={"ROCMFT_CACHE_DIR": "/tmp/empty-cache"})  # fmt: skip
+    count, has_cutoff, imported = output.decode().split()
+    assert int(count) > 100 and has_cutoff == "True" and imported == "False", output
+
+
 def test_compose_up_train_runs_the_builtin_default_into_saves_owned_by_the_user(cpu_image, compose, tmp_path):
     env = _host_user_dirs(tmp_path)
     uid, gid = int(env["HOST_UID"]), int(env["HOST_GID"])

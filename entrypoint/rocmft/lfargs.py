@@ -213,6 +213,12 @@ def _vocabulary_path() -> Path:
     return cache / f"lf-vocabulary-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
+# The image bakes the vocabulary here at build time (Dockerfile, next to build.json), so that a container's
+# first start on an empty /cache volume does not pay LLaMA-Factory's import in rocmft's own process (measured on
+# 2 x H200: `rocmft check` 25.4 s while building the vocabulary, 15.6-16.8 s with it; BENCHMARKS.md).
+BAKED_DIR = Path("/etc/rocmft")
+
+
 # The packages whose versions decide the vocabulary, and the file format's version.
 VOCABULARY_KEY = ("rocmft", "llamafactory", "transformers", "peft", "trl", "accelerate", "datasets")
 VOCABULARY_FORMAT = 3
@@ -222,10 +228,10 @@ VOCABULARY_FORMAT = 3
 def vocabulary() -> dict[str, Any]:
     """The installed LLaMA-Factory's training arguments (as JSON data) and chat template names.
 
-    Read from ``$ROCMFT_CACHE_DIR/lf-vocabulary-<key>.json`` (key: a hash of :data:`VOCABULARY_KEY`'s versions);
-    built from the live dataclasses when that file is missing or unreadable, and saved there atomically when the
-    folder is writable (a read-only cache only costs the import). Setting ``ROCMFT_VOCABULARY=live`` skips the
-    file (tests compare both).
+    Read from ``$ROCMFT_CACHE_DIR/lf-vocabulary-<key>.json`` (key: a hash of :data:`VOCABULARY_KEY`'s versions),
+    or the same name in :data:`BAKED_DIR` (written when the image is built); built from the live dataclasses
+    when neither file is readable, and saved in the cache atomically when that folder is writable (a read-only
+    cache only costs the import). Setting ``ROCMFT_VOCABULARY=live`` skips the files (tests compare both).
 
     Returns:
         ``{"arguments": [{name, owner, group, type, type_text, default, required, default_text, help}],
@@ -233,10 +239,11 @@ def vocabulary() -> dict[str, Any]:
     """
     path = None if os.environ.get("ROCMFT_VOCABULARY") == "live" else _vocabulary_path()
     if path is not None:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass
+        for candidate in (path, BAKED_DIR / path.name):
+            try:
+                return json.loads(candidate.read_text())
+            except (OSError, ValueError):
+                pass
     data = _live_vocabulary()
     if path is not None:
         from .fsutil import atomic_write_json

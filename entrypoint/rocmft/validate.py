@@ -26,10 +26,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .render import Plan
+
+if TYPE_CHECKING:  # not imported at run time: the parser child runs this module and should reach
+    from .render import Plan  # LLaMA-Factory's import (the check's critical path) without rocmft's settings stack
 
 TIMEOUT_S = 180
 
