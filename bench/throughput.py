@@ -14,7 +14,8 @@ Run on one GPU, from the repository root (not a test)::
    ``torch.cuda.max_memory_allocated()``;
    (b) **rocmft**: ``rocmft train`` with the same model, data, cutoff, learning rate, seed and step count and
    nothing else: micro-batch, accumulation, packing, checkpointing, attention and kernels are planned;
-4. prints, for each: tokens/s (non-padding input tokens over the trainer's train_runtime), MFU, peak memory
+4. prints, for each: tokens/s (non-padding input tokens over the trainer's train_runtime, and the steady rate
+   after the first optimizer step, see :func:`history`), MFU of the steady rate, peak memory
    (measured, and rocmft.memfit's prediction), and the ratio b/a; compares the loss curves over the same
    tokens; writes DIR/throughput.json.
 
@@ -87,8 +88,15 @@ def flops_per_token(model_dir: Path, lora_rank: int = 8) -> dict[str, float]:
             "recompute_2N": 2 * n + 2 * n_lora}  # fmt: skip
 
 
-def history(output: Path) -> dict:
-    """Losses against tokens seen, total tokens and runtime from the trainer's trainer_state.json."""
+def history(output: Path, warmup_steps: int = 1) -> dict:
+    """Losses against tokens seen, total tokens, runtime and tokens/s from the trainer's trainer_state.json.
+
+    ``tokens_per_s`` is over the whole train_runtime; ``steady_tokens_per_s`` leaves out the first
+    ``warmup_steps`` optimizer steps (kernel autotuning, Triton compilation of Liger's kernels, the allocator's
+    first growth: 6.3 s of rocmft's first step against 0.64 s for each later one, 7B shape, 2026-11-30), from
+    the cumulative ``train_runtime`` transformers 5 logs with every step when it counts input tokens. A run of
+    hours is at the steady rate; 20 steps of a benchmark are not.
+    """
     path = output / "trainer_state.json"
     if not path.is_file():
         return {}
@@ -97,8 +105,15 @@ def history(output: Path) -> dict:
     final = log[-1]
     tokens = max((h.get("num_input_tokens_seen", 0) for h in log), default=0)
     runtime = final.get("train_runtime")
+    steps = [(h["num_input_tokens_seen"], float(h["train_runtime"])) for h in log
+             if "loss" in h and "num_input_tokens_seen" in h and "train_runtime" in h]  # fmt: skip
+    steady = None
+    if len(steps) > warmup_steps + 1:
+        (t0, r0), (t1, r1) = steps[warmup_steps - 1] if warmup_steps else (0, 0.0), steps[-1]
+        steady = (t1 - t0) / (r1 - r0) if r1 > r0 else None
     return {"points": points, "tokens": tokens, "train_runtime_s": runtime,
-            "tokens_per_s": tokens / runtime if runtime else None}  # fmt: skip
+            "tokens_per_s": tokens / runtime if runtime else None, "steady_tokens_per_s": steady,
+            "first_step_s": steps[0][1] if steps else None}  # fmt: skip
 
 
 def run_stock(out: Path, model: Path, data: Path, dataset: str, args, gpu: bool) -> dict:
@@ -145,9 +160,11 @@ def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
         "ROCMFT_CACHE_DIR": str(out / "cache"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
         "CUDA_VISIBLE_DEVICES": args.gpu, "HIP_VISIBLE_DEVICES": args.gpu,
     })  # fmt: skip
+    user = dict(item.split("=", 1) for item in args.rocmft_env)
+    env.update(user)
     started = time.monotonic()
     code = _run([sys.executable, "-m", "rocmft", "train"], env, out / "rocmft.log", args.timeout, out)
-    result = {"exit": code, "wall_s": round(time.monotonic() - started, 1), **history(output)}
+    result = {"exit": code, "wall_s": round(time.monotonic() - started, 1), **history(output), "user_values": user}
     run_dir = output / "rocmft"
     if (run_dir / "worker-result.json").is_file():
         worker = json.loads((run_dir / "worker-result.json").read_text())
@@ -215,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", default="0", help="the one GPU both runs use (CUDA/HIP_VISIBLE_DEVICES; default 0)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
+    parser.add_argument(
+        "--rocmft-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a user value for run (b), e.g. FLASH_ATTN=sdpa (the planner keeps it); repeatable",
+    )
     parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lf-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -260,34 +284,42 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{device}; model {args.shape} (N = {flops['N'] / 1e9:.2f}B matmul weights); cutoff {args.cutoff}; "
           f"{args.steps} steps; peak {args.peak_tflops} TFLOPS")  # fmt: skip
     print("FLOPs/token: model 6N; LoRA's own 4N + 6N_lora; recomputation (checkpointing) adds 2N + 2N_lora (HFU)")
-    header = (f"{'run':<7} {'exit':>4} {'tokens/s':>9} {'MFU 6N':>7} {'MFU LoRA':>8} {'HFU':>6} {'peak GiB':>8} "
-              f"{'predicted':>9} {'error':>7}  configuration")  # fmt: skip
+    print("tokens/s: whole train_runtime; steady: after the first optimizer step (MFU/HFU are of the steady rate)")
+    header = (f"{'run':<7} {'exit':>4} {'tokens/s':>9} {'steady':>7} {'MFU 6N':>7} {'MFU LoRA':>8} {'HFU':>6} "
+              f"{'peak GiB':>8} {'predicted':>9} {'error':>7}  configuration")  # fmt: skip
     print(header + "\n" + "-" * len(header))
     for name, r in results.items():
-        tps = r.get("tokens_per_s")
+        tps, steady = r.get("tokens_per_s"), r.get("steady_tokens_per_s")
+        rate = steady or tps
         cfg = r.get("config") or {}
         gc = not cfg.get("disable_gradient_checkpointing", False)
-        row = {"tokens_per_s": tps}
-        if tps and gpu:
+        row = {}
+        if rate and gpu:
             peak = args.peak_tflops * 1e12
-            row["mfu_6N"] = tps * flops["model_6N"] / peak
-            row["mfu_lora"] = tps * flops["lora_4N"] / peak
-            row["hfu"] = tps * (flops["lora_4N"] + (flops["recompute_2N"] if gc else 0)) / peak
+            row["mfu_6N"] = rate * flops["model_6N"] / peak
+            row["mfu_lora"] = rate * flops["lora_4N"] / peak
+            row["hfu"] = rate * (flops["lora_4N"] + (flops["recompute_2N"] if gc else 0)) / peak
         measured, predicted = r.get("peak_gpu_memory_gib"), r.get("predicted_gib")
         if measured and predicted:
             row["memory_error_pct"] = round(100 * (predicted - measured) / measured, 1)
         r.update(row)
         summary = ", ".join(f"{k}={v}" for k, v in cfg.items() if k in PLANNED_KEYS)
+        if r.get("user_values"):
+            summary += f" (user values {r['user_values']})"
         mfu, mfu_lora, hfu = (f"{100 * row[k]:.1f}%" if k in row else "-" for k in ("mfu_6N", "mfu_lora", "hfu"))
         error = f"{row['memory_error_pct']:+.1f}%" if "memory_error_pct" in row else "-"
-        print(f"{name:<7} {r['exit']!s:>4} {tps or 0:>9.0f} {mfu:>7} {mfu_lora:>8} {hfu:>6} "
+        print(f"{name:<7} {r['exit']!s:>4} {tps or 0:>9.0f} {steady or 0:>7.0f} {mfu:>7} {mfu_lora:>8} {hfu:>6} "
               f"{measured or '-'!s:>8} {predicted or '-'!s:>9} {error:>7}  {summary}")  # fmt: skip
     a, b = results.get("stock", {}), results.get("rocmft", {})
     report = {"device": device, "shape": args.shape, "steps": args.steps, "cutoff_len": args.cutoff,
               "peak_tflops": args.peak_tflops, "flops_per_token": flops, "runs": results}  # fmt: skip
     if a.get("tokens_per_s") and b.get("tokens_per_s"):
         report["ratio_b_over_a"] = round(b["tokens_per_s"] / a["tokens_per_s"], 2)
-        print(f"\nratio rocmft / stock tokens/s: {report['ratio_b_over_a']}x")
+        print(f"\nratio rocmft / stock tokens/s: {report['ratio_b_over_a']}x over the whole runs", end="")
+        if a.get("steady_tokens_per_s") and b.get("steady_tokens_per_s"):
+            report["steady_ratio_b_over_a"] = round(b["steady_tokens_per_s"] / a["steady_tokens_per_s"], 2)
+            print(f", {report['steady_ratio_b_over_a']}x steady", end="")
+        print()
     if a.get("points") and b.get("points"):
         report["loss_comparison"] = compare_losses(a["points"], b["points"])
         c = report["loss_comparison"]
