@@ -211,3 +211,10 @@ def test_sample_lengths_from_tokenizer_json_equal_transformers_counts(tiny_model
     reference = AutoTokenizer.from_pretrained(str(tiny_model))(texts, add_special_tokens=False)["input_ids"]
     assert token_counter(tiny_model)(texts) == [len(ids) for ids in reference]
     assert sum(len(t) for t in texts) > 10_000  # real records, not empty strings
+
+
+def test_plan_command_on_the_builtin_default_says_why_nothing_is_planned(run_rocmft, tmp_path):
+    result = run_rocmft("plan")
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "nothing planned" in result.stdout and "built-in default" in result.stdout, result.stdout[-2000:]
+    assert not (tmp_path / "saves").exists()  # the plan writes nothing to OUTPUT_DIR

@@ -194,12 +194,15 @@ def cmd_plan(_args) -> int:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     perf = plan.perf
+    console = Console()
+    if not perf.choices:  # an empty table says less than the reason does
+        console.print(f"rocmft plan: nothing planned ({perf.note})")
+        return ExitCode.OK
     table = Table(title=f"rocmft plan: {perf.note}")
     for column in ("choice", "value", "reason"):
         table.add_column(column, overflow="fold")
     for choice in perf.choices:
         table.add_row(choice.name, str(choice.value), ("" if choice.planned else "kept: ") + choice.reason)
-    console = Console()
     console.print(table)
     if perf.estimate_gib is not None:
         console.print(f"estimated peak {perf.estimate_gib} GiB per GPU of {perf.usable_gib} GiB planned against "
