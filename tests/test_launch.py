@@ -4,14 +4,19 @@ recorded 2-socket 8-GPU host layout (tests/data/sysfs), and the refusals of impo
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from rocmft.device import facts_from_probe
 from rocmft.errors import ConfigError
-from rocmft.launch import communication_environment, prepare_launch
+from rocmft.launch import communication_environment, graceful_stop_targets, prepare_launch
 
 TWO_SOCKET = Path(__file__).parent / "data" / "sysfs" / "two-socket-8gpu"
 # the PCI addresses of the recorded layout's GPUs, in torch's device order
@@ -156,3 +161,31 @@ def test_the_parser_process_becomes_the_worker_only_with_the_same_environment(re
     finally:
         child.cancel()
     assert child.proc.poll() is not None  # cancel ends it
+
+
+def test_a_first_stop_signal_goes_to_torchruns_ranks_not_to_torchrun_or_their_children(tmp_path):
+    """Real torchrun on the CPU: each rank starts a child (as DataLoader workers are); the graceful stop's
+    targets are exactly the ranks (rocmft.launch.graceful_stop_targets). One plain worker is its own target."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, pathlib, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "pathlib.Path(sys.argv[1], 'rank' + os.environ['RANK']).write_text(f'{os.getpid()} {child.pid}')\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--log-dir", str(tmp_path / "logs"),
+         "--tee", "3", str(script), str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("rank?"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = [tuple(map(int, f.read_text().split())) for f in sorted(tmp_path.glob("rank?"))]
+        assert len(pids) == 2, "torchrun did not start two ranks in 120 s"
+        assert sorted(graceful_stop_targets(proc.pid, "torchrun")) == sorted(rank for rank, _ in pids)
+        assert graceful_stop_targets(proc.pid, "python") == [proc.pid]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)

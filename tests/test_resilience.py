@@ -54,6 +54,30 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_to_the_same_loss(ru
     assert step == whole_step and loss == pytest.approx(whole_loss, rel=1e-5)
 
 
+def test_sigterm_with_dataloader_workers_still_stops_with_a_checkpoint(start_rocmft, tmp_path, tiny_model, demo_data):
+    """The stop request goes to the worker (or torchrun's ranks), not to their process group: DataLoader worker
+    processes die on SIGTERM, and the trainer then raised "DataLoader worker (pid N) is killed by signal:
+    Terminated" mid-step, so a two-GPU run on 2 x H200 stopped with no checkpoint (BENCHMARKS.md, stop-resume)."""
+    output = tmp_path / "loaders"
+    proc = start_rocmft("train", env={
+        "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+        "DATALOADER_NUM_WORKERS": "2", "MAX_STEPS": "200", "LOGGING_STEPS": "1", "SAVE_STEPS": "1000",
+        "CUTOFF_LEN": "128", "OUTPUT_DIR": str(output),
+    })  # fmt: skip
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "[rocmft] step 3/" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    seen.extend(proc.stdout)
+    text = "".join(seen)
+    assert proc.wait(timeout=120) == ExitCode.INTERRUPTED, text[-3000:]
+    assert "DataLoader worker" not in text, text[-3000:]
+    stopped_at = json.loads((output / "rocmft" / "worker-result.json").read_text())["stopped_at_step"]
+    assert stopped_at >= 3 and (output / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file(), text[-3000:]
+
+
 def test_sigkill_while_saving_leaves_a_checkpoint_the_next_run_skips(run_rocmft, tmp_path):
     """A real SIGKILL in the middle of writing checkpoint-10 (the test-only fault: after the weights, before the
     optimizer state and trainer_state.json); the next run skips it, resumes from checkpoint-5 and completes."""

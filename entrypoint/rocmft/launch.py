@@ -159,6 +159,26 @@ def _redactor(secrets: list[str]):
     return redact
 
 
+def graceful_stop_targets(pid: int, launcher: str) -> list[int]:
+    """The processes a first SIGTERM/SIGINT is forwarded to: the ones that turn it into a stop at the next
+    optimizer step with a checkpoint (rocmft.worker). That is the worker ``pid`` itself, or under torchrun its
+    ranks (torchrun's own children; empty while it has started none).
+
+    Not the process group: DataLoader worker processes (DATALOADER_NUM_WORKERS, 2 by default) die on SIGTERM,
+    and the trainer then raises "DataLoader worker (pid N) is killed by signal: Terminated" mid-step, so a
+    two-GPU run on 2 x H200 stopped with no checkpoint (BENCHMARKS.md, stop-resume). Nor torchrun: signalled,
+    it shuts its ranks down and kills them 30 s later, whatever a checkpoint still needs.
+    """
+    if launcher != "torchrun":
+        return [pid]
+    import psutil
+
+    try:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
     """Run the worker as :func:`prepare_launch` decided and return its exit code (an :class:`ExitCode` value)."""
     launch = plan.launch or prepare_launch(plan)
@@ -193,8 +213,12 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
 
     def forward(signum, _frame):
         interrupted.append(signum)
+        targets = graceful_stop_targets(proc.pid, plan.launcher) if len(interrupted) == 1 else []
         try:
-            os.killpg(proc.pid, signum)
+            for pid in targets:
+                os.kill(pid, signum)
+            if not targets:  # a second signal (stop now), or torchrun has no ranks yet: the whole group
+                os.killpg(proc.pid, signum)
         except ProcessLookupError:
             pass
 
