@@ -78,6 +78,47 @@ def test_sigterm_with_dataloader_workers_still_stops_with_a_checkpoint(start_roc
     assert stopped_at >= 3 and (output / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file(), text[-3000:]
 
 
+def test_sigterm_under_torchrun_stops_both_ranks_with_one_complete_checkpoint(
+    start_rocmft, tmp_path, tiny_model, demo_data
+):
+    """Two ranks through torchrun on the CPU (gloo; the GPU count check is skipped, as a CPU-only user would),
+    each with DataLoader workers. torchrun SIGTERMs the ranks still running as soon as one exits non-zero, and
+    rank 1 skips the final model write that rank 0 does after training, so rank 1's 143 cut rank 0 off
+    mid-write: the ranks now exit 0 and rocmft reads the stop from worker-result.json
+    (rocmft.launch.graceful_stop_recorded). Rank 0's final write is made 5 s slow
+    (ROCMFT_FAULT_SLOW_FINAL_SAVE_S), as a large model's is; the tiny model's is over before rank 1 has exited.
+
+    Resuming is not exercised here: transformers 5.6 loads the optimizer state of a multi-process run with
+    ``map_location=args.device``, which is ``cpu:0`` on the CPU, and torch.load rejects that ("don't know how
+    to restore data location ... cpu:0"). On GPUs the device is ``cuda:N``; one-process resume is tested above."""
+    output = tmp_path / "ddp"
+    env = {
+        "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+        "DATALOADER_NUM_WORKERS": "2", "MAX_STEPS": "12", "LOGGING_STEPS": "1", "SAVE_STEPS": "1000",
+        "CUTOFF_LEN": "128", "OUTPUT_DIR": str(output), "ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2",
+        "ROCMFT_SKIP_CHECKS": "gpu-runtime", "ROCMFT_FAULT_SLOW_FINAL_SAVE_S": "5",
+    }  # fmt: skip
+    proc = start_rocmft("train", env=env)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "[rocmft] step 3/" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    seen.extend(proc.stdout)
+    text = "".join(seen)
+    assert proc.wait(timeout=180) == ExitCode.INTERRUPTED, text[-3000:]
+    assert "DataLoader worker" not in text and "interrupted by SIGTERM" not in text, text[-3000:]
+    assert text.count("with checkpoint-") == 2, text[-3000:]  # both ranks stopped at a step boundary
+    assert (output / "adapter_model.safetensors").is_file()  # rank 0's final write was not cut
+    stopped_at = json.loads((output / "rocmft" / "worker-result.json").read_text())["stopped_at_step"]
+    checkpoint = output / f"checkpoint-{stopped_at}"
+    for name in ("trainer_state.json", "adapter_model.safetensors", "optimizer.pt", "rng_state_0.pth",
+                 "rng_state_1.pth"):  # fmt: skip
+        assert (checkpoint / name).is_file(), (name, sorted(p.name for p in checkpoint.iterdir()))
+    assert json.loads((output / "rocmft" / "manifest.json").read_text())["status"] == "interrupted"
+
+
 def test_sigkill_while_saving_leaves_a_checkpoint_the_next_run_skips(run_rocmft, tmp_path):
     """A real SIGKILL in the middle of writing checkpoint-10 (the test-only fault: after the weights, before the
     optimizer state and trainer_state.json); the next run skips it, resumes from checkpoint-5 and completes."""

@@ -2,8 +2,9 @@
 
 The worker's output goes both to the console and to ``OUTPUT_DIR/rocmft/train.log``, with the values of
 any secrets replaced by ``<redacted>``; under torchrun each local rank's output also goes to its own files
-(``rocmft/logs/``, torchrun's ``--log-dir`` with ``--tee``). SIGTERM/SIGINT to rocmft are passed to the
-worker's process group; the worker exits 143 (rocmft.errors).
+(``rocmft/logs/``, torchrun's ``--log-dir`` with ``--tee``). A first SIGTERM/SIGINT to rocmft is passed to the
+worker, or to torchrun's ranks (:func:`graceful_stop_targets`), which stop at the next optimizer step with a
+checkpoint; a second one goes to the whole process group (stop now). rocmft then exits 143 (rocmft.errors).
 
 Multi-node: every node runs ``rocmft train`` with the same settings and NNODES, NODE_RANK, MASTER_ADDR,
 MASTER_PORT (LLaMA-Factory's launcher names, passed to torchrun as they are).
@@ -11,6 +12,7 @@ MASTER_PORT (LLaMA-Factory's launcher names, passed to torchrun as they are).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -179,6 +181,17 @@ def graceful_stop_targets(pid: int, launcher: str) -> list[int]:
         return []
 
 
+def graceful_stop_recorded(run_dir: Path) -> bool:
+    """Whether this node's worker record (RUN_DIR/worker-result.json) says training stopped early at a step
+    boundary with a checkpoint (rocmft.worker: a signal here, or on another rank)."""
+    from .worker import RESULT_FILE
+
+    try:
+        return json.loads((run_dir / RESULT_FILE).read_text()).get("stopped_at_step") is not None
+    except (OSError, ValueError):
+        return False
+
+
 def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
     """Run the worker as :func:`prepare_launch` decided and return its exit code (an :class:`ExitCode` value)."""
     launch = plan.launch or prepare_launch(plan)
@@ -235,6 +248,8 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if code == ExitCode.OK and graceful_stop_recorded(plan.run_dir):
+        return ExitCode.INTERRUPTED  # torchrun's ranks exit 0 after a graceful stop (rocmft.worker.main)
     if code in (ExitCode.OK, ExitCode.NON_FINITE_LOSS, ExitCode.INTERRUPTED):
         return ExitCode(code)
     # killed by the forwarded signal before its handler ran (negative code), or torchrun's own exit on it

@@ -215,7 +215,7 @@ def _vocabulary_path() -> Path:
 
 # The image bakes the vocabulary here at build time (Dockerfile, next to build.json), so that a container's
 # first start on an empty /cache volume does not pay LLaMA-Factory's import in rocmft's own process (measured on
-# 2 x H200: `rocmft check` 25.4 s while building the vocabulary, 15.6-16.8 s with it; BENCHMARKS.md).
+# 2 x H200: `rocmft check` 21.9-25.4 s while building the vocabulary, 15.5-18.6 s with it; BENCHMARKS.md).
 BAKED_DIR = Path("/etc/rocmft")
 
 

@@ -467,6 +467,7 @@ def worker_policy(plan: Plan) -> dict[str, Any]:
         "launcher": plan.launcher,
         "fault_nan_at_step": plan.settings.rocmft.fault_nan_at_step,
         "fault_kill_in_save_at_step": plan.settings.rocmft.fault_kill_in_save_at_step,
+        "fault_slow_final_save_s": plan.settings.rocmft.fault_slow_final_save_s,
         "loss_spike_factor": plan.settings.rocmft.loss_spike_factor,
         "demo": plan.demo,
     }

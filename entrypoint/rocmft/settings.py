@@ -173,6 +173,13 @@ class RocmftSettings(BaseSettings):
         "before the optimizer state and trainer_state.json), as a pre-emption mid-save would; proves that the "
         "next run skips that checkpoint.",
     )
+    fault_slow_final_save_s: float | None = Field(
+        None,
+        gt=0,
+        description="TEST ONLY: the rank that writes the model waits N seconds before writing the final model after "
+        "training, as a large model's write takes; proves that under torchrun the other ranks finishing first "
+        "does not cut that write short.",
+    )
     test_probes: Path | None = Field(
         None,
         description="TEST ONLY: a JSON file of probe results used instead of probing this machine (keys: devices, "

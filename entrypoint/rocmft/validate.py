@@ -92,7 +92,8 @@ def validate(plan: Plan, keep: bool = False) -> dict[str, Any]:
 
     Returns:
         Facts the parser derived: ``world_size``, ``parallel_mode``, ``compute_dtype`` (the parser's,
-        before rocmft's precision policy), ``seconds``.
+        before rocmft's precision policy), ``seconds`` (the parse), ``import_s`` (the child's LLaMA-Factory
+        import, which started with rocmft).
 
     Raises:
         ConfigError: the parser rejected the configuration; the message names the environment variables

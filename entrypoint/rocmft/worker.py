@@ -6,7 +6,8 @@ run.json), so a run can be repeated from its output folder alone. Secret argumen
 are never in those files: they are taken from the worker's environment.
 
 Exit codes (rocmft.errors.ExitCode): 0 done, 4 training raised, 5 non-finite loss or gradient norm,
-143 SIGTERM/SIGINT.
+143 SIGTERM/SIGINT. Under torchrun a stop at a step boundary exits 0 and is recorded in worker-result.json
+(``stopped_at_step``), from which the launcher makes rocmft's 143 (see the end of :func:`main`).
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             self.last_tokens = 0
 
         def _save(self, state) -> None:
-            if state.is_world_process_zero:
+            # each node's local rank 0 writes its node's record (RUN_DIR is per node: rocmft-node<N>), so a node
+            # that stopped because another rank was signalled can say so (rocmft.launch.run_worker reads it)
+            if state.is_local_process_zero:
                 atomic_write_json(result_path, self.result)
 
         def _record_peak(self) -> None:
@@ -155,7 +158,7 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if _stop_everywhere(STOP.requested, args):
-                # graceful stop: every rank saves this step's checkpoint, then training ends (exit 143)
+                # graceful stop: every rank saves this step's checkpoint, then training ends (rocmft exits 143)
                 control.should_save = True
                 control.should_training_stop = True
                 STOP.at_step = state.global_step
@@ -362,6 +365,23 @@ def _fault_kill_in_save(step: int) -> None:
     Trainer._save_optimizer_and_scheduler = save_or_die
 
 
+def _fault_slow_final_save(seconds: float) -> None:
+    """TEST ONLY (ROCMFT_FAULT_SLOW_FINAL_SAVE_S): the rank that writes the model (``should_save``) sleeps
+    ``seconds`` before writing the final model (LLaMA-Factory's ``trainer.save_model()`` after training), as a
+    large model's write takes, while the other ranks, which write nothing there, go on and exit."""
+    from transformers import Trainer
+
+    save = Trainer.save_model
+
+    def slow_save(self, output_dir=None, _internal_call=False):
+        if self.args.should_save and not _internal_call:
+            print(f"[rocmft] TEST FAULT: writing the final model slowly ({seconds:g} s)", flush=True)
+            time.sleep(seconds)
+        return save(self, output_dir, _internal_call)
+
+    Trainer.save_model = slow_save
+
+
 def _secret_arguments() -> dict[str, str]:
     from .lfargs import env_arguments
 
@@ -372,7 +392,7 @@ def main(run_dir: str) -> int:
     """Train from RUN_DIR/train.yaml and RUN_DIR/run.json; return the exit code."""
     run_path = Path(run_dir)
     policy = json.loads((run_path / "run.json").read_text())
-    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # local rank 0 writes this node's RUN_DIR record
     result_path = run_path / RESULT_FILE
 
     def on_signal(signum, _frame):
@@ -394,6 +414,8 @@ def main(run_dir: str) -> int:
         _force_compute_dtype("float32")
     if policy.get("fault_kill_in_save_at_step"):
         _fault_kill_in_save(policy["fault_kill_in_save_at_step"])
+    if policy.get("fault_slow_final_save_s"):
+        _fault_slow_final_save(policy["fault_slow_final_save_s"])
     _count_tokens_under_4d_masks()
 
     from llamafactory.train.tuner import run_exp
@@ -416,7 +438,7 @@ def main(run_dir: str) -> int:
         return ExitCode.NON_FINITE_LOSS
     except Interrupted as err:
         callback.result["status"] = f"interrupted ({err})"
-        if rank == 0:
+        if local_rank == 0:
             atomic_write_json(result_path, callback.result)
         print(f"[rocmft] interrupted by {err}", file=sys.stderr, flush=True)
         return ExitCode.INTERRUPTED
@@ -425,13 +447,17 @@ def main(run_dir: str) -> int:
         if _disk_full(err, Path(arguments["output_dir"])):
             _report_disk_full(Path(arguments["output_dir"]), err)
         callback.result.update(status="failed", error=f"{type(err).__name__}: {err}")
-        if rank == 0:
+        if local_rank == 0:
             atomic_write_json(result_path, callback.result)
         return ExitCode.TRAINING_FAILED
     if STOP.at_step is not None:
         print(f"[rocmft] stopped by {STOP.requested} after step {STOP.at_step} with checkpoint-{STOP.at_step} "
               "saved; `rocmft train` with the same settings resumes from it", file=sys.stderr, flush=True)  # fmt: skip
-        return ExitCode.INTERRUPTED
+        # Under torchrun every rank exits 0 and the launcher reads the stop from the result file: torchrun SIGTERMs
+        # the ranks still running as soon as one exits non-zero, and the other ranks skip the final model write
+        # (LLaMA-Factory's save_model after training), so rank 0 was cut off while writing it (torch 2.11;
+        # tests/test_resilience.py reproduces it with ROCMFT_FAULT_SLOW_FINAL_SAVE_S).
+        return ExitCode.OK if "TORCHELASTIC_RUN_ID" in os.environ else ExitCode.INTERRUPTED
     return ExitCode.OK
 
 
