@@ -160,7 +160,7 @@ def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
         "ROCMFT_CACHE_DIR": str(out / "cache"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
         "CUDA_VISIBLE_DEVICES": args.gpu, "HIP_VISIBLE_DEVICES": args.gpu,
     })  # fmt: skip
-    user = dict(item.split("=", 1) for item in args.rocmft_env)
+    user = dict(args.rocmft_env)
     env.update(user)
     started = time.monotonic()
     code = _run([sys.executable, "-m", "rocmft", "train"], env, out / "rocmft.log", args.timeout, out)
@@ -221,6 +221,21 @@ def compare_losses(stock: list, planned: list) -> dict:
             "pairs": [(t, round(x, 4), round(r, 4)) for t, x, r in pairs]}  # fmt: skip
 
 
+# What both runs must share for the comparison to mean anything; --rocmft-env may not change them.
+FIXED = ("MODEL_NAME_OR_PATH", "DATASET", "DATASET_DIR", "TEMPLATE", "CUTOFF_LEN", "MAX_STEPS", "LEARNING_RATE",
+         "SEED", "LOGGING_STEPS", "OUTPUT_DIR", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")  # fmt: skip
+
+
+def user_value(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` for --rocmft-env, checked when the arguments are parsed, before any run."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    if name in FIXED:
+        raise argparse.ArgumentTypeError(f"{name} is fixed by the benchmark (both runs share it); use its own option")
+    return name, value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="work folder: model, data, runs, throughput.json")
@@ -236,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rocmft-env",
         action="append",
         default=[],
+        type=user_value,
         metavar="NAME=VALUE",
         help="a user value for run (b), e.g. FLASH_ATTN=sdpa (the planner keeps it); repeatable",
     )
