@@ -251,6 +251,13 @@ def test_unsafe_export_dirs_and_unfinished_runs_are_refused(lora_run, work, lora
     settings = _settings({"ROCMFT_SAVES_DIR": str(work / "saves")})
     with pytest.raises(ConfigError, match=r"(?s)did not finish .*interrupted.*checkpoint-<step>"):
         plan_export(find_run(str(stopped), settings), settings)
+    # a graceful stop: LLaMA-Factory still wrote the weights of the stop's step at the top level; say so
+    worker = {**(manifest.get("worker") or {}), "stopped_at_step": 3}
+    (stopped / "rocmft" / "manifest.json").write_text(
+        json.dumps({**manifest, "status": "interrupted", "exit_code": 143, "worker": worker})
+    )
+    with pytest.raises(ConfigError, match=r"(?s)top level are those of step 3.*checkpoint-<step>"):
+        plan_export(find_run(str(stopped), settings), settings)
     with pytest.raises(ConfigError, match=r"No rocmft run in .*Runs in .*tiny-lora"):
         find_run(str(work / "nothing-here"), settings)
 

@@ -119,6 +119,27 @@ def test_sigterm_under_torchrun_stops_both_ranks_with_one_complete_checkpoint(
     assert json.loads((output / "rocmft" / "manifest.json").read_text())["status"] == "interrupted"
 
 
+def test_a_second_sigterm_stops_at_once_and_says_nothing_of_this_step_was_saved(start_rocmft, tmp_path):
+    """Two signals back to back: the second one does not wait for the step's end; the message says that no
+    checkpoint of this step exists and what the next run does (a newcomer read the DataLoader traceback that
+    follows as a crash)."""
+    output = tmp_path / "twice"
+    proc = start_rocmft("train", env={"OUTPUT_DIR": str(output), "DATALOADER_NUM_WORKERS": "2"})
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "[rocmft] step 5/" in line:
+            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)
+            break
+    seen.extend(proc.stdout)
+    text = "".join(seen)
+    assert proc.wait(timeout=120) == ExitCode.INTERRUPTED, text[-3000:]
+    assert "a second signal stopped it at once, so no checkpoint of this step was written" in text, text[-3000:]
+    assert "resumes from the newest complete checkpoint" in text
+    assert json.loads((output / "rocmft" / "manifest.json").read_text())["status"] == "interrupted"
+
+
 def test_sigkill_while_saving_leaves_a_checkpoint_the_next_run_skips(run_rocmft, tmp_path):
     """A real SIGKILL in the middle of writing checkpoint-10 (the test-only fault: after the weights, before the
     optimizer state and trainer_state.json); the next run skips it, resumes from checkpoint-5 and completes."""

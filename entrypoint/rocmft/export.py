@@ -263,9 +263,13 @@ def plan_export(run: Run, settings) -> ExportPlan:
     args, given = run.arguments, settings.arguments
     status = run.manifest.get("status")
     if run.weights == run.output_dir and status != "finished":
+        stopped = (run.manifest.get("worker") or {}).get("stopped_at_step")
+        what = (f"the weights at its top level are those of step {stopped}, where a stop request ended it early "
+                "(LLaMA-Factory writes them at any end of training), not a finished run's" if stopped else
+                "its final weights were never written")  # fmt: skip
         raise ConfigError(
             f"The run in {run.output_dir} did not finish (status {status!r}, exit code "
-            f"{run.manifest.get('exit_code')}): its final weights were never written.",
+            f"{run.manifest.get('exit_code')}): {what}.",
             "Finish it first (`rocmft train` / `docker compose up train` resumes from its last checkpoint), or "
             f"export a checkpoint: `rocmft export {run.output_dir}/checkpoint-<step>`.",
         )
