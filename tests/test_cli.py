@@ -180,3 +180,31 @@ def test_a_failed_check_in_a_used_output_folder_keeps_the_earlier_run_and_leaves
     assert sorted(p.name for p in (output / "rocmft").iterdir()) == ["checks.json"]
     kept = output / "rocmft-history" / "2026-11-30T010203"
     assert json.loads((kept / "manifest.json").read_text())["status"] == "finished" and (kept / "train.yaml").is_file()
+
+
+def test_lengths_check_passes_and_warns_of_truncation_and_of_records_beyond_the_context(
+    run_rocmft, tmp_path, tiny_model, shared_data, demo_data
+):
+    """The tiny model's context is 1024 tokens (max_position_embeddings); alpaca_en_demo with its tokenizer has a
+    p95 of 1170 (measured), the built-in demo data a max of 22."""
+
+    def lengths(name: str, **env: str) -> dict:
+        output = tmp_path / name
+        result = run_rocmft("check", env={"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(output), **env})
+        assert result.returncode == ExitCode.OK, result.stdout[-3000:]  # warnings do not stop a run
+        checks = json.loads((output / "rocmft" / "checks.json").read_text())["checks"]
+        return next(c for c in checks if c["id"] == "lengths")
+
+    short = lengths("short", DATASET="rocmft_demo", DATASET_DIR=str(demo_data), CUTOFF_LEN="128")
+    assert short["status"] == "pass" and short["data"]["over_cutoff_share"] == 0
+
+    alpaca = {"DATASET": "alpaca_en_demo", "DATASET_DIR": str(shared_data), "TEMPLATE": "qwen"}
+    truncated = lengths("truncated", **alpaca, CUTOFF_LEN="256")
+    assert truncated["status"] == "warn" and truncated["data"]["over_cutoff_share"] > 0.05
+    assert "will be truncated" in truncated["message"] and "Raise CUTOFF_LEN" in truncated["remedy"]
+
+    beyond = lengths("beyond", **alpaca)  # the template's default CUTOFF_LEN, 2048, is beyond the context
+    assert beyond["status"] == "warn" and beyond["data"]["over_cutoff_share"] == 0
+    assert beyond["data"]["context_length"] == 1024 and beyond["data"]["over_context_share"] > 0.05
+    assert "longer than the model's context length (1024" in beyond["message"]
+    assert "CUTOFF_LEN=1024" in beyond["remedy"]

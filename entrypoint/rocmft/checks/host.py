@@ -223,10 +223,21 @@ def model(plan) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------------------------------
+def _context_length(model_dir: Path) -> int | None:
+    """max_position_embeddings from a local model's config.json (None when absent or unreadable)."""
+    try:
+        value = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, int) else None
+
+
 @check("lengths", "sample lengths vs cutoff_len", timeout_s=90, needs=("dataset", "model"))
 def lengths(plan) -> Outcome:
     """Token length distribution of up to 500 records per data set (content only, without chat markup) with
-    the model's own tokenizer, against cutoff_len. Warns when more than 5% would be truncated."""
+    the model's own tokenizer, against cutoff_len. Warns when more than 5% would be truncated, or, when
+    cutoff_len is beyond the model's context length (max_position_embeddings, no ROPE_SCALING), when more
+    than 5% are longer than that context."""
     local = _local_model_dir(plan)
     if local is None:
         return Outcome(SKIP, "no local tokenizer", "Lengths are measured with a local model's tokenizer only.")
@@ -246,6 +257,19 @@ def lengths(plan) -> Outcome:
             WARN, value, f"{over:.1%} of sampled records are longer than cutoff_len={cutoff} and will be truncated.",
             f"Raise CUTOFF_LEN (p95 is {p95}) if memory allows, or filter the long records.", data=data,
         )  # fmt: skip
+    context = _context_length(local) if not plan.arguments.get("rope_scaling") else None
+    if context is not None and context < cutoff:
+        beyond = sum(n > context for n in lengths_all) / len(lengths_all)
+        data.update(context_length=context, over_context_share=beyond)
+        if beyond > TRUNCATED_WARN_SHARE:  # rule 25 warns of the setting; this says how much data it touches
+            return Outcome(
+                WARN, f"{value}; {beyond:.1%} > context {context}",
+                f"{beyond:.1%} of sampled records are longer than the model's context length ({context}, "
+                f"max_position_embeddings), and cutoff_len={cutoff} lets them through: the model sees positions it "
+                "was never trained on.",
+                f"Set CUTOFF_LEN={context} (those records are then truncated), filter them, or set ROPE_SCALING.",
+                data=data,
+            )  # fmt: skip
     return Outcome(PASS, value, f"{len(lengths_all)} records measured with the model's tokenizer.", data=data)
 
 
