@@ -90,6 +90,19 @@ def test_the_image_reads_llamafactorys_vocabulary_without_importing_it(cpu_image
     assert int(count) > 100 and has_cutoff == "True" and imported == "False", output
 
 
+def test_check_without_a_saves_volume_warns_that_nothing_would_persist(cpu_image, docker_client):
+    """`docker run` with no volume: OUTPUT_DIR (saves/<run>, i.e. /saves/...) is on the container's own layer;
+    the output check warns and says how to mount ./saves with `docker run` (a newcomer found the old remedy,
+    "leave OUTPUT_DIR unset", odd when it was unset)."""
+    script = "rocmft check > /dev/null; echo exit=$?; cat /saves/rocmft-demo/rocmft/checks.json"
+    output = docker_client.containers.run("rocmft:cpu", entrypoint=["sh", "-c", script], remove=True).decode()
+    exit_line, report = output.split("\n", 1)
+    assert exit_line == "exit=0", output[-3000:]
+    check = next(c for c in json.loads(report)["checks"] if c["id"] == "output")
+    assert check["status"] == "warn" and check["value"] == "writable, not persistent"
+    assert '-v "$PWD/saves:/saves"' in check["remedy"]
+
+
 def test_compose_up_train_runs_the_builtin_default_into_saves_owned_by_the_user(cpu_image, compose, tmp_path):
     env = _host_user_dirs(tmp_path)
     uid, gid = int(env["HOST_UID"]), int(env["HOST_GID"])

@@ -52,8 +52,9 @@ def output_writable(plan) -> Outcome:
             WARN, "writable, not persistent",
             f"OUTPUT_DIR {target} is inside the container's own file system: everything written there is lost "
             "when the container is removed.",
-            "Write under a mounted volume: leave OUTPUT_DIR unset (saves/<run> is the ./saves volume) or use "
-            "saves/<name> or /saves/<name>.",
+            "Write under a mounted volume: compose mounts ./saves at /saves, where OUTPUT_DIR goes when unset "
+            "(saves/<run>); with `docker run`, add `-v \"$PWD/saves:/saves\"` (or set OUTPUT_DIR under another "
+            "mounted volume).",
         )  # fmt: skip
     return Outcome(PASS, "writable", f"{target}")
 
