@@ -120,9 +120,10 @@ def test_sigterm_under_torchrun_stops_both_ranks_with_one_complete_checkpoint(
 
 
 def test_a_second_sigterm_stops_at_once_and_says_nothing_of_this_step_was_saved(start_rocmft, tmp_path):
-    """Two signals back to back: the second one does not wait for the step's end; the message says that no
-    checkpoint of this step exists and what the next run does (a newcomer read the DataLoader traceback that
-    follows as a crash)."""
+    """Two signals back to back: the second one does not wait for the step's end; rocmft says that no
+    checkpoint of this step exists and what the next run does (a newcomer read the DataLoader traceback as a
+    crash). The second signal reaches the DataLoader workers too, and whether the worker's handler or their
+    death is seen first varies from run to run (both seen), so the launcher, which sent it, says it."""
     output = tmp_path / "twice"
     proc = start_rocmft("train", env={"OUTPUT_DIR": str(output), "DATALOADER_NUM_WORKERS": "2"})
     seen = []
@@ -135,7 +136,7 @@ def test_a_second_sigterm_stops_at_once_and_says_nothing_of_this_step_was_saved(
     seen.extend(proc.stdout)
     text = "".join(seen)
     assert proc.wait(timeout=120) == ExitCode.INTERRUPTED, text[-3000:]
-    assert "a second signal stopped it at once, so no checkpoint of this step was written" in text, text[-3000:]
+    assert "stopped at once (a second signal" in text and "no checkpoint of the step in progress" in text, text[-3000:]
     assert "resumes from the newest complete checkpoint" in text
     assert json.loads((output / "rocmft" / "manifest.json").read_text())["status"] == "interrupted"
 

@@ -248,9 +248,18 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if code == ExitCode.OK and graceful_stop_recorded(plan.run_dir):
+    graceful = graceful_stop_recorded(plan.run_dir)
+    if code == ExitCode.OK and graceful:
         return ExitCode.INTERRUPTED  # torchrun's ranks exit 0 after a graceful stop (rocmft.worker.main)
-    if code in (ExitCode.OK, ExitCode.NON_FINITE_LOSS, ExitCode.INTERRUPTED):
+    if code in (ExitCode.OK, ExitCode.NON_FINITE_LOSS):
         return ExitCode(code)
-    # killed by the forwarded signal before its handler ran (negative code), or torchrun's own exit on it
-    return ExitCode.INTERRUPTED if interrupted else ExitCode.TRAINING_FAILED
+    if not interrupted and code != ExitCode.INTERRUPTED:
+        return ExitCode.TRAINING_FAILED
+    if not graceful:
+        # the worker was stopped at once: by a second signal (which also kills the DataLoader workers, whose
+        # errors then fill the log), or by one that came before training began
+        print("[rocmft] stopped at once (a second signal, or a signal before training began): no checkpoint of "
+              "the step in progress was written, and DataLoader errors above are this stop, not a crash. The next "
+              "`rocmft train` with the same settings resumes from the newest complete checkpoint in OUTPUT_DIR, "
+              "if there is one.", flush=True)  # fmt: skip
+    return ExitCode.INTERRUPTED

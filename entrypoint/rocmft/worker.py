@@ -440,11 +440,7 @@ def main(run_dir: str) -> int:
         callback.result["status"] = f"interrupted ({err})"
         if local_rank == 0:
             atomic_write_json(result_path, callback.result)
-        when = "a second signal stopped it at once" if STOP.requested else "it came before training began"
-        print(f"[rocmft] interrupted by {err}: {when}, so no checkpoint of this step was written (DataLoader "
-              "messages about killed workers that follow are this stop, not a crash); the next `rocmft train` with "
-              "the same settings resumes from the newest complete checkpoint in OUTPUT_DIR, if there is one",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"[rocmft] interrupted by {err}", file=sys.stderr, flush=True)  # rocmft.launch says what it means
         return ExitCode.INTERRUPTED
     except Exception as err:
         traceback.print_exc()
