@@ -22,6 +22,20 @@ def final_loss(output) -> tuple[int, float]:
     return last["step"], last["loss"]
 
 
+def signal_at_step(proc, step: int, times: int = 1, timeout: float = 120) -> tuple[int, str]:
+    """Send SIGTERM ``times`` times, back to back, to a started `rocmft train` once it logs ``step``; returns its
+    exit code and everything it printed."""
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if f"[rocmft] step {step}/" in line:
+            for _ in range(times):
+                proc.send_signal(signal.SIGTERM)
+            break
+    seen.extend(proc.stdout)
+    return proc.wait(timeout=timeout), "".join(seen)
+
+
 def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_to_the_same_loss(run_rocmft, start_rocmft, tmp_path):
     """Same seed and data: the interrupted-then-resumed run ends at the uninterrupted run's loss. On the CPU in
     fp32 the two are the same computation (transformers restores the RNG states and skips the batches already
@@ -30,16 +44,8 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_to_the_same_loss(ru
     assert whole.returncode == ExitCode.OK, whole.stdout[-3000:]
 
     output = tmp_path / "stopped"
-    proc = start_rocmft("train", env={"OUTPUT_DIR": str(output)})
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "[rocmft] step 10/" in line:
-            proc.send_signal(signal.SIGTERM)
-            break
-    seen.extend(proc.stdout)
-    assert proc.wait(timeout=120) == ExitCode.INTERRUPTED, "".join(seen)[-3000:]
-    text = "".join(seen)
+    code, text = signal_at_step(start_rocmft("train", env={"OUTPUT_DIR": str(output)}), 10)
+    assert code == ExitCode.INTERRUPTED, text[-3000:]
     assert "saving checkpoint-" in text and "resumes from it" in text, text[-3000:]
     stopped_at = json.loads((output / "rocmft" / "worker-result.json").read_text())["stopped_at_step"]
     assert (output / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file()
@@ -64,15 +70,8 @@ def test_sigterm_with_dataloader_workers_still_stops_with_a_checkpoint(start_roc
         "DATALOADER_NUM_WORKERS": "2", "MAX_STEPS": "200", "LOGGING_STEPS": "1", "SAVE_STEPS": "1000",
         "CUTOFF_LEN": "128", "OUTPUT_DIR": str(output),
     })  # fmt: skip
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "[rocmft] step 3/" in line:
-            proc.send_signal(signal.SIGTERM)
-            break
-    seen.extend(proc.stdout)
-    text = "".join(seen)
-    assert proc.wait(timeout=120) == ExitCode.INTERRUPTED, text[-3000:]
+    code, text = signal_at_step(proc, 3)
+    assert code == ExitCode.INTERRUPTED, text[-3000:]
     assert "DataLoader worker" not in text, text[-3000:]
     stopped_at = json.loads((output / "rocmft" / "worker-result.json").read_text())["stopped_at_step"]
     assert stopped_at >= 3 and (output / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file(), text[-3000:]
@@ -99,15 +98,8 @@ def test_sigterm_under_torchrun_stops_both_ranks_with_one_complete_checkpoint(
         "ROCMFT_SKIP_CHECKS": "gpu-runtime", "ROCMFT_FAULT_SLOW_FINAL_SAVE_S": "5",
     }  # fmt: skip
     proc = start_rocmft("train", env=env)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "[rocmft] step 3/" in line:
-            proc.send_signal(signal.SIGTERM)
-            break
-    seen.extend(proc.stdout)
-    text = "".join(seen)
-    assert proc.wait(timeout=180) == ExitCode.INTERRUPTED, text[-3000:]
+    code, text = signal_at_step(proc, 3, timeout=180)
+    assert code == ExitCode.INTERRUPTED, text[-3000:]
     assert "DataLoader worker" not in text and "interrupted by SIGTERM" not in text, text[-3000:]
     assert text.count("with checkpoint-") == 2, text[-3000:]  # both ranks stopped at a step boundary
     assert (output / "adapter_model.safetensors").is_file()  # rank 0's final write was not cut
@@ -126,16 +118,8 @@ def test_a_second_sigterm_stops_at_once_and_says_nothing_of_this_step_was_saved(
     death is seen first varies from run to run (both seen), so the launcher, which sent it, says it."""
     output = tmp_path / "twice"
     proc = start_rocmft("train", env={"OUTPUT_DIR": str(output), "DATALOADER_NUM_WORKERS": "2"})
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "[rocmft] step 5/" in line:
-            proc.send_signal(signal.SIGTERM)
-            proc.send_signal(signal.SIGTERM)
-            break
-    seen.extend(proc.stdout)
-    text = "".join(seen)
-    assert proc.wait(timeout=120) == ExitCode.INTERRUPTED, text[-3000:]
+    code, text = signal_at_step(proc, 5, times=2)
+    assert code == ExitCode.INTERRUPTED, text[-3000:]
     assert "stopped at once (a second signal" in text and "no checkpoint of the step in progress" in text, text[-3000:]
     assert "resumes from the newest complete checkpoint" in text
     assert json.loads((output / "rocmft" / "manifest.json").read_text())["status"] == "interrupted"
