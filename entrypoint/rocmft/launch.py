@@ -192,6 +192,13 @@ def graceful_stop_recorded(run_dir: Path) -> bool:
         return False
 
 
+_STOPPED_AT_ONCE = (
+    "[rocmft] stopped at once (a second signal, or a signal before training began): no checkpoint of the step in "
+    "progress was written, and DataLoader errors above are this stop, not a crash. The next `rocmft train` with the "
+    "same settings resumes from the newest complete checkpoint in OUTPUT_DIR, if there is one."
+)
+
+
 def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
     """Run the worker as :func:`prepare_launch` decided and return its exit code (an :class:`ExitCode` value)."""
     launch = plan.launch or prepare_launch(plan)
@@ -199,6 +206,25 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
     environ = {**os.environ, **launch["environment"]}
     redact = _redactor(list(secrets.values()))
     log_path = plan.run_dir / LOG_FILE
+    interrupted: list[int] = []
+    started: list[subprocess.Popen] = []  # the worker, once it runs
+
+    def forward(signum, _frame):
+        interrupted.append(signum)
+        if not started:  # it has not started yet, and now will not (below)
+            return
+        pid = started[0].pid
+        targets = graceful_stop_targets(pid, plan.launcher) if len(interrupted) == 1 else []
+        try:
+            for target in targets:
+                os.kill(target, signum)
+            if not targets:  # a second signal (stop now), or torchrun has no ranks yet: the whole group
+                os.killpg(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    # installed before the worker starts: a signal meanwhile killed rocmft and left the worker running alone
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     print(f"[rocmft] launching: {' '.join(command)}", flush=True)
     if plan.launcher == "torchrun":
         print(f"[rocmft] NUMA binding: {launch['numa']['reason']}", flush=True)
@@ -210,6 +236,13 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
 
     kept = take_kept()
     why_not = kept.can_train(command, environ) if kept is not None else "no parser process was kept"
+    if interrupted:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if kept is not None:
+            kept.cancel()
+        print(_STOPPED_AT_ONCE, flush=True)
+        return ExitCode.INTERRUPTED
     if kept is not None and why_not is None:
         print("[rocmft] the worker is the process that validated the configuration (LLaMA-Factory already "
               "imported)", flush=True)  # fmt: skip
@@ -222,20 +255,12 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
             command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             start_new_session=True,
         )  # fmt: skip
-    interrupted = []
-
-    def forward(signum, _frame):
-        interrupted.append(signum)
-        targets = graceful_stop_targets(proc.pid, plan.launcher) if len(interrupted) == 1 else []
+    started.append(proc)
+    if interrupted:  # arrived while it started: before training, so it stops at once
         try:
-            for pid in targets:
-                os.kill(pid, signum)
-            if not targets:  # a second signal (stop now), or torchrun has no ranks yet: the whole group
-                os.killpg(proc.pid, signum)
+            os.killpg(proc.pid, interrupted[0])
         except ProcessLookupError:
             pass
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         with Path(log_path).open("a", encoding="utf-8") as log:
             assert proc.stdout is not None
@@ -258,8 +283,5 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
     if not graceful:
         # the worker was stopped at once: by a second signal (which also kills the DataLoader workers, whose
         # errors then fill the log), or by one that came before training began
-        print("[rocmft] stopped at once (a second signal, or a signal before training began): no checkpoint of "
-              "the step in progress was written, and DataLoader errors above are this stop, not a crash. The next "
-              "`rocmft train` with the same settings resumes from the newest complete checkpoint in OUTPUT_DIR, "
-              "if there is one.", flush=True)  # fmt: skip
+        print(_STOPPED_AT_ONCE, flush=True)
     return ExitCode.INTERRUPTED
