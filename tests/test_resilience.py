@@ -24,7 +24,19 @@ def final_loss(output) -> tuple[int, float]:
 
 def signal_at_step(proc, step: int, timeout: float = 120) -> tuple[int, str]:
     """Send SIGTERM to a started `rocmft train` once it logs ``step``; returns its exit code and everything it
-    printed."""
+    printed. A run that has not ended ``timeout`` + 300 s after the start is killed, so a hang fails the test
+    instead of the whole CI job."""
+    import threading
+
+    watchdog = threading.Timer(timeout + 300, proc.kill)
+    watchdog.start()
+    try:
+        return _signal_at_step(proc, step, timeout)
+    finally:
+        watchdog.cancel()
+
+
+def _signal_at_step(proc, step: int, timeout: float) -> tuple[int, str]:
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -95,6 +107,9 @@ def test_sigterm_under_torchrun_stops_both_ranks_with_one_complete_checkpoint(
         "DATALOADER_NUM_WORKERS": "2", "MAX_STEPS": "12", "LOGGING_STEPS": "1", "SAVE_STEPS": "1000",
         "CUTOFF_LEN": "128", "OUTPUT_DIR": str(output), "ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2",
         "ROCMFT_SKIP_CHECKS": "gpu-runtime", "ROCMFT_FAULT_SLOW_FINAL_SAVE_S": "5",
+        # datasets' worker pool (4 by default) forked inside a gloo rank hung once at "Running tokenizer" in a CI
+        # rehearsal on 2 CPUs; one process tokenizes the 60 records in well under a second
+        "PREPROCESSING_NUM_WORKERS": "1",
     }  # fmt: skip
     proc = start_rocmft("train", env=env)
     code, text = signal_at_step(proc, 3, timeout=180)
