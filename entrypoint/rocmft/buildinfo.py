@@ -1,36 +1,76 @@
-"""Build-time assertions and the image's build record, run once as the last step of an image build.
+"""The image build's check and its build record, run once as the last step of an image build.
 
-``python -m rocmft.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json`` checks what the architecture
-profile (docker/arch/<ARCH>.env) promised, without a GPU, and fails the build listing every broken promise:
+``python -m rocmft.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json`` checks, without a GPU, that the
+installed image keeps what its architecture profile (docker/arch/<ARCH>.env) promises, and fails the build
+listing every broken promise. It inspects the artefacts themselves: the code objects inside the HIP libraries
+(rocmft.codeobjects), the distributions pip installed, DeepSpeed's own install record. Each check:
 
-* torch is the HIP build in ROCm images (``torch.version.hip``), and torch/torchvision/torchaudio import;
-* no ``nvidia-*`` distribution slipped in where the profile forbids them (CUDA wheels in a ROCm image);
-* bitsandbytes imports and its HIP library contains code for the profile's gfx target;
-* DeepSpeed's ops named in DS_BUILD_OPS_LIST were compiled into the installation;
-* flash-attention imports where the profile has a backend; LLaMA-Factory and rocmft import.
+* ``python``: the interpreter is the profile's PYTHON_VERSION (the lock was resolved for it);
+* ``torch``: torch/torchvision/torchaudio import; a ROCm image's torch is the HIP build of the profile's
+  ROCM_VERSION, and its ``libtorch_hip.so`` carries code for the gfx target (PYTORCH_ROCM_ARCH);
+* ``cuda-wheels``: no ``nvidia-*`` distribution where the profile forbids them;
+* ``triton``: in a ROCm image, no PyPI ``triton`` distribution beside triton-rocm (both own ``triton/``);
+* ``bitsandbytes``: the library bitsandbytes will load for the image's HIP version carries the gfx target, and
+  its shared-library dependencies resolve (``ldd``);
+* ``deepspeed``: DeepSpeed was installed for the profile's accelerator (DS_ACCELERATOR), its DS_BUILD_OPS_LIST
+  ops are prebuilt and carry the gfx target, and none of its CPU ops is prebuilt (they would carry the build
+  host's -march=native);
+* ``flash-attn``: the backend's import switch is in the image's environment, flash_attn imports, and a
+  Composable Kernel build carries the gfx target;
+* ``liger-kernel`` and ``imports`` (LLaMA-Factory, rocmft's CLI) import;
+* ``steps``: every build step ran (docker/steps/lib.sh records them).
 
-It then writes the build record (JSON: architecture, ROCm version, base image, key package versions, git
-commit, date), which ``rocmft env`` prints and every run's manifest includes.
+In a rehearsal (the profile's REHEARSAL=1 build against a stand-in base, ``make rehearse``) the checks whose
+inputs the build could not install are skipped with the reason; the rest run as in a real build.
+
+The build record (JSON: architecture, ROCm version, base image, package versions, git commit, date, the steps
+and the checks) is what ``rocmft env`` prints and every run's manifest includes.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
 import datetime as _dt
 import importlib
+import importlib.util
 import json
 import os
 import platform
+import re
+import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 # The image's copy of docker/arch/<ARCH>.env (the Dockerfile installs it; container-entry.sh reads it).
 ARCH_PROFILE = Path("/etc/rocmft/arch.env")
+# What each build step did (docker/steps/lib.sh appends one JSON object per line).
+STEP_LOG = Path("/etc/rocmft/build-steps.jsonl")
+# DeepSpeed's CPU ops: built by TorchCPUOpBuilder with the build host's -march=native (DeepSpeed 0.18.4,
+# op_builder/builder.py cpu_arch(); SIGILL on another CPU: deepspeedai/DeepSpeed#1886). Never prebuilt.
+DEEPSPEED_CPU_OPS = ("cpu_adam", "cpu_adagrad", "cpu_lion", "cpu_lamb")
+
+PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One build check's outcome: ``status`` is pass, fail or skipped; ``detail`` says what was seen or why."""
+
+    name: str
+    status: str
+    detail: str
 
 
 def read_profile(path: Path) -> dict[str, str]:
-    """The KEY=VALUE lines of an architecture profile (comments and blank lines skipped)."""
+    """The KEY=VALUE lines of an architecture profile (comments and blank lines skipped).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
     profile = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         line = line.strip()
@@ -40,71 +80,303 @@ def read_profile(path: Path) -> dict[str, str]:
     return profile
 
 
-def _gfx_in_library(library: Path, gfx: str) -> bool:
-    """Whether a HIP fat binary holds code objects for ``gfx`` (their names carry ``amdgcn-amd-amdhsa--<gfx>``)."""
-    needle = f"amdgcn-amd-amdhsa--{gfx}".encode()
-    with library.open("rb") as handle:
-        tail = b""
-        while chunk := handle.read(1 << 20):
-            if needle in tail + chunk:
-                return True
-            tail = chunk[-len(needle) :]
-    return False
+def _distribution_names() -> set[str]:
+    return {(d.metadata["Name"] or "").lower() for d in metadata.distributions()}
 
 
-def check(profile: dict[str, str]) -> list[str]:
-    """Every promise of the profile the installed image breaks, as messages (empty: all kept)."""
-    failures: list[str] = []
+def _package_dir(module: str) -> Path | None:
+    """Where an installed package's files are, found without importing it (bitsandbytes' import needs torch)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def hip_version_of(text: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a HIP/ROCm version string: ``"7.2.53211"`` and ``"7.2"`` give ``(7, 2)``."""
+    match = re.match(r"^\s*(\d+)\.(\d+)", text or "")
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def bitsandbytes_library(package: Path, hip: tuple[int, int]) -> Path | None:
+    """The ``libbitsandbytes_rocm<ver>.so`` that bitsandbytes loads under a torch built for HIP ``hip``.
+
+    Mirrors bitsandbytes 0.50.2's ``cextension.get_cuda_bnb_library_path`` (an exact major.minor match, else the
+    highest packaged version below it with the same major, else the lowest above it with the same major, else
+    none), because bitsandbytes itself cannot be imported where torch is absent (a rehearsal).
+    tests/test_buildinfo.py holds the two to the same answers. ``BNB_ROCM_VERSION`` overrides are not modelled.
+
+    Args:
+        package: the installed ``bitsandbytes/`` folder.
+        hip: torch.version.hip's (major, minor).
+
+    Returns:
+        The library's path, or None when bitsandbytes would find none (it then raises at import).
+    """
+    available = {}
+    for library in package.glob("libbitsandbytes_rocm*.so"):
+        digits = re.search(r"rocm(\d+)", library.name)
+        if digits:  # bitsandbytes: ROCm's major is one digit ('72' -> 7.2, '714' -> 7.14)
+            available[(int(digits[1][:1]), int(digits[1][1:]))] = library
+    if hip in available:
+        return available[hip]
+    lower = [v for v in available if v[0] == hip[0] and v < hip]
+    higher = [v for v in available if v[0] == hip[0] and v > hip]
+    if lower:
+        return available[max(lower)]
+    return available[min(higher)] if higher else None
+
+
+def unresolved_libraries(library: Path) -> list[str]:
+    """The shared libraries ``library`` needs that the dynamic loader does not find here (``ldd``'s "not found")."""
+    try:
+        result = subprocess.run(["ldd", str(library)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return [f"(ldd did not run: {err})"]
+    return [line.split("=>")[0].strip() for line in result.stdout.splitlines() if "not found" in line]
+
+
+def _gfx_check(name: str, library: Path, gfx: str) -> Check:
+    """Whether ``library``'s code objects include ``gfx`` (rocmft.codeobjects)."""
+    from .codeobjects import CodeObjectError, gfx_targets
+
+    try:
+        targets = gfx_targets(library)
+    except CodeObjectError as err:
+        return Check(name, FAIL, str(err))
+    if gfx in targets:
+        return Check(name, PASS, f"{library.name} has {gfx} code (of {len(targets)} targets)")
+    return Check(name, FAIL, f"{library.name} has no {gfx} code; it has {', '.join(sorted(targets))}")
+
+
+def check_torch(profile: dict[str, str]) -> list[Check]:
+    """torch imports, is the profile's HIP build, and carries the gfx target (``libtorch_hip.so``)."""
+    hip_image = profile.get("TORCH_IS_HIP") == "1"
     try:
         import torch
 
         for name in ("torchvision", "torchaudio"):
             importlib.import_module(name)
-        if profile.get("TORCH_IS_HIP") == "1" and not torch.version.hip:
-            failures.append(f"torch {torch.__version__} is not the HIP build (torch.version.hip is empty); "
-                            f"check TORCH_INDEX_URL={profile.get('TORCH_INDEX_URL')}")  # fmt: skip
     except Exception as err:
-        failures.append(f"torch triple does not import: {type(err).__name__}: {err}")
-    if profile.get("NVIDIA_WHEELS") == "forbidden":
-        nvidia = sorted(
-            {d.metadata["Name"] for d in metadata.distributions() if d.metadata["Name"].lower().startswith("nvidia-")}
-        )
-        if nvidia:
-            failures.append(f"CUDA wheels slipped into a ROCm image: {', '.join(nvidia)}")
-    if profile.get("BITSANDBYTES") == "hip":
-        try:
-            bnb = importlib.import_module("bitsandbytes")
-            libraries = sorted(Path(bnb.__file__).parent.glob("libbitsandbytes_rocm*.so"))
-            gfx = profile.get("BNB_ROCM_ARCH", "")
-            if not libraries:
-                failures.append("bitsandbytes has no HIP library (libbitsandbytes_rocm*.so)")
-            elif not any(_gfx_in_library(lib, gfx) for lib in libraries):
-                failures.append(f"bitsandbytes' HIP library has no code for {gfx}: {', '.join(map(str, libraries))}")
-        except Exception as err:
-            failures.append(f"bitsandbytes does not import: {type(err).__name__}: {err}")
-    ops = profile.get("DS_BUILD_OPS_LIST", "").split()
-    if ops:
-        try:
-            from deepspeed.git_version_info import installed_ops
+        return [Check("torch", FAIL, f"the torch triple does not import: {type(err).__name__}: {err}")]
+    if not hip_image:
+        return [Check("torch", PASS, f"torch {torch.__version__} (CUDA {torch.version.cuda}, runs on the CPU)")]
+    if not torch.version.hip:
+        return [Check("torch", FAIL, f"torch {torch.__version__} is not the HIP build (torch.version.hip is empty); "
+                                     f"check TORCH_INDEX_URL={profile.get('TORCH_INDEX_URL')}")]  # fmt: skip
+    if hip_version_of(torch.version.hip) != hip_version_of(profile.get("ROCM_VERSION", "")):
+        return [Check("torch", FAIL, f"torch {torch.__version__} is built for HIP {torch.version.hip}, the profile "
+                                     f"says ROCM_VERSION={profile.get('ROCM_VERSION')}")]  # fmt: skip
+    checks = [Check("torch", PASS, f"torch {torch.__version__}, HIP {torch.version.hip}")]
+    library = Path(torch.__file__).parent / "lib" / "libtorch_hip.so"
+    checks.append(_gfx_check("torch-gfx", library, profile.get("PYTORCH_ROCM_ARCH", "")))
+    return checks
 
-            missing = [op for op in ops if not installed_ops.get(op.lower())]
-            if missing:
-                failures.append(f"DeepSpeed ops not prebuilt: {', '.join(missing)} (installed_ops: {installed_ops})")
-        except Exception as err:
-            failures.append(f"DeepSpeed does not import: {type(err).__name__}: {err}")
-    modules = ["llamafactory", "rocmft.cli"] + (
-        ["flash_attn"] if profile.get("FLASH_ATTN_BACKEND", "none") != "none" else []
-    )
+
+def check_cuda_wheels(profile: dict[str, str]) -> Check:
+    """No ``nvidia-*`` distribution where the profile forbids them."""
+    if profile.get("NVIDIA_WHEELS") != "forbidden":
+        return Check("cuda-wheels", PASS, "allowed by the profile (NVIDIA_WHEELS=allowed)")
+    nvidia = sorted(name for name in _distribution_names() if name.startswith("nvidia-"))
+    if nvidia:
+        return Check("cuda-wheels", FAIL, f"CUDA wheels slipped into a ROCm image: {', '.join(nvidia)}")
+    return Check("cuda-wheels", PASS, "no nvidia-* distribution")
+
+
+def check_triton(profile: dict[str, str]) -> Check:
+    """In a ROCm image, PyPI's ``triton`` (CUDA's) must not be installed: triton-rocm and it both own ``triton/``
+    and the last one installed wins, silently (liger-kernel requires plain ``triton``)."""
+    if profile.get("TORCH_IS_HIP") != "1":
+        return Check("triton", PASS, "not a ROCm image")
+    names = _distribution_names()
+    if "triton" in names:
+        beside = " beside triton-rocm" if "triton-rocm" in names else ""
+        return Check("triton", FAIL, f"PyPI's triton {metadata.version('triton')} (a CUDA build) is installed{beside}: "
+                     "something required `triton`; install it with --no-deps (docker/steps/target.sh)")  # fmt: skip
+    present = "triton-rocm " + metadata.version("triton-rocm") if "triton-rocm" in names else "no triton at all"
+    return Check("triton", PASS, f"no PyPI triton ({present})")
+
+
+def check_bitsandbytes(profile: dict[str, str], hip: tuple[int, int] | None, hip_source: str) -> list[Check]:
+    """The library bitsandbytes loads for HIP ``hip`` carries the gfx target, and its dependencies resolve."""
+    package = _package_dir("bitsandbytes")
+    if package is None:
+        return [Check("bitsandbytes", FAIL, "bitsandbytes is not installed (BITSANDBYTES in the profile)")]
+    if hip is None:
+        return [Check("bitsandbytes", FAIL, f"no HIP version to choose bitsandbytes' library by ({hip_source})")]
+    library = bitsandbytes_library(package, hip)
+    if library is None:
+        found = ", ".join(sorted(p.name for p in package.glob("libbitsandbytes_rocm*.so"))) or "none"
+        return [Check("bitsandbytes", FAIL, f"bitsandbytes has no library for ROCm {hip[0]}.{hip[1]} "
+                                            f"(libbitsandbytes_rocm*.so: {found})")]  # fmt: skip
+    gfx = _gfx_check("bitsandbytes", library, profile.get("PYTORCH_ROCM_ARCH", ""))
+    gfx = Check(gfx.name, gfx.status, f"{gfx.detail}; chosen for HIP {hip[0]}.{hip[1]} ({hip_source})")
+    missing = unresolved_libraries(library)
+    needs = Check("bitsandbytes-libs", FAIL, f"{library.name} needs {', '.join(missing)}, not found here") if missing \
+        else Check("bitsandbytes-libs", PASS, f"every library {library.name} needs resolves")  # fmt: skip
+    return [gfx, needs]
+
+
+def _deepspeed_record(package: Path) -> dict[str, Any]:
+    """DeepSpeed's install record (git_version_info_installed.py: installed_ops, accelerator_name), read as
+    literals: importing deepspeed imports torch."""
+    record = {}
+    source = (package / "git_version_info_installed.py").read_text(encoding="utf-8")
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            record[node.targets[0].id] = ast.literal_eval(node.value)
+    return record
+
+
+def check_deepspeed(profile: dict[str, str], rehearsal: bool) -> list[Check]:
+    """DeepSpeed was installed for DS_ACCELERATOR, with DS_BUILD_OPS_LIST prebuilt for the gfx target and no CPU op."""
+    package = _package_dir("deepspeed")
+    if package is None or not (package / "git_version_info_installed.py").is_file():
+        return [Check("deepspeed", FAIL, "DeepSpeed is not installed, or without its install record")]
+    try:
+        record = _deepspeed_record(package)
+    except (OSError, SyntaxError, ValueError) as err:
+        return [Check("deepspeed", FAIL, f"cannot read DeepSpeed's install record: {err}")]
+    wanted = profile.get("DS_ACCELERATOR", "")
+    accelerator = record.get("accelerator_name", "")
+    checks = [
+        Check("deepspeed", PASS, f"installed for the {accelerator} accelerator") if accelerator == wanted else Check(
+            "deepspeed", FAIL, f"DeepSpeed was installed for the '{accelerator}' accelerator, not DS_ACCELERATOR="
+            f"{wanted}: its prebuilt ops would be refused on the GPU and JIT-compiled at first use "
+            "(set DS_ACCELERATOR while DeepSpeed installs, deepspeedai/DeepSpeed#7011)")
+    ]  # fmt: skip
+    ops = record.get("installed_ops", {})
+    cpu_ops = [op for op in DEEPSPEED_CPU_OPS if ops.get(op)]
+    if cpu_ops:
+        checks.append(Check("deepspeed-cpu-ops", FAIL, f"CPU ops prebuilt with the build host's -march=native: "
+                            f"{', '.join(cpu_ops)} (take them out of DS_BUILD_OPS_LIST)"))  # fmt: skip
+    else:
+        checks.append(Check("deepspeed-cpu-ops", PASS, "none prebuilt (they JIT on the host that runs them)"))
+    wanted_ops = [op.lower() for op in profile.get("DS_BUILD_OPS_LIST", "").split()]
+    if not wanted_ops:
+        return checks
+    if rehearsal:
+        return [*checks, Check("deepspeed-ops", SKIPPED, f"needs torch to compile {', '.join(wanted_ops)}")]
+    missing = [op for op in wanted_ops if not ops.get(op)]
+    if missing:
+        return [*checks, Check("deepspeed-ops", FAIL, f"not prebuilt: {', '.join(missing)} (installed_ops: {ops})")]
+    checks.append(Check("deepspeed-ops", PASS, f"prebuilt: {', '.join(wanted_ops)}"))
+    gfx = profile.get("PYTORCH_ROCM_ARCH", "")
+    if gfx:
+        for op in wanted_ops:
+            built = sorted((package / "ops").rglob(f"{op}_op*.so"))
+            if built:
+                checks.append(_gfx_check(f"deepspeed-{op}-gfx", built[0], gfx))
+            else:
+                checks.append(Check(f"deepspeed-{op}-gfx", FAIL, f"no compiled {op}_op*.so under {package / 'ops'}"))
+    return checks
+
+
+def check_flash_attn(profile: dict[str, str], rehearsal: bool) -> list[Check]:
+    """The backend's import switch is set in the image; flash_attn imports; a CK build carries the gfx target."""
+    backend = profile.get("FLASH_ATTN_BACKEND", "none")
+    if backend == "none":
+        return [Check("flash-attn", PASS, "none for this architecture")]
+    switch = os.environ.get("FLASH_ATTENTION_TRITON_AMD_ENABLE", "")
+    if (backend == "triton") != (switch == "TRUE"):
+        detail = (f"FLASH_ATTN_BACKEND={backend} but the image's environment has FLASH_ATTENTION_TRITON_AMD_ENABLE="
+                  f"{switch or '(unset)'}: flash_attn_interface.py picks its backend by that variable at import "
+                  "(Dockerfile, target stage; make image derives it)")  # fmt: skip
+        return [Check("flash-attn-env", FAIL, detail)]
+    checks = [Check("flash-attn-env", PASS, f"FLASH_ATTENTION_TRITON_AMD_ENABLE={switch or '(unset)'} for {backend}")]
+    if rehearsal:
+        return [*checks, Check("flash-attn", SKIPPED, "not built: flash-attn's setup.py needs torch")]
+    try:
+        module = importlib.import_module("flash_attn")
+    except Exception as err:
+        return [*checks, Check("flash-attn", FAIL, f"flash_attn does not import: {type(err).__name__}: {err}")]
+    checks.append(Check("flash-attn", PASS, f"flash_attn {getattr(module, '__version__', '?')} imports ({backend})"))
+    if backend == "ck":
+        built = sorted(Path(module.__file__).parents[1].glob("flash_attn_2_cuda*.so"))
+        checks.append(_gfx_check("flash-attn-gfx", built[0], profile.get("PYTORCH_ROCM_ARCH", "")) if built else
+                      Check("flash-attn-gfx", FAIL, "no flash_attn_2_cuda*.so extension was built"))  # fmt: skip
+    return checks
+
+
+def check_imports(profile: dict[str, str], rehearsal: bool) -> list[Check]:
+    """liger-kernel (when the profile installs it), LLaMA-Factory and rocmft's CLI import."""
+    modules = (["liger_kernel"] if profile.get("LIGER_KERNEL") == "install" else []) + ["llamafactory", "rocmft.cli"]
+    checks = []
+    if "liger_kernel" in modules and "liger-kernel" not in _distribution_names():
+        checks.append(Check("liger-kernel", FAIL, "liger-kernel is not installed (LIGER_KERNEL=install)"))
+    if rehearsal:
+        return [*checks, Check("imports", SKIPPED, f"{', '.join(modules)} import torch (the torch step was skipped)")]
+    failed = []
     for module in modules:
         try:
             importlib.import_module(module)
         except Exception as err:
-            failures.append(f"{module} does not import: {type(err).__name__}: {err}")
-    return failures
+            failed.append(f"{module}: {type(err).__name__}: {err}")
+    return [
+        *checks,
+        Check("imports", FAIL, "; ".join(failed)) if failed else Check("imports", PASS, ", ".join(modules)),
+    ]
 
 
-def record(profile: dict[str, str]) -> dict[str, Any]:
-    """The build record: the profile's build facts, package versions, commit and date."""
+def read_steps(path: Path = STEP_LOG) -> list[dict[str, Any]]:
+    """The build steps' records (docker/steps/lib.sh), in order; empty when there are none."""
+    try:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def check(profile: dict[str, str], rehearsal: bool = False, steps: list[dict[str, Any]] | None = None) -> list[Check]:
+    """Every check of the module docstring for ``profile``, in order.
+
+    Args:
+        profile: the architecture profile's values (:func:`read_profile`).
+        rehearsal: a rehearsal build: checks whose inputs need torch are skipped (the rest run); the HIP version
+            bitsandbytes' library is chosen by is the profile's ROCM_VERSION instead of torch.version.hip.
+        steps: the build steps' records (:func:`read_steps`); each must have run, except in a rehearsal.
+    """
+    checks = []
+    expected, running = profile.get("PYTHON_VERSION", ""), ".".join(platform.python_version_tuple()[:2])
+    if rehearsal:
+        checks.append(
+            Check("python", SKIPPED, f"the stand-in base's Python is {running}; the real base's is {expected}")
+        )
+    else:
+        checks.append(
+            Check("python", PASS, f"Python {running}")
+            if running == expected
+            else Check("python", FAIL, f"Python {running}, but the lock was resolved for PYTHON_VERSION={expected}")
+        )
+    if rehearsal:
+        checks.append(Check("torch", SKIPPED, "not installed: the torch step was skipped"))
+    else:
+        checks += check_torch(profile)
+    checks.append(check_cuda_wheels(profile))
+    checks.append(check_triton(profile))
+    if profile.get("BITSANDBYTES", "none") != "none":
+        if rehearsal:
+            hip, source = hip_version_of(profile.get("ROCM_VERSION", "")), "the profile's ROCM_VERSION: torch is absent"
+        else:
+            import torch
+
+            hip, source = hip_version_of(torch.version.hip or ""), f"torch.version.hip {torch.version.hip}"
+        checks += check_bitsandbytes(profile, hip, source)
+    checks += check_deepspeed(profile, rehearsal)
+    checks += check_flash_attn(profile, rehearsal)
+    checks += check_imports(profile, rehearsal)
+    skipped = [s["step"] for s in steps or [] if s.get("status") != "ran"]
+    if skipped and not rehearsal:
+        checks.append(Check("steps", FAIL, f"build steps that did not run: {', '.join(skipped)}"))
+    else:
+        checks.append(Check("steps", PASS, f"{len(steps or [])} recorded, skipped: {', '.join(skipped) or 'none'}"))
+    return checks
+
+
+def record(
+    profile: dict[str, str], checks: list[Check], steps: list[dict[str, Any]], rehearsal: bool
+) -> dict[str, Any]:
+    """The build record: the profile's build facts, package versions, commit, date, steps and checks."""
     from .lfargs import stack_versions
 
     try:
@@ -112,11 +384,13 @@ def record(profile: dict[str, str]) -> dict[str, Any]:
 
         toolkit = {"torch_hip": torch.version.hip, "torch_cuda": torch.version.cuda}
     except Exception:
-        toolkit = {}
-    keys = ("ARCH", "GPU_FAMILY", "ROCM_VERSION", "PYTORCH_ROCM_ARCH", "BNB_ROCM_ARCH", "FLASH_ATTN_BACKEND",
-            "DS_BUILD_OPS_LIST", "TORCH_INDEX_URL", "RCCL_BUSBW_FLOOR_GBPS")  # fmt: skip
+        toolkit = {"torch_hip": None, "torch_cuda": None}
+    keys = ("ARCH", "GPU_FAMILY", "ROCM_VERSION", "PYTHON_VERSION", "PYTORCH_ROCM_ARCH", "BITSANDBYTES",
+            "LIGER_KERNEL", "FLASH_ATTN_BACKEND", "DS_ACCELERATOR", "DS_BUILD_OPS_LIST", "TORCH_INDEX_URL",
+            "LOCK", "RCCL_BUSBW_FLOOR_GBPS")  # fmt: skip
     return {
         **{key.lower(): profile.get(key, "") for key in keys},
+        "rehearsal": rehearsal,
         "base_image": os.environ.get("ROCMFT_BASE_IMAGE", "unknown"),
         "git_commit": os.environ.get("ROCMFT_GIT_COMMIT", "unknown"),
         "build_date": os.environ.get("ROCMFT_BUILD_DATE")
@@ -125,19 +399,51 @@ def record(profile: dict[str, str]) -> dict[str, Any]:
         "versions": dict(stack_versions()),
         **toolkit,
         "runtime_profile": {k.removeprefix("RUNTIME_"): v for k, v in profile.items() if k.startswith("RUNTIME_")},
+        "steps": steps,
+        "checks": [asdict(c) for c in checks],
     }
 
 
+def report(build: dict[str, Any]) -> str:
+    """The build record's steps and checks as text, one line each: what ran, what was skipped and why."""
+    title = "rehearsal" if build.get("rehearsal") else "build"
+    lines = [f"rocmft {title} for {build.get('arch')} (base {build.get('base_image')}, commit "
+             f"{str(build.get('git_commit'))[:12]})", "", "steps:"]  # fmt: skip
+    width = max(
+        [len(s["step"]) for s in build.get("steps", [])] + [len(c["name"]) for c in build.get("checks", [])] + [4]
+    )
+    lines += [f"  {s['step']:<{width}}  {s['status']:<7}  {s['detail']}" for s in build.get("steps", [])]
+    lines += ["", "checks:"] + [
+        f"  {c['name']:<{width}}  {c['status']:<7}  {c['detail']}" for c in build.get("checks", [])
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
-    """Check the image against the profile ``argv[0]`` and write the record to ``argv[1]``; 1 on failures."""
-    profile = read_profile(Path(argv[0]))
-    failures = check(profile)
-    if failures:
-        print(f"rocmft image for {profile.get('ARCH')} is broken:\n  - " + "\n  - ".join(failures), file=sys.stderr)
+    """``PROFILE RECORD``: check the image against the profile and write the record (1 on failures);
+    ``--report RECORD``: print a record's steps and checks."""
+    parser = argparse.ArgumentParser(prog="python -m rocmft.buildinfo", description=main.__doc__)
+    parser.add_argument("--report", type=Path, metavar="RECORD", help="print RECORD's steps and checks")
+    parser.add_argument("paths", nargs="*", type=Path, help="PROFILE RECORD")
+    args = parser.parse_args(argv)
+    if args.report:
+        print(report(json.loads(args.report.read_text(encoding="utf-8"))), end="")
+        return 0
+    if len(args.paths) != 2:
+        parser.error("give PROFILE RECORD (e.g. /etc/rocmft/arch.env /etc/rocmft/build.json)")
+    profile, target = read_profile(args.paths[0]), args.paths[1]
+    rehearsal = os.environ.get("REHEARSAL", "0") == "1"
+    steps = read_steps()
+    checks = check(profile, rehearsal, steps)
+    data = record(profile, checks, steps, rehearsal)
+    failed = [c for c in checks if c.status == FAIL]
+    if failed:
+        print(report(data), end="", file=sys.stderr)
+        print(f"\nrocmft image for {profile.get('ARCH')} is broken:\n  - "
+              + "\n  - ".join(f"{c.name}: {c.detail}" for c in failed), file=sys.stderr)  # fmt: skip
         return 1
-    data = record(profile)
-    Path(argv[1]).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(data, indent=2))
+    target.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    print(report(data), end="")
     return 0
 
 

@@ -29,7 +29,7 @@ replaces the template's defaults — never a value the user gave (environment or
   token; +33% for full fine-tuning: 2N of 6N), more than a smaller micro-batch loses once a micro-batch holds
   a full row of ``cutoff_len`` tokens. On only when nothing fits without it.
 * the attention implementation (``flash_attn``): FlashAttention-2 where the image's architecture has a
-  backend (Composable Kernel on gfx90a/gfx942, Triton on gfx1100: ``FLASH_ATTN_BACKEND`` in
+  backend (Composable Kernel on gfx90a/gfx942/gfx950, Triton on gfx1100: ``FLASH_ATTN_BACKEND`` in
   docker/arch/<ARCH>.env, the one place that names it) *and* ``flash_attn`` is importable; PyTorch SDPA
   otherwise, with the reason printed.
 * ``enable_liger_kernel`` (Liger's fused RMSNorm, SwiGLU, RoPE and fused linear cross-entropy) where
@@ -66,7 +66,7 @@ LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 FUSED_CE_STAGES = ("sft", "pt")
 # flash-attention backends per gfx target, as docker/arch/<ARCH>.env names them (FLASH_ATTN_BACKEND); used
 # when neither the image's /etc/rocmft/arch.env nor the checkout's docker/arch/ has the target.
-FLASH_BACKENDS = {"gfx90a": "ck", "gfx942": "ck", "gfx1100": "triton"}
+FLASH_BACKENDS = {"gfx90a": "ck", "gfx942": "ck", "gfx950": "ck", "gfx1100": "triton"}
 PLANNED = "rocmft plan"
 
 

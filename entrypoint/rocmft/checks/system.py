@@ -175,20 +175,22 @@ def libraries(plan) -> Outcome:
         else:
             problems.append((
                 f"DeepSpeed's {name} op (needed by ROCMFT_OFFLOAD) is neither pre-built nor buildable here.",
-                "Use a rocmft GPU image (it pre-builds CPU_ADAM, DS_BUILD_OPS_LIST), or ROCMFT_OFFLOAD=none.",
+                "Use a rocmft image (it has the compiler DeepSpeed JIT-builds CPU_ADAM with), or ROCMFT_OFFLOAD=none.",
             ))  # fmt: skip
     if problems:
         return Outcome(FAIL, f"{len(problems)} missing", "; ".join(p for p, _ in problems),
                        " ".join(dict.fromkeys(r for _, r in problems)))  # fmt: skip
     jit = [f for f in fine if "JIT" in f]
     if jit:
-        return Outcome(WARN, ", ".join(fine), "The first start compiles the op (minutes; needs a compiler).",
-                       "Pre-build it in the image (DS_BUILD_OPS_LIST in docker/arch/<arch>.env).")  # fmt: skip
+        return Outcome(WARN, ", ".join(fine), "The first start compiles the op for this host's CPU (minutes).",
+                       "Nothing to fix: it is kept in TORCH_EXTENSIONS_DIR (the /cache volume) for later runs. "
+                       "rocmft images do not prebuild DeepSpeed's CPU ops: DeepSpeed compiles them with the build "
+                       "host's -march=native, which can crash other CPUs (deepspeedai/DeepSpeed#1886).")  # fmt: skip
     return Outcome(PASS, ", ".join(fine), "each probed for real")
 
 
 _LIB_REMEDY = {
-    "bnb": "Use a rocmft ROCm image (bitsandbytes built with -DCOMPUTE_BACKEND=hip for its gfx target; "
+    "bnb": "Use a rocmft ROCm image (its build checks that bitsandbytes' HIP library has code for its gfx target; "
     "BITSANDBYTES in docker/arch/<arch>.env), check that the GPU's gfx target is the image's (gpu-arch), or unset "
     "QUANTIZATION_BIT (LoRA in bf16 needs about 4x the weight memory).",
     "fa2": "Use an image built with flash-attention for this architecture (FLASH_ATTN_BACKEND in "

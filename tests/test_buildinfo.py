@@ -1,0 +1,230 @@
+"""The image build's check (rocmft.buildinfo, rocmft.codeobjects) on real artefacts: PyPI's bitsandbytes wheel
+(installed in .venv by `make venv`, its `gpu` extra), this environment's DeepSpeed and triton, and
+flash-attention's own source. Nothing here restates a profile: each test reads a library, a record or an import."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rocmft import buildinfo
+from rocmft.buildinfo import FAIL, PASS, SKIPPED, bitsandbytes_library, read_profile
+from rocmft.codeobjects import CodeObjectError, bundle_ids, gfx_targets
+
+REPO = Path(__file__).resolve().parents[1]
+ROCM_ARCHS = sorted(p.stem for p in (REPO / "docker" / "arch").glob("gfx*.env"))
+BNB = buildinfo._package_dir("bitsandbytes")
+FLASH_ATTN_SDIST = "https://files.pythonhosted.org/packages/3b/b2/8d76c41ad7974ee264754709c22963447f7f8134613fd9ce80984ed0dab7/flash_attn-2.8.3.tar.gz"
+
+
+def profile(arch: str) -> dict[str, str]:
+    return read_profile(REPO / "docker" / "arch" / f"{arch}.env")
+
+
+@pytest.mark.parametrize("arch", ROCM_ARCHS)
+def test_the_library_bitsandbytes_loads_for_the_profiles_rocm_has_its_gfx_target(arch):
+    """Finding 4: PyPI's wheel is what every ROCm image installs; the library bitsandbytes picks for the image's
+    ROCm version holds the profile's target once its compressed bundles are read."""
+    values = profile(arch)
+    library = bitsandbytes_library(BNB, buildinfo.hip_version_of(values["ROCM_VERSION"]))
+    assert library.name == f"libbitsandbytes_rocm{values['ROCM_VERSION'].replace('.', '')}.so"
+    assert values["PYTORCH_ROCM_ARCH"] in gfx_targets(library)
+    checks = buildinfo.check_bitsandbytes(values, (7, 2), "test")
+    assert checks[0].status == PASS, checks
+
+
+def test_a_plain_text_search_finds_no_target_in_the_compressed_bundles():
+    """Why the code objects must be decompressed: the old check's needle is not in the file at all."""
+    data = (BNB / "libbitsandbytes_rocm72.so").read_bytes()
+    assert b"CCOB" in data and b"amdgcn-amd-amdhsa--gfx942" not in data
+
+
+def test_a_target_the_library_lacks_fails_and_names_what_it_has():
+    """bitsandbytes' ROCm 6.4 library predates gfx950 (measured in the 0.50.2 wheel)."""
+    checks = buildinfo.check_bitsandbytes(profile("gfx950"), (6, 4), "test")
+    assert checks[0].status == FAIL and "libbitsandbytes_rocm64.so has no gfx950 code" in checks[0].detail
+    assert "gfx942" in checks[0].detail
+
+
+def test_a_bitsandbytes_without_its_hip_libraries_fails(tmp_path, monkeypatch):
+    """What the old source recipe packed once scikit-build-core was present (finding 3): bitsandbytes with only
+    its CPU library. The wheel's own files, less the HIP libraries, are refused."""
+    copy = tmp_path / "bitsandbytes"
+    shutil.copytree(BNB, copy, ignore=shutil.ignore_patterns("libbitsandbytes_rocm*.so", "libbitsandbytes_cuda*.so"))
+    assert (copy / "libbitsandbytes_cpu.so").is_file()
+    monkeypatch.setattr(buildinfo, "_package_dir", lambda name: copy)
+    checks = buildinfo.check_bitsandbytes(profile("gfx942"), (7, 2), "test")
+    assert checks[0].status == FAIL and "no library for ROCm 7.2 (libbitsandbytes_rocm*.so: none)" in checks[0].detail
+
+
+def test_a_rocm_major_without_any_library_fails():
+    checks = buildinfo.check_bitsandbytes(profile("gfx942"), (8, 0), "test")
+    assert checks[0].status == FAIL and "no library for ROCm 8.0" in checks[0].detail
+
+
+@settings(max_examples=60, deadline=None)
+@given(major=st.integers(5, 9), minor=st.integers(0, 20))
+def test_the_library_choice_is_bitsandbytes_own(major, minor, monkeypatch_session):
+    """rocmft's copy of the choice (it must work where bitsandbytes cannot be imported) against bitsandbytes'
+    own get_cuda_bnb_library_path, under a torch made to report HIP major.minor."""
+    import torch
+    from bitsandbytes import cextension
+    from bitsandbytes.cuda_specs import CUDASpecs
+
+    monkeypatch_session.setattr(torch.version, "hip", f"{major}.{minor}.0", raising=False)
+    specs = CUDASpecs((9, 4), f"{major}{minor}", (major, minor))
+    theirs = cextension.get_cuda_bnb_library_path(specs)
+    ours = bitsandbytes_library(BNB, (major, minor))
+    assert (ours or "missing") == (theirs if theirs.is_file() else "missing")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_session():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_an_uncompressed_bundle_in_an_elf_section_is_read(tmp_path):
+    """The other bundle form (hipcc without --offload-compress): the wheel's first bundle, decompressed and put
+    into a real ELF file's .hip_fatbin section with objcopy, twice (a library holds one bundle per source file)."""
+    import struct
+
+    import zstandard
+
+    data = (BNB / "libbitsandbytes_rocm72.so").read_bytes()
+    start = data.index(b"CCOB")
+    version, method = struct.unpack_from("<HH", data, start + 4)
+    total, size, _hash = struct.unpack_from("<QQQ", data, start + 8)
+    assert (version, method) == (3, 1)
+    plain = zstandard.ZstdDecompressor().decompress(data[start + 32 : start + total], max_output_size=size)
+    assert plain.startswith(b"__CLANG_OFFLOAD_BUNDLE__")
+    (tmp_path / "fatbin").write_bytes(plain + b"\0" * (-len(plain) % 4096) + plain)
+    (tmp_path / "k.c").write_text("int k(void) { return 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "k.so", tmp_path / "k.c"], check=True)
+    subprocess.run(["objcopy", "--add-section", f".hip_fatbin={tmp_path / 'fatbin'}", tmp_path / "k.so"], check=True)
+    ids = bundle_ids(tmp_path / "k.so")
+    assert len(ids) % 2 == 0 and ids[: len(ids) // 2] == ids[len(ids) // 2 :]
+    assert {"gfx90a", "gfx942", "gfx950", "gfx1100"} <= gfx_targets(tmp_path / "k.so")
+
+
+def test_a_library_without_device_code_is_a_clear_error():
+    with pytest.raises(CodeObjectError, match=r"libbitsandbytes_cpu.so: no .hip_fatbin section"):
+        gfx_targets(BNB / "libbitsandbytes_cpu.so")
+    with pytest.raises(CodeObjectError, match="not a readable ELF file"):
+        gfx_targets(REPO / "README.md")
+
+
+def test_pypi_triton_in_a_rocm_image_fails_the_build():
+    """Finding 8: this environment has PyPI's triton (PyPI's torch brings it); the ROCm rule sees it."""
+    assert buildinfo.check_triton(profile("gfx942")).status == FAIL
+    assert "PyPI's triton" in buildinfo.check_triton(profile("gfx942")).detail
+    assert buildinfo.check_triton(profile("cpu")).status == PASS
+
+
+def test_no_cuda_wheels_rule_reads_the_installed_distributions():
+    """This environment holds nvidia-* wheels: allowed by the cpu profile, refused by a ROCm one."""
+    assert buildinfo.check_cuda_wheels(profile("cpu")).status == PASS
+    refused = buildinfo.check_cuda_wheels(profile("gfx90a"))
+    assert refused.status == FAIL and "nvidia-cublas" in refused.detail
+
+
+def test_deepspeed_installed_without_ds_accelerator_is_refused_for_a_gpu_image():
+    """Finding 6: `make venv` installed DeepSpeed here with no GPU and no DS_ACCELERATOR, so DeepSpeed recorded
+    its CPU accelerator (its own install record): right for the cpu profile, wrong for a ROCm one."""
+    record = buildinfo._deepspeed_record(buildinfo._package_dir("deepspeed"))
+    assert record["accelerator_name"] == "cpu"
+    assert buildinfo.check_deepspeed(profile("cpu"), rehearsal=False)[0].status == PASS
+    refused = buildinfo.check_deepspeed(profile("gfx942"), rehearsal=True)[0]
+    assert refused.status == FAIL and "installed for the 'cpu' accelerator, not DS_ACCELERATOR=cuda" in refused.detail
+
+
+def test_deepspeed_cpu_ops_prebuilt_fail_the_build(tmp_path, monkeypatch):
+    """This environment's DeepSpeed install record, with CPU_ADAM marked prebuilt (what the old
+    DS_BUILD_OPS_LIST=CPU_ADAM recorded), is refused; the record as installed passes."""
+    source = buildinfo._package_dir("deepspeed") / "git_version_info_installed.py"
+    assert buildinfo.check_deepspeed(profile("cpu"), rehearsal=False)[1].status == PASS
+    text = source.read_text().replace("'cpu_adam': False", "'cpu_adam': True")
+    assert "'cpu_adam': True" in text
+    (tmp_path / "deepspeed").mkdir()
+    (tmp_path / "deepspeed" / "git_version_info_installed.py").write_text(text)
+    monkeypatch.setattr(buildinfo, "_package_dir", lambda name: tmp_path / name)
+    refused = buildinfo.check_deepspeed(profile("cpu"), rehearsal=False)[1]
+    assert refused.status == FAIL and "cpu_adam" in refused.detail and "-march=native" in refused.detail
+
+
+@pytest.fixture(scope="session")
+def flash_attn_source(tmp_path_factory) -> Path:
+    """flash-attention 2.8.3's own source (its sdist from PyPI), unpacked: its import picks the backend."""
+    cache = Path(os.environ.get("ROCMFT_TEST_CACHE", REPO / ".cache" / "tests"))
+    archive = cache / "flash_attn-2.8.3.tar.gz"
+    if not archive.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(FLASH_ATTN_SDIST, timeout=120) as response:
+            archive.with_suffix(".part").write_bytes(response.read())
+        archive.with_suffix(".part").rename(archive)
+    target = tmp_path_factory.mktemp("flash-attn")
+    with tarfile.open(archive) as tar:
+        tar.extractall(target, filter="data")
+    return target / "flash_attn-2.8.3"
+
+
+@pytest.mark.parametrize(("switch", "status"), [("TRUE", PASS), (None, FAIL)])
+def test_the_triton_backend_imports_only_with_its_switch_in_the_environment(flash_attn_source, switch, status):
+    """Finding 5, on flash-attention's real code: the build check imports flash_attn in the environment the image
+    gives every process. With FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE the Triton backend imports (on this CPU,
+    with this environment's triton); without it the import falls through to the CUDA extension, which a gfx1100
+    image does not have, and the environment rule says so first."""
+    code = (
+        "import json, sys; from rocmft import buildinfo; "
+        f"p = buildinfo.read_profile(buildinfo.Path({str(REPO / 'docker/arch/gfx1100.env')!r})); "
+        "print(json.dumps([c.__dict__ for c in buildinfo.check_flash_attn(p, rehearsal=False)]))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "FLASH_ATTENTION_TRITON_AMD_ENABLE"}
+    env["PYTHONPATH"] = f"{flash_attn_source}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    if switch:
+        env["FLASH_ATTENTION_TRITON_AMD_ENABLE"] = switch
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+    checks = {c["name"]: c for c in json.loads(result.stdout.splitlines()[-1])}
+    if status == PASS:
+        assert checks["flash-attn-env"]["status"] == PASS and checks["flash-attn"]["status"] == PASS, checks
+        assert "flash_attn 2.8.3 imports (triton)" in checks["flash-attn"]["detail"]
+    else:
+        assert checks["flash-attn-env"]["status"] == FAIL and "flash-attn" not in checks, checks
+    env["FLASH_ATTENTION_TRITON_AMD_ENABLE"] = ""
+    unswitched = subprocess.run([sys.executable, "-c", "import flash_attn"], env=env, capture_output=True, text=True,
+                                timeout=300)  # fmt: skip
+    assert "No module named 'flash_attn_2_cuda'" in unswitched.stderr
+
+
+def test_a_rehearsal_skips_what_needs_torch_and_says_why():
+    """The rehearsal's checks that cannot run here are skipped by name with the reason; the rest run."""
+    checks = {c.name: c for c in buildinfo.check(profile("gfx1100"), rehearsal=True, steps=[])}
+    assert checks["torch"].status == SKIPPED and "torch step was skipped" in checks["torch"].detail
+    assert checks["imports"].status == SKIPPED
+    assert checks["bitsandbytes"].status == PASS and "the profile's ROCM_VERSION" in checks["bitsandbytes"].detail
+    assert checks["triton"].status == FAIL  # this environment has PyPI's triton: a rehearsal would refuse it too
+
+
+def test_a_real_build_with_a_skipped_step_fails():
+    steps = [{"step": "torch", "status": "skipped", "detail": "x", "seconds": 0}]
+    checks = {c.name: c for c in buildinfo.check(profile("cpu"), rehearsal=False, steps=steps)}
+    assert checks["steps"].status == FAIL and "torch" in checks["steps"].detail
+
+
+def test_ldd_reports_a_library_that_does_not_resolve():
+    """This machine has no ROCm: the wheel's HIP library's hipBLAS dependencies are reported missing."""
+    if not shutil.which("ldd"):
+        pytest.skip("no ldd")
+    missing = buildinfo.unresolved_libraries(BNB / "libbitsandbytes_rocm72.so")
+    assert {"libhipblas.so.3", "libhipblaslt.so.1"} <= set(missing)
