@@ -16,8 +16,9 @@ import pytest
 
 from rocmft.device import facts_from_probe
 from rocmft.errors import ConfigError
-from rocmft.launch import communication_environment, graceful_stop_targets, prepare_launch
+from rocmft.launch import communication_environment, full_node_environment, graceful_stop_targets, prepare_launch
 
+REPO = Path(__file__).resolve().parents[1]
 TWO_SOCKET = Path(__file__).parent / "data" / "sysfs" / "two-socket-8gpu"
 # the PCI addresses of the recorded layout's GPUs, in torch's device order
 PCI = ["0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0",
@@ -106,6 +107,18 @@ def test_communication_settings_name_their_source(tmp_path):
         "NCCL_MIN_NCHANNELS": {"value": "112", "source": "arch profile"},
         "NCCL_SOCKET_IFNAME": {"value": "=eth0", "source": "rocmft"},
     }
+
+
+def test_full_node_settings_apply_only_when_every_gpu_of_the_node_runs():
+    """gfx942's NCCL_MIN_NCHANNELS=112 is tuned for the 8-GPU mesh: added at 8 processes, not at 2 or 4, and
+    never over the user's own value; the launch record names it as the profile's."""
+    profile = REPO / "docker" / "arch" / "gfx942.env"
+    assert full_node_environment(8, {}, profile) == {"NCCL_MIN_NCHANNELS": "112"}
+    assert full_node_environment(2, {}, profile) == full_node_environment(4, {}, profile) == {}
+    assert full_node_environment(8, {"NCCL_MIN_NCHANNELS": "32"}, profile) == {}
+    assert full_node_environment(8, {}, REPO / "docker" / "arch" / "gfx1100.env") == {}
+    found = communication_environment({}, full_node_environment(8, {}, profile), profile)
+    assert found["NCCL_MIN_NCHANNELS"] == {"value": "112", "source": "arch profile, full node"}
 
 
 def quantized_copy(tiny_model: Path, tmp_path: Path) -> Path:

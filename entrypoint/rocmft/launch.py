@@ -60,22 +60,44 @@ def check_world_size(plan: Plan) -> None:
         )
 
 
+def full_node_environment(per_node: int, environ: dict[str, str], profile: Path = ARCH_PROFILE) -> dict[str, str]:
+    """The profile's settings for a node whose GPUs are all in use: each ``FULL_NODE_<NAME>=<value>`` line of the
+    image's docker/arch/<ARCH>.env as NAME=value, when this node runs ``FULL_NODE_GPUS`` processes and the user
+    has not set NAME; else nothing. gfx942's ``NCCL_MIN_NCHANNELS=112`` is tuned for the 8-GPU Infinity Fabric
+    mesh (AMD's MI300X RCCL tuning notes) and only costs memory on fewer GPUs.
+
+    Args:
+        per_node: processes (GPUs) this node's launch starts.
+        environ: the environment the launch starts from (a user's value wins).
+    """
+    values = read_profile(profile) if profile.is_file() else {}
+    if per_node < 1 or per_node != int(values.get("FULL_NODE_GPUS") or 0):
+        return {}
+    settings = {k.removeprefix("FULL_NODE_"): v for k, v in values.items() if k.startswith("FULL_NODE_")}
+    return {name: value for name, value in settings.items() if name != "GPUS" and name not in environ}
+
+
 def communication_environment(environ: dict[str, str], added: dict[str, str],
                               profile: Path = ARCH_PROFILE) -> dict[str, dict[str, str]]:  # fmt: skip
     """The effective RCCL/NCCL/HIP variables of the launch, each with where it came from.
 
     Sources: ``arch profile`` (a ``RUNTIME_<NAME>`` line of the image's docker/arch/<ARCH>.env, which
-    container-entry.sh exports unless the user set the name), ``rocmft`` (``added``: network detection for
-    multi-node runs), or ``user`` (anything else: the user's value always wins over the profile's).
+    container-entry.sh exports unless the user set the name), ``arch profile, full node`` (a ``FULL_NODE_<NAME>``
+    line, :func:`full_node_environment`), ``rocmft`` (the rest of ``added``: network detection for multi-node
+    runs), or ``user`` (anything else: the user's value always wins over the profile's).
     """
     values = read_profile(profile) if profile.is_file() else {}
     defaults = {k.removeprefix("RUNTIME_"): v for k, v in values.items() if k.startswith("RUNTIME_")}
+    full_node = {k.removeprefix("FULL_NODE_"): v for k, v in values.items() if k.startswith("FULL_NODE_")}
     effective = {}
     for name in sorted({**environ, **added}):
         if not name.startswith(COMMUNICATION_PREFIXES) or name.endswith("_VISIBLE_DEVICES"):
             continue
         value = added.get(name, environ.get(name, ""))
-        source = "rocmft" if name in added else "arch profile" if defaults.get(name) == value else "user"
+        if name in added:
+            source = "arch profile, full node" if full_node.get(name) == value else "rocmft"
+        else:
+            source = "arch profile" if defaults.get(name) == value else "user"
         effective[name] = {"value": value, "source": source}
     return effective
 
@@ -108,6 +130,7 @@ def prepare_launch(plan: Plan, root: Path = Path("/"), numactl: bool | None = No
         added["FORCE_TORCHRUN"] = "1"  # LLaMA-Factory requires it for DeepSpeed
         network = network_environment(os.environ, nnodes(), root)
         added.update(network.env())
+        added.update(full_node_environment(processes_per_node(plan), dict(os.environ)))
         network_notes = network.notes
         gpus = (plan.probes.get("devices") or {}).get("gpus", [])[: processes_per_node(plan)]
         addresses = [g.get("pci") for g in gpus]
