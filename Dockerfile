@@ -1,78 +1,87 @@
-# rocmft image, one per GPU architecture: `make image ARCH=gfx942` (gfx90a, gfx942, gfx1100, cpu).
-# Every architecture-specific value lives in docker/arch/<ARCH>.env; this file has no per-arch branches
-# beyond reading those values. Build through `make image` (it passes BASE_IMAGE and the labels' values from
-# that file) with BuildKit: `docker compose build` (our CI) or `docker buildx build`.
+# rocmft image, one per GPU architecture: `make image ARCH=gfx942` (gfx90a, gfx942, gfx950, gfx1100, cpu).
+# Every architecture-specific value lives in docker/arch/<ARCH>.env; `make image` passes the build arguments
+# below from that file (through docker/build.yaml, BuildKit). The steps are scripts in docker/steps/, each
+# recording what it did in /etc/rocmft/build-steps.jsonl. `make rehearse ARCH=<gfx>` builds this same file
+# against a stand-in base (docker/rehearsal/) with REHEARSAL=1, where only the steps that need the ROCm torch
+# wheel are skipped, by name.
 #
-# Stages: system (OS packages, venv, user) -> stack (torch triple, LLaMA-Factory, DeepSpeed ops,
-# bitsandbytes, flash-attention; slow, cached) -> runtime (rocmft itself; rebuilt in seconds).
+# Stages, in the order they change least: system (OS packages, venv, user) -> torch (the triple from the
+# profile's index) -> stack (LLaMA-Factory and the pinned stack) are shared by every architecture of a flavour
+# (ROCm 7.2, cpu); flash-attn (a wheel per ARCH) and target (DeepSpeed ops, bitsandbytes, Liger) are per ARCH;
+# runtime (rocmft itself) is last, so that changing rocmft's code or version rebuilds only it.
 
-ARG BASE_IMAGE=debian:bookworm-slim
-# Versions shared by every architecture (bitsandbytes >= 0.50: older ones give NaNs in 4-bit on AMD, DESIGN.md)
-ARG BITSANDBYTES_VERSION=0.50.2
+# The base image with its digest (`make image` passes BASE_IMAGE@BASE_DIGEST); no default, so that a build
+# outside make fails here instead of building FROM the wrong image.
+ARG BASE_IMAGE
 ARG FLASH_ATTN_VERSION=2.8.3
 
 FROM ${BASE_IMAGE} AS system
-ARG ARCH=cpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-COPY docker/arch/${ARCH}.env /etc/rocmft/arch.env
-# A ROCm dev image or a debootstrapped Debian may already hold these; install only what is missing, so a
-# machine without a Debian/Ubuntu mirror can build from a base that carries them (the build machines' notes, shared/docs/ENVIRONMENT.md).
-# numactl: torchrun --numa-binding (ROCMFT_NUMA_BIND) starts each rank under it.
-# hadolint ignore=DL3008
-RUN packages=(python3 python3-venv python3-dev g++ make git ca-certificates tini numactl) \
- && missing=() && for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done \
- && if [ "${#missing[@]}" -gt 0 ]; then \
-      apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" \
-      && rm -rf /var/lib/apt/lists/*; \
-    fi \
- && python3 -m venv /opt/venv \
- && groupadd --system --force render && groupadd --system --force video \
- && useradd --create-home --uid 1000 --user-group --groups video,render --shell /bin/bash rocmft \
- && install -d -m 1777 /cache /saves /data
+ARG REHEARSAL=0
+ARG LOCK
 ENV PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
 COPY docker/pip.sh /usr/local/bin/rocmft-pip
+COPY ${LOCK} /opt/rocmft/build/lock.txt
+COPY docker/steps/lib.sh docker/steps/system.sh /opt/rocmft/build/
+RUN --mount=type=secret,id=ca_bundle /opt/rocmft/build/system.sh
 
-FROM system AS stack
-# The pinned stack: pyproject.toml names it, constraints.txt fixes every transitive version.
-COPY pyproject.toml constraints.txt /tmp/rocmft-pins/
-# torch, torchvision and torchaudio as one matching triple from the architecture's wheel index.
-RUN --mount=type=secret,id=ca_bundle --mount=type=cache,target=/root/.cache/pip \
-    set -a && . /etc/rocmft/arch.env && set +a \
- && rocmft-pip install --upgrade "setuptools>=77" wheel \
- && rocmft-pip install --index-url "$TORCH_INDEX_URL" -c /tmp/rocmft-pins/constraints.txt \
-      torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0
-# (setuptools >= 77 reads the PEP 639 license string; a fresh venv may carry an older one.)
-# LLaMA-Factory and the rest of the runtime dependencies (torch above satisfies their torch pin);
-# DeepSpeed's ops for this target are compiled now (DS_BUILD_<OP>=1), so nothing JIT-compiles at run time.
-RUN --mount=type=secret,id=ca_bundle --mount=type=cache,target=/root/.cache/pip \
-    set -a && . /etc/rocmft/arch.env && set +a \
- && for op in $DS_BUILD_OPS_LIST; do export "DS_BUILD_${op}=1"; done \
- && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/rocmft-pins/pyproject.toml','rb'))['project']['dependencies']))" \
-      > /tmp/rocmft-pins/requirements.txt \
- && rocmft-pip install --no-build-isolation -c /tmp/rocmft-pins/constraints.txt -r /tmp/rocmft-pins/requirements.txt
-# bitsandbytes with its HIP backend for this gfx target (bitsandbytes' build-rocm.sh), and flash-attention
-# with the architecture's backend; both skipped where the profile says none.
-ARG BITSANDBYTES_VERSION
+# pyproject.toml's dependency lists, extracted: the stack stage copies only this output, so a change of
+# rocmft's version or metadata (the same output) does not rebuild torch or the stack (BuildKit compares content).
+FROM system AS requirements
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python3 -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
+      deps = [d for d in p['dependencies'] if not d.startswith('deepspeed')]; \
+      open('/requirements.txt', 'w').write('\n'.join(deps) + '\n'); \
+      open('/gpu-requirements.txt', 'w').write('\n'.join(p['optional-dependencies']['gpu']) + '\n')"
+
+FROM system AS torch
+ARG REHEARSAL=0
+ARG TORCH_INDEX_URL
+# cpu, or rocm<ROCM_VERSION>: one pip cache per flavour, shared by its architectures. Only downloads and the
+# indexes' own wheels are reused from it; per-target builds bypass it (docker/steps/lib.sh build_for_target).
+ARG FLAVOUR
+COPY docker/steps/torch.sh /opt/rocmft/build/
+RUN --mount=type=secret,id=ca_bundle --mount=type=cache,id=pip-${FLAVOUR},target=/root/.cache/pip \
+    /opt/rocmft/build/torch.sh
+
+FROM torch AS stack
+ARG REHEARSAL=0
+ARG TORCH_INDEX_URL
+ARG PYTHON_VERSION
+ARG FLAVOUR
+COPY --from=requirements /requirements.txt /gpu-requirements.txt /opt/rocmft/build/
+COPY docker/steps/stack.sh /opt/rocmft/build/
+RUN --mount=type=secret,id=ca_bundle --mount=type=cache,id=pip-${FLAVOUR},target=/root/.cache/pip \
+    /opt/rocmft/build/stack.sh
+
+FROM stack AS flash-attn
+ARG REHEARSAL=0
+ARG ARCH
 ARG FLASH_ATTN_VERSION
-RUN --mount=type=secret,id=ca_bundle --mount=type=cache,target=/root/.cache/pip \
-    set -a && . /etc/rocmft/arch.env && set +a \
- && if [ "$BITSANDBYTES" = hip ]; then \
-      git clone --depth 1 --branch "$BITSANDBYTES_VERSION" https://github.com/bitsandbytes-foundation/bitsandbytes.git /tmp/bnb \
-      && cmake -S /tmp/bnb -B /tmp/bnb/build -DCOMPUTE_BACKEND=hip -DBNB_ROCM_ARCH="$BNB_ROCM_ARCH" \
-      && cmake --build /tmp/bnb/build -j "$(nproc)" && rocmft-pip install --no-build-isolation /tmp/bnb \
-      && rm -rf /tmp/bnb; \
-    fi \
- && if [ "$FLASH_ATTN_BACKEND" = ck ]; then \
-      GPU_ARCHS="$PYTORCH_ROCM_ARCH" rocmft-pip install --no-build-isolation "flash-attn==$FLASH_ATTN_VERSION"; \
-    elif [ "$FLASH_ATTN_BACKEND" = triton ]; then \
-      FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE rocmft-pip install --no-build-isolation "flash-attn==$FLASH_ATTN_VERSION"; \
-    fi
+COPY docker/arch/${ARCH}.env /etc/rocmft/arch.env
+COPY docker/steps/flash-attn.sh /opt/rocmft/build/
+RUN --mount=type=secret,id=ca_bundle FLASH_ATTN_VERSION=${FLASH_ATTN_VERSION} /opt/rocmft/build/flash-attn.sh
 
-FROM stack AS runtime
-ARG ARCH=cpu
-ARG BASE_IMAGE=debian:bookworm-slim
+FROM stack AS target
+ARG REHEARSAL=0
+ARG ARCH
+# flash-attention's Triton backend (gfx1100) is chosen at import by this variable (flash_attn_interface.py):
+# set for every process in the image, the build check's import included. `make image` derives it from
+# FLASH_ATTN_BACKEND.
+ARG FLASH_ATTENTION_TRITON_AMD_ENABLE=FALSE
+ENV FLASH_ATTENTION_TRITON_AMD_ENABLE=${FLASH_ATTENTION_TRITON_AMD_ENABLE}
+COPY docker/arch/${ARCH}.env /etc/rocmft/arch.env
+COPY --from=flash-attn /wheels /opt/rocmft/wheels
+COPY docker/steps/target.sh /opt/rocmft/build/
+COPY docker/steps/arch_probe-1.0 /opt/rocmft/build/arch_probe-1.0
+RUN --mount=type=secret,id=ca_bundle /opt/rocmft/build/target.sh
+
+FROM target AS runtime
+ARG REHEARSAL=0
+ARG ARCH
+ARG BASE_IMAGE
 ARG ROCM_VERSION=none
 ARG ROCMFT_VERSION=0.0.0
 ARG GIT_COMMIT=unknown
@@ -85,21 +94,18 @@ LABEL org.opencontainers.image.title="rocmft" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       io.rocmft.arch="${ARCH}" \
-      io.rocmft.rocm-version="${ROCM_VERSION}"
+      io.rocmft.rocm-version="${ROCM_VERSION}" \
+      io.rocmft.rehearsal="${REHEARSAL}"
 # rocmft itself last: changing entrypoint/ or templates/ rebuilds only from here (seconds). LLaMA-Factory's
 # argument vocabulary is baked next to build.json (rocmft.lfargs.BAKED_DIR): a first start skips that import.
 COPY pyproject.toml README.md /tmp/rocmft-src/
 COPY entrypoint /tmp/rocmft-src/entrypoint
 COPY templates /tmp/rocmft-src/templates
 COPY entrypoint/container-entry.sh /usr/local/bin/rocmft-entry
-RUN --mount=type=cache,target=/root/.cache/pip \
-    rocmft-pip install --no-deps --no-build-isolation /tmp/rocmft-src \
- && rm -rf /tmp/rocmft-src \
- && chmod 1777 /home/rocmft \
- && ROCMFT_BASE_IMAGE="$BASE_IMAGE" ROCMFT_GIT_COMMIT="$GIT_COMMIT" ROCMFT_BUILD_DATE="$BUILD_DATE" \
-    python3 -m rocmft.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json \
- && ROCMFT_CACHE_DIR=/etc/rocmft python3 -c "from rocmft.lfargs import vocabulary; vocabulary()" \
- && ls /etc/rocmft/lf-vocabulary-*.json
+COPY docker/steps/rocmft.sh /opt/rocmft/build/
+RUN ROCMFT_BASE_IMAGE="$BASE_IMAGE" ROCMFT_GIT_COMMIT="$GIT_COMMIT" ROCMFT_BUILD_DATE="$BUILD_DATE" \
+    /opt/rocmft/build/rocmft.sh \
+ && chmod 1777 /home/rocmft
 # HOME, USER and LOGNAME are set so that any uid works (compose runs as the host user, HOST_UID, which has
 # no /etc/passwd entry here): torch's cache paths call getpass.getuser(), which reads USER before passwd.
 ENV HOME=/home/rocmft \

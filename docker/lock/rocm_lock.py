@@ -1,0 +1,125 @@
+"""Resolve the ROCm flavour's lock, docker/lock/rocm<ROCM_VERSION>.txt: ``make lock-rocm`` (write) and a test (check).
+
+The ROCm images resolve against this file, never against constraints.txt: that one is the CPU development
+environment's freeze, with PyPI's CUDA torch, its nvidia-* wheels and PyPI's (CUDA) triton, none of which may
+reach a ROCm image. This host reaches PyPI but not the ROCm wheel index, so the lock is made in two parts:
+
+1. pyproject.toml's dependencies and its ``gpu`` extra are resolved by uv for the ROCm images' Python and
+   platform (``PYTHON_VERSION`` of the profile, manylinux_2_28 x86_64), from PyPI as of :data:`AS_OF`, so that the
+   same inputs give the same lock. torch resolves to PyPI's build of the pinned release.
+2. What only PyPI's CUDA build of torch brings is dropped (the torch triple itself, ``nvidia-*``, ``cuda-*`` and
+   ``triton``), and the ROCm index's triple is pinned in their place: the same versions with the ``+rocm<ver>``
+   local label, and ``triton-rocm`` at the version PyPI's torch pins ``triton`` to. A ROCm wheel of a torch release
+   requires the same pure packages as the CUDA wheel plus triton-rocm instead of the CUDA runtime wheels
+   (PyTorch's ``.github/scripts/generate_binary_build_matrix.py``: its extra install requirements are per CUDA
+   version only); the image build's ``pip check`` and rocmft.buildinfo verify that on a connected host.
+
+Usage: ``python docker/lock/rocm_lock.py [--write | --check] [--profile docker/arch/gfx942.env]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import tomllib
+
+from rocmft.buildinfo import read_profile
+
+REPO = Path(__file__).resolve().parents[2]
+# PyPI as of this date (uv --exclude-newer): re-resolving later gives the same lock. Move it when updating.
+AS_OF = "2026-12-01"
+# Distributions only PyPI's CUDA build of torch (and liger-kernel's plain `triton` requirement) bring in.
+CUDA_ONLY = re.compile(r"^(nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+|triton)$")
+TORCH_TRIPLE = ("torch", "torchvision", "torchaudio")
+
+
+def requirements() -> list[str]:
+    """pyproject.toml's runtime dependencies plus its ``gpu`` extra: what a ROCm image installs."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["gpu"]]
+
+
+def resolve(python_version: str) -> list[tuple[str, str]]:
+    """``(name, version)`` pairs uv resolves :func:`requirements` to for ``python_version`` on manylinux x86_64.
+
+    Raises:
+        SystemExit: uv is missing or the resolution fails (its message is printed).
+    """
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    with tempfile.TemporaryDirectory() as scratch:
+        source = Path(scratch) / "requirements.in"
+        source.write_text("\n".join(requirements()) + "\n")
+        command = [uv, "pip", "compile", str(source), "--python-version", python_version,
+                   "--python-platform", "x86_64-manylinux_2_28", "--exclude-newer", AS_OF, "--no-header",
+                   "--no-annotate", "--quiet", "--index-url", "https://pypi.org/simple"]  # fmt: skip
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise SystemExit(f"rocm_lock: uv did not run ({err}); `make venv` installs it") from None
+    if result.returncode != 0:
+        raise SystemExit(f"rocm_lock: uv could not resolve the ROCm lock:\n{result.stderr[-3000:]}")
+    pins = []
+    for line in result.stdout.splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split(";")[0].strip().split("==", 1)
+            pins.append((name.lower(), version.strip()))
+    return pins
+
+
+def render(profile: dict[str, str], pins: list[tuple[str, str]]) -> str:
+    """The lock file's text for the profile's ROCm version, from PyPI's resolution ``pins``.
+
+    Raises:
+        SystemExit: the resolution lacks torch or triton (the ROCm pins are derived from them).
+    """
+    found = dict(pins)
+    missing = [name for name in (*TORCH_TRIPLE, "triton") if name not in found]
+    if missing:
+        raise SystemExit(f"rocm_lock: the resolution has no {', '.join(missing)}; cannot derive the ROCm pins")
+    label = f"+rocm{profile['ROCM_VERSION']}"
+    kept = [f"{name}=={version}" for name, version in pins if name not in TORCH_TRIPLE and not CUDA_ONLY.match(name)]
+    rocm = [f"{name}=={found[name]}{label}" for name in TORCH_TRIPLE] + [f"triton-rocm=={found['triton']}"]
+    header = [
+        f"# The ROCm {profile['ROCM_VERSION']} images' lock (Python {profile['PYTHON_VERSION']}, manylinux x86_64).",
+        "# Made by `make lock-rocm` (docker/lock/rocm_lock.py): pyproject.toml's dependencies and `gpu` extra,",
+        f"# resolved by uv from PyPI as of {AS_OF}, without what only PyPI's CUDA torch brings (nvidia-*, cuda-*,",
+        "# triton); the torch triple and triton-rocm below come from the profile's TORCH_INDEX_URL. Do not edit.",
+    ]
+    return "\n".join([*header, *sorted(kept, key=str.lower), "# from the ROCm wheel index:", *rocm]) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``--write`` the lock, or ``--check`` that the file is what a resolution gives (exit 1 and a diff if not)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    parser.add_argument("--profile", type=Path, default=REPO / "docker" / "arch" / "gfx942.env")
+    args = parser.parse_args(argv)
+    profile = read_profile(args.profile)
+    target = REPO / profile["LOCK"]
+    text = render(profile, resolve(profile["PYTHON_VERSION"]))
+    if args.write:
+        target.write_text(text)
+        print(f"rocm_lock: wrote {target.relative_to(REPO)} ({text.count('==')} pins)")
+        return 0
+    current = target.read_text() if target.is_file() else ""
+    if current == text:
+        print(f"rocm_lock: {target.relative_to(REPO)} is what the resolution gives")
+        return 0
+    sys.stdout.writelines(
+        difflib.unified_diff(current.splitlines(True), text.splitlines(True), str(target), "resolved")
+    )
+    print(f"rocm_lock: {target.relative_to(REPO)} is stale; run `make lock-rocm`", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
