@@ -128,6 +128,21 @@ def test_device_nodes_fail_with_the_fix_when_no_gpu_was_passed_in():
     assert checks.gpu_devices(plan(image=None)).status == SKIP
 
 
+def test_the_missing_device_remedy_prints_literally_in_the_table(capsys):
+    """Issue 21's crash: in a ROCm image without /dev/kfd, the remedy "devices [/dev/kfd, /dev/dri]" was read as rich
+    markup when the table printed (MarkupError: closing tag '[/dev/kfd, /dev/dri]'). The check's real outcome
+    (its device nodes injected as none: the container got no GPU) now prints as written."""
+    from rocmft.checks import CheckResult, print_table
+
+    probed = plan()
+    probed.probes["device_nodes"] = []  # injected: what a container started without --device sees
+    outcome = checks.gpu_devices(probed)
+    assert "[/dev/kfd, /dev/dri]" in outcome.remedy
+    print_table([CheckResult(**vars(outcome), id="gpu-devices")], None)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "devices [/dev/kfd," in printed and "fail" in printed
+
+
 def test_device_facts_come_from_the_probe():
     from rocmft.device import facts_from_probe
 

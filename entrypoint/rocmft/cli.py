@@ -180,6 +180,7 @@ def cmd_plan(_args) -> int:
     """Print the planner's choices as a table (choice, value, reason); writes nothing to OUTPUT_DIR."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from .device import facts_from_probe, probe_devices_raw, start_probes
     from .render import render
@@ -194,15 +195,17 @@ def cmd_plan(_args) -> int:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     perf = plan.perf
-    console = Console()
+    console = Console(markup=False)  # notes and reasons hold paths and brackets: printed as they are
     if not perf.choices:  # an empty table says less than the reason does
         console.print(f"rocmft plan: nothing planned ({perf.note})")
         return ExitCode.OK
-    table = Table(title=f"rocmft plan: {perf.note}")
+    table = Table(title=Text(f"rocmft plan: {perf.note}"))
     for column in ("choice", "value", "reason"):
         table.add_column(column, overflow="fold")
     for choice in perf.choices:
-        table.add_row(choice.name, str(choice.value), ("" if choice.planned else "kept: ") + choice.reason)
+        table.add_row(
+            Text(choice.name), Text(str(choice.value)), Text(("" if choice.planned else "kept: ") + choice.reason)
+        )
     console.print(table)
     if perf.estimate_gib is not None:
         console.print(f"estimated peak {perf.estimate_gib} GiB per GPU of {perf.usable_gib} GiB planned against "

@@ -162,9 +162,13 @@ def report(results: list[CheckResult], seconds: float) -> dict[str, Any]:
 
 
 def print_table(results: list[CheckResult], report_path: Path | None) -> None:
-    """Print the results as a table (rich), with each warning's and failure's remedy below it."""
+    """Print the results as a table (rich), with each warning's and failure's remedy below it.
+
+    Every text is printed literally (rich.text.Text, markup off): a remedy such as "devices [/dev/kfd, /dev/dri]"
+    is not rich markup (read as markup it raised MarkupError: issue 21)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     colors = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
     table = Table(title="rocmft health checks", show_lines=False)
@@ -172,11 +176,11 @@ def print_table(results: list[CheckResult], report_path: Path | None) -> None:
         table.add_column(column, overflow="fold")
     for r in results:
         text = r.message + (f"\n→ {r.remedy}" if r.remedy and r.status in (WARN, FAIL) else "")
-        table.add_row(r.id, f"[{colors[r.status]}]{r.status}[/]", r.value, text)
+        table.add_row(Text(r.id), Text(r.status, style=colors.get(r.status, "")), Text(str(r.value)), Text(text))
     console = Console(width=160)
     console.print(table)
     if report_path is not None:
-        console.print(f"report: {report_path}")
+        console.print(f"report: {report_path}", markup=False)
 
 
 def _load_builtin_checks() -> None:
