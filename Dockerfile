@@ -67,11 +67,13 @@ RUN --mount=type=secret,id=ca_bundle FLASH_ATTN_VERSION=${FLASH_ATTN_VERSION} /o
 FROM stack AS target
 ARG REHEARSAL=0
 ARG ARCH
-# flash-attention's Triton backend (gfx1100) is chosen at import by this variable (flash_attn_interface.py):
-# set for every process in the image, the build check's import included. `make image` derives it from
-# FLASH_ATTN_BACKEND.
-ARG FLASH_ATTENTION_TRITON_AMD_ENABLE=FALSE
-ENV FLASH_ATTENTION_TRITON_AMD_ENABLE=${FLASH_ATTENTION_TRITON_AMD_ENABLE}
+# flash-attention's Triton backend (gfx1100) is chosen at import by FLASH_ATTENTION_TRITON_AMD_ENABLE
+# (flash_attn_interface.py): set for every process in the image, the build check's import included. `make image`
+# derives FA_TRITON from FLASH_ATTN_BACKEND. (The argument has another name than the variable: a build argument is
+# visible to later RUN steps, also of later stages, but not in the finished image, so the build check could pass
+# on a value users never get; `make image` checks the finished image's environment again.)
+ARG FA_TRITON=FALSE
+ENV FLASH_ATTENTION_TRITON_AMD_ENABLE=${FA_TRITON}
 COPY docker/arch/${ARCH}.env /etc/rocmft/arch.env
 COPY --from=flash-attn /wheels /opt/rocmft/wheels
 COPY docker/steps/target.sh /opt/rocmft/build/
@@ -103,7 +105,7 @@ COPY entrypoint /tmp/rocmft-src/entrypoint
 COPY templates /tmp/rocmft-src/templates
 COPY entrypoint/container-entry.sh /usr/local/bin/rocmft-entry
 COPY docker/steps/rocmft.sh /opt/rocmft/build/
-RUN ROCMFT_BASE_IMAGE="$BASE_IMAGE" ROCMFT_GIT_COMMIT="$GIT_COMMIT" ROCMFT_BUILD_DATE="$BUILD_DATE" \
+RUN --mount=type=secret,id=ca_bundle ROCMFT_BASE_IMAGE="$BASE_IMAGE" ROCMFT_GIT_COMMIT="$GIT_COMMIT" ROCMFT_BUILD_DATE="$BUILD_DATE" \
     /opt/rocmft/build/rocmft.sh \
  && chmod 1777 /home/rocmft
 # HOME, USER and LOGNAME are set so that any uid works (compose runs as the host user, HOST_UID, which has

@@ -73,7 +73,7 @@ docker-ready: venv ## make sure a Docker engine, Compose v2 and ARCH's base imag
 define build_image
 	IMAGE='$(1)' BASE_IMAGE='$(2)' REHEARSAL='$(3)' ARCH='$(ARCH)' FLAVOUR='$(FLAVOUR)' LOCK='$(LOCK)' \
 	TORCH_INDEX_URL='$(TORCH_INDEX_URL)' PYTHON_VERSION='$(PYTHON_VERSION)' ROCM_VERSION='$(ROCM_VERSION)' \
-	FLASH_ATTENTION_TRITON_AMD_ENABLE='$(FA_TRITON)' ROCMFT_VERSION='$(VERSION)' \
+	FA_TRITON='$(FA_TRITON)' ROCMFT_VERSION='$(VERSION)' \
 	GIT_COMMIT="$$(git rev-parse HEAD 2>/dev/null || echo unknown)" BUILD_DATE="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
 	BUILD_CA_BUNDLE='$(BUILD_CA_BUNDLE)' docker compose --progress '$(PROGRESS)' -f docker/build.yaml build image
 endef
@@ -88,6 +88,7 @@ pin-check:
 
 image: pin-check docker-ready ## build the image for ARCH (make image ARCH=gfx942): rocmft:<arch>, rocmft:<version>-rocm<ver>-<arch>
 	$(call build_image,$(IMAGE),$(BASE_REF),0)
+	docker run --rm --entrypoint python $(IMAGE) -m rocmft.buildinfo --report /etc/rocmft/build.json
 	docker tag $(IMAGE) $(IMAGE_TAG)
 
 images: ## build the ROCm images, one per architecture

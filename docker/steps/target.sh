@@ -11,13 +11,14 @@ requirement() { grep -i -m1 -E "^$1==" /opt/rocmft/build/gpu-requirements.txt; }
 # the running one (op_builder/builder.py); with no GPU at build time it would pick and record `cpu`
 # (accelerator/real_accelerator.py; deepspeedai/DeepSpeed#7011). DS_BUILD_<OP>=1 for each prebuilt op.
 export DS_ACCELERATOR PYTORCH_ROCM_ARCH
-for op in $DS_BUILD_OPS_LIST; do export "DS_BUILD_${op}=1"; done
 if rehearsal; then
-  # without torch DeepSpeed's setup.py compiles no op; its dependencies come from the (skipped) stack step
+  # without torch DeepSpeed's setup.py can compile no op (it refuses DS_BUILD_<OP>=1); its dependencies come from
+  # the (skipped) stack step
   build_for_target --no-deps "$(locked deepspeed)"
   ran deepspeed "$(locked deepspeed), DS_ACCELERATOR=$DS_ACCELERATOR, no ops"
   [ -z "$DS_BUILD_OPS_LIST" ] || skipped deepspeed-ops "needs torch to compile $DS_BUILD_OPS_LIST for $PYTORCH_ROCM_ARCH"
 else
+  for op in $DS_BUILD_OPS_LIST; do export "DS_BUILD_${op}=1"; done
   build_for_target -c /opt/rocmft/build/lock.txt "$(locked deepspeed)"
   ran deepspeed "$(locked deepspeed), DS_ACCELERATOR=$DS_ACCELERATOR, ops: ${DS_BUILD_OPS_LIST:-none}"
 fi
@@ -61,9 +62,12 @@ wheels=(/opt/rocmft/wheels/*.whl)
 # --- rehearsals: the arch probe, a source distribution whose build records PYTORCH_ROCM_ARCH, built the way
 # DeepSpeed's ops and flash-attention are: a wheel reused from another ARCH's build shows up as the wrong target.
 if rehearsal; then
-  probe=/tmp/arch_probe-1.0.tar.gz
-  tar -C /opt/rocmft/build -czf "$probe" arch_probe-1.0
-  build_for_target --no-deps "$probe"
+  # a byte-identical archive for every ARCH, found by name and version the way `deepspeed==0.18.4` is on PyPI:
+  # pip reuses a cached wheel for such a requirement (not for a bare file path)
+  mkdir -p /tmp/arch-probe
+  tar -C /opt/rocmft/build --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - arch_probe-1.0 \
+    | gzip -n >/tmp/arch-probe/arch_probe-1.0.tar.gz
+  build_for_target --no-deps --no-index --find-links /tmp/arch-probe "arch-probe==1.0"
   built=$(python -c 'import arch_probe; print(arch_probe.BUILT_FOR)')
   if [ "$built" != "$PYTORCH_ROCM_ARCH" ]; then
     echo "[build] the arch probe was built for '$built', not $PYTORCH_ROCM_ARCH: a wheel built for another" \

@@ -81,7 +81,8 @@ def read_profile(path: Path) -> dict[str, str]:
 
 
 def _distribution_names() -> set[str]:
-    return {(d.metadata["Name"] or "").lower() for d in metadata.distributions()}
+    """Installed distributions by normalized name (PEP 503: ``liger_kernel`` is ``liger-kernel``)."""
+    return {re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower() for d in metadata.distributions()}
 
 
 def _package_dir(module: str) -> Path | None:
@@ -273,18 +274,30 @@ def check_deepspeed(profile: dict[str, str], rehearsal: bool) -> list[Check]:
     return checks
 
 
+def check_flash_attn_env(profile: dict[str, str], environ: dict[str, str] | None = None) -> Check:
+    """flash-attention's backend switch is what FLASH_ATTN_BACKEND needs: ``FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE``
+    for the Triton backend (read at import by flash_attn_interface.py), anything else for CK. Run in the build and
+    again in a container of the finished image (``--report``), whose environment is the one users get."""
+    environ = os.environ if environ is None else environ
+    backend = profile.get("FLASH_ATTN_BACKEND", "none")
+    switch = environ.get("FLASH_ATTENTION_TRITON_AMD_ENABLE", "")
+    if backend != "none" and (backend == "triton") != (switch == "TRUE"):
+        detail = (f"FLASH_ATTN_BACKEND={backend} but the image's environment has FLASH_ATTENTION_TRITON_AMD_ENABLE="
+                  f"{switch or '(unset)'}: flash_attn_interface.py picks its backend by that variable at import "
+                  "(Dockerfile, target stage; make image derives it)")  # fmt: skip
+        return Check("flash-attn-env", FAIL, detail)
+    return Check("flash-attn-env", PASS, f"FLASH_ATTENTION_TRITON_AMD_ENABLE={switch or '(unset)'} for {backend}")
+
+
 def check_flash_attn(profile: dict[str, str], rehearsal: bool) -> list[Check]:
     """The backend's import switch is set in the image; flash_attn imports; a CK build carries the gfx target."""
     backend = profile.get("FLASH_ATTN_BACKEND", "none")
     if backend == "none":
         return [Check("flash-attn", PASS, "none for this architecture")]
-    switch = os.environ.get("FLASH_ATTENTION_TRITON_AMD_ENABLE", "")
-    if (backend == "triton") != (switch == "TRUE"):
-        detail = (f"FLASH_ATTN_BACKEND={backend} but the image's environment has FLASH_ATTENTION_TRITON_AMD_ENABLE="
-                  f"{switch or '(unset)'}: flash_attn_interface.py picks its backend by that variable at import "
-                  "(Dockerfile, target stage; make image derives it)")  # fmt: skip
-        return [Check("flash-attn-env", FAIL, detail)]
-    checks = [Check("flash-attn-env", PASS, f"FLASH_ATTENTION_TRITON_AMD_ENABLE={switch or '(unset)'} for {backend}")]
+    env = check_flash_attn_env(profile)
+    if env.status == FAIL:
+        return [env]
+    checks = [env]
     if rehearsal:
         return [*checks, Check("flash-attn", SKIPPED, "not built: flash-attn's setup.py needs torch")]
     try:
@@ -421,14 +434,19 @@ def report(build: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     """``PROFILE RECORD``: check the image against the profile and write the record (1 on failures);
-    ``--report RECORD``: print a record's steps and checks."""
+    ``--report RECORD``: print a record's steps and checks, and check the environment of the process it runs in
+    again (make image and make rehearse run it in a container of the finished image: 1 when that check fails)."""
     parser = argparse.ArgumentParser(prog="python -m rocmft.buildinfo", description=main.__doc__)
     parser.add_argument("--report", type=Path, metavar="RECORD", help="print RECORD's steps and checks")
     parser.add_argument("paths", nargs="*", type=Path, help="PROFILE RECORD")
     args = parser.parse_args(argv)
     if args.report:
         print(report(json.loads(args.report.read_text(encoding="utf-8"))), end="")
-        return 0
+        if not ARCH_PROFILE.is_file():
+            return 0
+        again = check_flash_attn_env(read_profile(ARCH_PROFILE))
+        print(f"\nin the finished image:\n  {again.name}  {again.status}  {again.detail}")
+        return 1 if again.status == FAIL else 0
     if len(args.paths) != 2:
         parser.error("give PROFILE RECORD (e.g. /etc/rocmft/arch.env /etc/rocmft/build.json)")
     profile, target = read_profile(args.paths[0]), args.paths[1]
