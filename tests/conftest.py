@@ -164,8 +164,9 @@ def all_text_under(folder: Path) -> str:
 
 
 class CheckoutCopy:
-    """A copy of this checkout (tracked and untracked files, modification times kept) to change and build in:
-    `make` there uses this checkout's .venv, which the copy's older files do not make stale."""
+    """A copy of this checkout (tracked and untracked files) to change and build in: `make` there uses this
+    checkout's .venv and never reinstalls it (an edited pyproject.toml in the copy would otherwise repoint the
+    editable install at the copy)."""
 
     def __init__(self, root: Path) -> None:
         import shutil
@@ -177,9 +178,6 @@ class CheckoutCopy:
             if (REPO / name).is_file():
                 (root / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO / name, root / name)
-        marker = REPO / ".venv" / ".installed"
-        if marker.is_file():
-            os.utime(marker)  # newer than every copied file
 
     def replace(self, path: str, old: str, new: str) -> None:
         """Replace ``old`` by ``new`` in the copy's ``path``; fails when ``old`` is not there (update the test)."""
@@ -194,9 +192,11 @@ class CheckoutCopy:
 
 
 def make(*args: str, cwd: Path = REPO, timeout: int = 3600) -> subprocess.CompletedProcess:
-    """`make ARGS` with BuildKit's full log (PROGRESS=plain) and this checkout's .venv."""
-    return subprocess.run(["make", *args, "PROGRESS=plain", f"VENV={REPO / '.venv'}"], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    """`make ARGS` with BuildKit's full log (PROGRESS=plain) and this checkout's .venv, taken as it is (`-o`: make
+    never re-installs it from another folder)."""
+    venv = REPO / ".venv"
+    command = ["make", "-o", str(venv / "bin" / ".installed"), *args, "PROGRESS=plain", f"VENV={venv}"]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

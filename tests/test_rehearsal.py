@@ -90,7 +90,8 @@ def test_finding_3_the_old_bitsandbytes_source_recipe_fails(checkout_copy, rehea
     its first command, because no machine of ours reaches GitHub; on a connected host it stops at cmake, which
     the base lacks (finding 2). What it would have packed, a CPU library, fails the code-object check:
     tests/test_buildinfo.py::test_a_bitsandbytes_without_its_hip_libraries_fails."""
-    checkout_copy.replace("docker/steps/target.sh", '    rocmft-pip install --no-deps "$(requirement bitsandbytes)"\n',
+    wheel = '    rocmft-pip install --no-deps --only-binary=bitsandbytes "$(requirement bitsandbytes)"\n'
+    checkout_copy.replace("docker/steps/target.sh", wheel,
           "    git clone --depth 1 --branch 0.50.2 \\\n"
           "      https://github.com/bitsandbytes-foundation/bitsandbytes.git /tmp/bnb\n"
           '    cmake -S /tmp/bnb -B /tmp/bnb/build -DCOMPUTE_BACKEND=hip -DBNB_ROCM_ARCH="$PYTORCH_ROCM_ARCH"\n'

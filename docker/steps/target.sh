@@ -26,12 +26,13 @@ fi
 # --- bitsandbytes: PyPI's wheel carries libbitsandbytes_rocm<ver>.so for many gfx targets; rocmft.buildinfo
 # checks that the one bitsandbytes will load holds the profile's target. BITSANDBYTES=source is the fallback for
 # a target the wheel lacks: bitsandbytes' own recipe (.github/scripts/build-rocm.sh: cmake 3.31.6 from PyPI,
-# -DCOMPUTE_BACKEND=hip), then its setup.py packs the library CMake built (BNB_SKIP_CMAKE=1; a plain
-# `pip install` re-runs CMake with the CPU backend, and without scikit-build-core it does not build at all).
+# -DCOMPUTE_BACKEND=hip), then its setup.py packs the library CMake built (BNB_SKIP_CMAKE=1: setup.py at
+# bitsandbytes-foundation/bitsandbytes@95f9af30; a plain `pip install` re-runs CMake with the CPU backend, and
+# without scikit-build-core, its build backend, it does not build at all).
 case "$BITSANDBYTES" in
   none) ;;
   wheel)
-    rocmft-pip install --no-deps "$(requirement bitsandbytes)"
+    rocmft-pip install --no-deps --only-binary=bitsandbytes "$(requirement bitsandbytes)"
     ran bitsandbytes "$(requirement bitsandbytes) from PyPI's wheel" ;;
   source)
     version=$(requirement bitsandbytes | cut -d= -f3)
