@@ -56,11 +56,20 @@ COPY docker/steps/stack.sh /opt/rocmft/build/
 RUN --mount=type=secret,id=ca_bundle --mount=type=cache,id=pip-${FLAVOUR},target=/root/.cache/pip \
     /opt/rocmft/build/stack.sh
 
+# The architecture profile's build settings, extracted: the per-arch stages copy only these, so that a change of
+# a runtime setting (RUNTIME_*, FULL_NODE_*, the bandwidth floor) or of a comment in docker/arch/<ARCH>.env does not
+# rebuild flash-attention (hours) or DeepSpeed's ops. flash-attn.env holds only what that stage reads.
+FROM system AS profile
+ARG ARCH
+COPY docker/arch/${ARCH}.env /tmp/arch.env
+RUN grep -E '^[A-Z]' /tmp/arch.env > /tmp/settings.env \
+ && grep -v -E '^(RUNTIME_|FULL_NODE_|RCCL_BUSBW_FLOOR_GBPS=)' /tmp/settings.env > /build.env \
+ && grep -E '^(ARCH|FLASH_ATTN_BACKEND|PYTORCH_ROCM_ARCH)=' /tmp/settings.env > /flash-attn.env
+
 FROM stack AS flash-attn
 ARG REHEARSAL=0
-ARG ARCH
 ARG FLASH_ATTN_VERSION
-COPY docker/arch/${ARCH}.env /etc/rocmft/arch.env
+COPY --from=profile /flash-attn.env /etc/rocmft/build-profile.env
 COPY docker/steps/flash-attn.sh /opt/rocmft/build/
 RUN --mount=type=secret,id=ca_bundle FLASH_ATTN_VERSION=${FLASH_ATTN_VERSION} /opt/rocmft/build/flash-attn.sh
 
@@ -74,7 +83,7 @@ ARG ARCH
 # on a value users never get; `make image` checks the finished image's environment again.)
 ARG FA_TRITON=FALSE
 ENV FLASH_ATTENTION_TRITON_AMD_ENABLE=${FA_TRITON}
-COPY docker/arch/${ARCH}.env /etc/rocmft/arch.env
+COPY --from=profile /build.env /etc/rocmft/build-profile.env
 COPY --from=flash-attn /wheels /opt/rocmft/wheels
 COPY docker/steps/target.sh /opt/rocmft/build/
 COPY docker/steps/arch_probe-1.0 /opt/rocmft/build/arch_probe-1.0
@@ -104,6 +113,7 @@ COPY pyproject.toml README.md /tmp/rocmft-src/
 COPY entrypoint /tmp/rocmft-src/entrypoint
 COPY templates /tmp/rocmft-src/templates
 COPY entrypoint/container-entry.sh /usr/local/bin/rocmft-entry
+COPY docker/arch/${ARCH}.env /etc/rocmft/arch.env
 COPY docker/steps/rocmft.sh /opt/rocmft/build/
 RUN --mount=type=secret,id=ca_bundle ROCMFT_BASE_IMAGE="$BASE_IMAGE" ROCMFT_GIT_COMMIT="$GIT_COMMIT" ROCMFT_BUILD_DATE="$BUILD_DATE" \
     /opt/rocmft/build/rocmft.sh \

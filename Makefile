@@ -113,8 +113,8 @@ pull: ## fetch ARCH's published image from REGISTRY instead of building it: rocm
 pin-bases: ## write each ROCm profile's BASE_DIGEST from its registry (needs Docker Hub; docker buildx imagetools)
 	@for f in $(foreach a,$(ROCM_ARCHS),docker/arch/$(a).env); do \
 	  image=$$(sed -n 's/^BASE_IMAGE=//p' $$f); \
-	  digest=$$(docker buildx imagetools inspect "$$image" --format '{{json .Manifest}}' | $(PYTHON) -c 'import json,sys; print(json.load(sys.stdin)["digest"])') \
-	    || { echo "pin-bases: cannot resolve $$image (is Docker Hub reachable? docker buildx installed?)" >&2; exit 1; }; \
+	  digest=$$(docker buildx imagetools inspect "$$image" --format '{{json .Manifest.Digest}}' 2>/dev/null | tr -d '"'); \
+	  case "$$digest" in sha256:*) ;; *) echo "pin-bases: cannot resolve $$image: is Docker Hub reachable and docker buildx installed? (docker buildx imagetools inspect $$image)" >&2; exit 1 ;; esac; \
 	  sed -i "s|^BASE_DIGEST=.*|BASE_DIGEST=$$digest|" $$f && echo "$$f: $$image@$$digest"; \
 	done
 

@@ -74,24 +74,18 @@ def test_a_rocm_major_without_any_library_fails():
 
 @settings(max_examples=60, deadline=None)
 @given(major=st.integers(5, 9), minor=st.integers(0, 20))
-def test_the_library_choice_is_bitsandbytes_own(major, minor, monkeypatch_session):
+def test_the_library_choice_is_bitsandbytes_own(major, minor):
     """rocmft's copy of the choice (it must work where bitsandbytes cannot be imported) against bitsandbytes'
     own get_cuda_bnb_library_path, under a torch made to report HIP major.minor."""
     import torch
     from bitsandbytes import cextension
     from bitsandbytes.cuda_specs import CUDASpecs
 
-    monkeypatch_session.setattr(torch.version, "hip", f"{major}.{minor}.0", raising=False)
-    specs = CUDASpecs((9, 4), f"{major}{minor}", (major, minor))
-    theirs = cextension.get_cuda_bnb_library_path(specs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.version, "hip", f"{major}.{minor}.0", raising=False)
+        theirs = cextension.get_cuda_bnb_library_path(CUDASpecs((9, 4), f"{major}{minor}", (major, minor)))
     ours = bitsandbytes_library(BNB, (major, minor))
     assert (ours or "missing") == (theirs if theirs.is_file() else "missing")
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_session():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
 
 
 def test_an_uncompressed_bundle_in_an_elf_section_is_read(tmp_path):

@@ -77,17 +77,19 @@ def _executed_steps(build_log: str) -> dict[str, bool]:
 
 
 def test_a_version_bump_rebuilds_only_rocmft_itself(cpu_image, checkout_copy):
-    """Changing rocmft's version (pyproject.toml) and its code rebuilds the runtime stage only: torch, the stack
-    and DeepSpeed come from BuildKit's cache (the stack reads the dependency list, not pyproject.toml)."""
+    """Changing rocmft's version (pyproject.toml) and code, and a runtime setting and a comment of the arch profile,
+    rebuilds the runtime stage only: torch, the stack and DeepSpeed come from BuildKit's cache (the stack reads the
+    dependency list, not pyproject.toml; the per-arch stages read the profile's build settings, not the file)."""
     checkout_copy.replace("pyproject.toml", 'version = "0.1.0"', 'version = "0.1.1"')
     checkout_copy.replace("entrypoint/rocmft/__init__.py", '__version__ = "0.1.0"', '__version__ = "0.1.1"')
+    checkout_copy.replace("docker/arch/cpu.env", "RCCL_BUSBW_FLOOR_GBPS=0", "# a comment\nRCCL_BUSBW_FLOOR_GBPS=1")
     result = checkout_copy.make("image", "ARCH=cpu", "IMAGE=rocmft-layers:cpu", timeout=1800)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     steps = _executed_steps(result.stdout + result.stderr)
     runs = {name: ran for name, ran in steps.items() if " RUN " in f" {name.split(' ', 1)[1]}"}
     assert {name.split()[0] for name in runs} >= {"system", "torch", "stack", "target", "runtime"}, steps
     rebuilt = {name.split()[0] for name, ran in runs.items() if ran}
-    assert rebuilt <= {"requirements", "runtime"} and "runtime" in rebuilt, runs
+    assert rebuilt <= {"requirements", "profile", "runtime"} and "runtime" in rebuilt, runs
     subprocess.run(["docker", "image", "rm", "rocmft-layers:cpu", "rocmft:0.1.1-cpu"], capture_output=True)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # flash-attention, built once per architecture into a wheel in /wheels (its own stage: the Composable Kernel
-# build takes an hour, and BuildKit keeps the stage's layer per ARCH and backend). The target stage installs it.
+# build takes an hour, and BuildKit keeps the stage's layer as long as the flash-attn version, the stack, the
+# architecture, its gfx target and its backend stay the same). The target stage installs it.
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 load_profile
@@ -17,6 +18,10 @@ if rehearsal; then
   skipped flash-attn "needs torch (flash-attn's setup.py imports it to build $spec, backend $FLASH_ATTN_BACKEND)"
   exit 0
 fi
+# ninja: torch's extension builder compiles in parallel only with it (torch/utils/cpp_extension.py falls back to
+# one file at a time), and the stack does not have it (only DeepSpeed requires it, and that comes later)
+locked ninja
+rocmft-pip install "$PIN"
 # pip wheel with the same no-cache rule as every per-target build (lib.sh build_for_target)
 rocmft-pip wheel --no-cache-dir --no-build-isolation --no-deps -w /wheels "$spec"
 ran flash-attn "built $(basename /wheels/flash_attn-*.whl) (backend $FLASH_ATTN_BACKEND, ${GPU_ARCHS:-no extension})"

@@ -30,12 +30,22 @@ skipped() {
 
 rehearsal() { [ "${REHEARSAL:-0}" = 1 ]; }
 
-# The architecture profile (docker/arch/<ARCH>.env, copied to /etc/rocmft/arch.env) as variables.
+# The architecture profile's build settings (docker/arch/<ARCH>.env without its runtime settings; the Dockerfile's
+# profile stage extracts them) as variables.
 # shellcheck source=/dev/null
-load_profile() { set -a; . /etc/rocmft/arch.env; set +a; }
+load_profile() { set -a; . /etc/rocmft/build-profile.env; set +a; }
 
-# The version the lock pins for a distribution: `locked NAME` prints NAME==VERSION.
-locked() { grep -i -m1 -E "^$1==" /opt/rocmft/build/lock.txt || { echo "[build] $1 is not in the lock ($LOCK)" >&2; exit 1; }; }
+# `pin NAME FILE`: the NAME==VERSION line of a requirements FILE, into $PIN (not printed for a $(...): a failure
+# there would only end the substitution, and pip would then be given an empty requirement).
+pin() {
+  # shellcheck disable=SC2034  # read by the calling step
+  PIN=$(grep -i -m1 -E "^$1==" "$2") || {
+    echo "[build] $1 has no pinned version in $2: run make lock-rocm (ROCm) or make lock (cpu) after pyproject.toml changes" >&2
+    exit 1
+  }
+}
+# `locked NAME`: NAME's pin in the flavour's lock, into $PIN.
+locked() { pin "$1" /opt/rocmft/build/lock.txt; }
 
 # Builds and installs a source distribution for the image's target (DeepSpeed's ops, flash-attention, the
 # rehearsal's arch probe): never from pip's wheel cache, which keys a wheel built from an sdist by the sdist

@@ -5,7 +5,9 @@
 . "$(dirname "$0")/lib.sh"
 if rehearsal; then
   # the build check's own two dependencies, which the (skipped) stack step installs in a real build
-  rocmft-pip install --no-deps "$(locked pyelftools)" "$(locked zstandard)"
+  locked pyelftools && elftools=$PIN
+  locked zstandard
+  rocmft-pip install --no-deps "$elftools" "$PIN"
 fi
 rocmft-pip install --no-deps --no-build-isolation /tmp/rocmft-src
 rm -rf /tmp/rocmft-src

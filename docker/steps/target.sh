@@ -4,23 +4,24 @@
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 load_profile
-requirement() { grep -i -m1 -E "^$1==" /opt/rocmft/build/gpu-requirements.txt; }
+gpu_pin() { pin "$1" /opt/rocmft/build/gpu-requirements.txt; }  # pyproject.toml's `gpu` extra, into $PIN
 
 # --- DeepSpeed: DS_ACCELERATOR is set while it installs, because DeepSpeed records the accelerator it was built
 # for (git_version_info_installed.py, accelerator_name) and at run time uses prebuilt ops only when that name is
 # the running one (op_builder/builder.py); with no GPU at build time it would pick and record `cpu`
 # (accelerator/real_accelerator.py; deepspeedai/DeepSpeed#7011). DS_BUILD_<OP>=1 for each prebuilt op.
 export DS_ACCELERATOR PYTORCH_ROCM_ARCH
+locked deepspeed
 if rehearsal; then
   # without torch DeepSpeed's setup.py can compile no op (it refuses DS_BUILD_<OP>=1); its dependencies come from
   # the (skipped) stack step
-  build_for_target --no-deps "$(locked deepspeed)"
-  ran deepspeed "$(locked deepspeed), DS_ACCELERATOR=$DS_ACCELERATOR, no ops"
+  build_for_target --no-deps "$PIN"
+  ran deepspeed "$PIN, DS_ACCELERATOR=$DS_ACCELERATOR, no ops"
   [ -z "$DS_BUILD_OPS_LIST" ] || skipped deepspeed-ops "needs torch to compile $DS_BUILD_OPS_LIST for $PYTORCH_ROCM_ARCH"
 else
   for op in $DS_BUILD_OPS_LIST; do export "DS_BUILD_${op}=1"; done
-  build_for_target -c /opt/rocmft/build/lock.txt "$(locked deepspeed)"
-  ran deepspeed "$(locked deepspeed), DS_ACCELERATOR=$DS_ACCELERATOR, ops: ${DS_BUILD_OPS_LIST:-none}"
+  build_for_target -c /opt/rocmft/build/lock.txt "$PIN"
+  ran deepspeed "$PIN, DS_ACCELERATOR=$DS_ACCELERATOR, ops: ${DS_BUILD_OPS_LIST:-none}"
 fi
 
 # --- bitsandbytes: PyPI's wheel carries libbitsandbytes_rocm<ver>.so for many gfx targets; rocmft.buildinfo
@@ -32,10 +33,12 @@ fi
 case "$BITSANDBYTES" in
   none) ;;
   wheel)
-    rocmft-pip install --no-deps --only-binary=bitsandbytes "$(requirement bitsandbytes)"
-    ran bitsandbytes "$(requirement bitsandbytes) from PyPI's wheel" ;;
+    gpu_pin bitsandbytes
+    rocmft-pip install --no-deps --only-binary=bitsandbytes "$PIN"
+    ran bitsandbytes "$PIN from PyPI's wheel" ;;
   source)
-    version=$(requirement bitsandbytes | cut -d= -f3)
+    gpu_pin bitsandbytes
+    version=${PIN#*==}
     git clone --depth 1 --branch "$version" https://github.com/bitsandbytes-foundation/bitsandbytes.git /tmp/bnb
     rocmft-pip install "cmake==3.31.6" "scikit-build-core==1.1.2" "trove-classifiers>=2025.8.6.13"
     cmake -S /tmp/bnb -B /tmp/bnb/build -DCOMPUTE_BACKEND=hip -DCMAKE_BUILD_TYPE=MinSizeRel \
@@ -50,8 +53,9 @@ esac
 # --- liger-kernel without its dependencies: it requires `triton`, and PyPI's triton is CUDA's; it would sit
 # beside triton-rocm, both owning triton/, the last installed winning (rocmft.buildinfo refuses PyPI's triton).
 if [ "$LIGER_KERNEL" = install ]; then
-  rocmft-pip install --no-deps "$(requirement liger-kernel)"
-  ran liger-kernel "$(requirement liger-kernel), no dependencies (triton is triton-rocm's)"
+  gpu_pin liger-kernel
+  rocmft-pip install --no-deps "$PIN"
+  ran liger-kernel "$PIN, no dependencies (triton is triton-rocm's)"
 fi
 
 # --- flash-attention: the wheel its stage built for this ARCH

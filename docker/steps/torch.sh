@@ -8,6 +8,10 @@ if rehearsal; then
   exit 0
 fi
 mapfile -t pins < <(grep -E '^(torch|torchvision|torchaudio|triton-rocm)==' /opt/rocmft/build/lock.txt)
+if [ "${#pins[@]}" -lt 3 ]; then
+  echo "[build] the lock ($LOCK) pins ${#pins[@]} of torch, torchvision, torchaudio: run make lock-rocm (ROCm) or make lock (cpu)" >&2
+  exit 1
+fi
 # The ROCm index's copies of pure packages lag PyPI's: torch's own dependencies come from PyPI, at the lock's pins.
 extra=()
 [ "$TORCH_INDEX_URL" = https://pypi.org/simple ] || extra=(--extra-index-url https://pypi.org/simple)

@@ -49,9 +49,10 @@ from typing import Any
 ARCH_PROFILE = Path("/etc/rocmft/arch.env")
 # What each build step did (docker/steps/lib.sh appends one JSON object per line).
 STEP_LOG = Path("/etc/rocmft/build-steps.jsonl")
-# DeepSpeed's CPU ops: built by TorchCPUOpBuilder with the build host's -march=native (DeepSpeed 0.18.4,
-# op_builder/builder.py cpu_arch(); SIGILL on another CPU: deepspeedai/DeepSpeed#1886). Never prebuilt.
-DEEPSPEED_CPU_OPS = ("cpu_adam", "cpu_adagrad", "cpu_lion", "cpu_lamb")
+# DeepSpeed's ops built by TorchCPUOpBuilder, with the build host's -march=native (DeepSpeed 0.18.4: the builders
+# of op_builder/{async_io,cpu_adagrad,cpu_adam,cpu_lion,dc,gds}.py; builder.py cpu_arch(); SIGILL on another CPU:
+# deepspeedai/DeepSpeed#1886). Never prebuilt.
+DEEPSPEED_CPU_OPS = ("async_io", "cpu_adagrad", "cpu_adam", "cpu_lion", "dc", "gds")
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 
@@ -138,17 +139,21 @@ def unresolved_libraries(library: Path) -> list[str]:
     return [line.split("=>")[0].strip() for line in result.stdout.splitlines() if "not found" in line]
 
 
-def _gfx_check(name: str, library: Path, gfx: str) -> Check:
-    """Whether ``library``'s code objects include ``gfx`` (rocmft.codeobjects)."""
+def _gfx_check(name: str, library: Path, gfx: str, remedy: str) -> Check:
+    """Whether ``library``'s code objects include every target of ``gfx`` (PYTORCH_ROCM_ARCH: ``gfx942``, or
+    ``gfx90a;gfx942``), by rocmft.codeobjects; ``remedy`` is added to a failure."""
     from .codeobjects import CodeObjectError, gfx_targets
 
+    wanted = [target for target in gfx.split(";") if target]
     try:
         targets = gfx_targets(library)
     except CodeObjectError as err:
-        return Check(name, FAIL, str(err))
-    if gfx in targets:
-        return Check(name, PASS, f"{library.name} has {gfx} code (of {len(targets)} targets)")
-    return Check(name, FAIL, f"{library.name} has no {gfx} code; it has {', '.join(sorted(targets))}")
+        return Check(name, FAIL, f"{err}. {remedy}")
+    missing = [target for target in wanted if target not in targets]
+    if wanted and not missing:
+        return Check(name, PASS, f"{library.name} has {', '.join(wanted)} code (of {len(targets)} targets)")
+    return Check(name, FAIL, f"{library.name} has no {', '.join(missing) or 'PYTORCH_ROCM_ARCH'} code; it has "
+                             f"{', '.join(sorted(targets))}. {remedy}")  # fmt: skip
 
 
 def check_torch(profile: dict[str, str]) -> list[Check]:
@@ -171,7 +176,9 @@ def check_torch(profile: dict[str, str]) -> list[Check]:
                                      f"says ROCM_VERSION={profile.get('ROCM_VERSION')}")]  # fmt: skip
     checks = [Check("torch", PASS, f"torch {torch.__version__}, HIP {torch.version.hip}")]
     library = Path(torch.__file__).parent / "lib" / "libtorch_hip.so"
-    checks.append(_gfx_check("torch-gfx", library, profile.get("PYTORCH_ROCM_ARCH", "")))
+    checks.append(_gfx_check("torch-gfx", library, profile.get("PYTORCH_ROCM_ARCH", ""),
+                             f"Use a torch index whose wheels support this GPU (TORCH_INDEX_URL in docker/arch/"
+                             f"{profile.get('ARCH')}.env)."))  # fmt: skip
     return checks
 
 
@@ -209,14 +216,22 @@ def check_bitsandbytes(profile: dict[str, str], hip: tuple[int, int] | None, hip
     library = bitsandbytes_library(package, hip)
     if library is None:
         found = ", ".join(sorted(p.name for p in package.glob("libbitsandbytes_rocm*.so"))) or "none"
-        return [Check("bitsandbytes", FAIL, f"bitsandbytes has no library for ROCm {hip[0]}.{hip[1]} "
-                                            f"(libbitsandbytes_rocm*.so: {found})")]  # fmt: skip
-    gfx = _gfx_check("bitsandbytes", library, profile.get("PYTORCH_ROCM_ARCH", ""))
+        detail = (f"bitsandbytes has no library for ROCm {hip[0]}.{hip[1]} (libbitsandbytes_rocm*.so: {found}). "
+                  f"Build it from source: BITSANDBYTES=source in docker/arch/{profile.get('ARCH')}.env.")  # fmt: skip
+        return [Check("bitsandbytes", FAIL, detail)]
+    gfx = _gfx_check(
+        "bitsandbytes",
+        library,
+        profile.get("PYTORCH_ROCM_ARCH", ""),
+        f"Build it from source for the target: BITSANDBYTES=source in docker/arch/{profile.get('ARCH')}.env.",
+    )
     gfx = Check(gfx.name, gfx.status, f"{gfx.detail}; chosen for HIP {hip[0]}.{hip[1]} ({hip_source})")
     missing = unresolved_libraries(library)
-    needs = Check("bitsandbytes-libs", FAIL, f"{library.name} needs {', '.join(missing)}, not found here") if missing \
-        else Check("bitsandbytes-libs", PASS, f"every library {library.name} needs resolves")  # fmt: skip
-    return [gfx, needs]
+    if not missing:
+        return [gfx, Check("bitsandbytes-libs", PASS, f"every library {library.name} needs resolves")]
+    detail = (f"{library.name} needs {', '.join(missing)}, not found here: the base lacks ROCm {hip[0]}.{hip[1]}'s "
+              "hipBLAS/hipBLASLt (BASE_IMAGE and ROCM_VERSION must match)")  # fmt: skip
+    return [gfx, Check("bitsandbytes-libs", FAIL, detail)]
 
 
 def _deepspeed_record(package: Path) -> dict[str, Any]:
@@ -261,14 +276,16 @@ def check_deepspeed(profile: dict[str, str], rehearsal: bool) -> list[Check]:
         return [*checks, Check("deepspeed-ops", SKIPPED, f"needs torch to compile {', '.join(wanted_ops)}")]
     missing = [op for op in wanted_ops if not ops.get(op)]
     if missing:
-        return [*checks, Check("deepspeed-ops", FAIL, f"not prebuilt: {', '.join(missing)} (installed_ops: {ops})")]
+        return [*checks, Check("deepspeed-ops", FAIL, f"not prebuilt: {', '.join(missing)} (installed_ops: {ops}); "
+                                                      "the deepspeed step's build log says why")]  # fmt: skip
     checks.append(Check("deepspeed-ops", PASS, f"prebuilt: {', '.join(wanted_ops)}"))
     gfx = profile.get("PYTORCH_ROCM_ARCH", "")
     if gfx:
         for op in wanted_ops:
             built = sorted((package / "ops").rglob(f"{op}_op*.so"))
             if built:
-                checks.append(_gfx_check(f"deepspeed-{op}-gfx", built[0], gfx))
+                remedy = "DeepSpeed compiles for PYTORCH_ROCM_ARCH: see the deepspeed step's log."
+                checks.append(_gfx_check(f"deepspeed-{op}-gfx", built[0], gfx, remedy))
             else:
                 checks.append(Check(f"deepspeed-{op}-gfx", FAIL, f"no compiled {op}_op*.so under {package / 'ops'}"))
     return checks
@@ -307,8 +324,10 @@ def check_flash_attn(profile: dict[str, str], rehearsal: bool) -> list[Check]:
     checks.append(Check("flash-attn", PASS, f"flash_attn {getattr(module, '__version__', '?')} imports ({backend})"))
     if backend == "ck":
         built = sorted(Path(module.__file__).parents[1].glob("flash_attn_2_cuda*.so"))
-        checks.append(_gfx_check("flash-attn-gfx", built[0], profile.get("PYTORCH_ROCM_ARCH", "")) if built else
-                      Check("flash-attn-gfx", FAIL, "no flash_attn_2_cuda*.so extension was built"))  # fmt: skip
+        checks.append(_gfx_check("flash-attn-gfx", built[0], profile.get("PYTORCH_ROCM_ARCH", ""),
+                                 "flash-attn compiles for GPU_ARCHS=PYTORCH_ROCM_ARCH: see the flash-attn stage's log.")
+                      if built else Check("flash-attn-gfx", FAIL, "no flash_attn_2_cuda*.so extension was built: "
+                                          "see the flash-attn stage's log (FLASH_ATTN_BACKEND=ck)"))  # fmt: skip
     return checks
 
 
@@ -338,6 +357,16 @@ def read_steps(path: Path = STEP_LOG) -> list[dict[str, Any]]:
         return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, ValueError):
         return []
+
+
+def _torch_hip() -> tuple[tuple[int, int] | None, str]:
+    """torch.version.hip as (major, minor) and where it came from; None when torch does not import (the torch
+    check reports that)."""
+    try:
+        import torch
+    except Exception as err:
+        return None, f"torch does not import: {type(err).__name__}"
+    return hip_version_of(torch.version.hip or ""), f"torch.version.hip {torch.version.hip}"
 
 
 def check(profile: dict[str, str], rehearsal: bool = False, steps: list[dict[str, Any]] | None = None) -> list[Check]:
@@ -371,9 +400,7 @@ def check(profile: dict[str, str], rehearsal: bool = False, steps: list[dict[str
         if rehearsal:
             hip, source = hip_version_of(profile.get("ROCM_VERSION", "")), "the profile's ROCM_VERSION: torch is absent"
         else:
-            import torch
-
-            hip, source = hip_version_of(torch.version.hip or ""), f"torch.version.hip {torch.version.hip}"
+            hip, source = _torch_hip()
         checks += check_bitsandbytes(profile, hip, source)
     checks += check_deepspeed(profile, rehearsal)
     checks += check_flash_attn(profile, rehearsal)

@@ -126,11 +126,13 @@ def bundle_ids(library: Path) -> list[str]:
             break
         start = min(starts)
         if start == compressed:
+            if start + _COMPRESSED_LAYOUT[1][1] > len(data):
+                raise CodeObjectError(f"{where}: an offload bundle header is cut short at the section's end")
             version, method = struct.unpack_from("<HH", data, start + 4)
             if version not in _COMPRESSED_LAYOUT:
                 raise CodeObjectError(f"{where}: compressed offload bundle of unknown version {version}")
             layout, header = _COMPRESSED_LAYOUT[version]
-            if version == 1:  # no total size: the bundle runs to the next one
+            if version == 1:  # no total size: the bundle runs to the next magic (ROCm <= 6.1 wrote this version)
                 following = data.find(_COMPRESSED_MAGIC, start + 4)
                 total = (following if following >= 0 else len(data)) - start
             else:
