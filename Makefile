@@ -9,15 +9,22 @@ BIN          := $(VENV)/bin
 SHARED       ?= $(abspath ../shared)
 PYTEST_ARGS  ?=
 
-# The architecture: ARCH=... on the command line, else ARCH= in .env, else cpu.
-ARCH         ?= $(or $(shell sed -n 's/^ARCH=//p' .env 2>/dev/null | tail -n 1),cpu)
+# The architecture: ARCH=... on the command line or in the environment, else ARCH= in .env (as compose reads it:
+# `export ARCH=...`, spaces and quotes allowed), else cpu.
+ENV_ARCH     := $(shell sed -n -E "s/^[[:space:]]*(export[[:space:]]+)?ARCH[[:space:]]*=[[:space:]]*[\"']?([^\"'[:space:]\#]*).*/\2/p" .env 2>/dev/null | tail -n 1)
+ARCH_FROM    := $(if $(filter undefined,$(origin ARCH)),$(if $(ENV_ARCH),.env,the default),$(origin ARCH))
+ARCH         ?= $(or $(ENV_ARCH),cpu)
 ARCH_FILE    := docker/arch/$(ARCH).env
 ARCHS        := $(sort $(basename $(notdir $(wildcard docker/arch/*.env))))
 ROCM_ARCHS   := $(filter-out cpu,$(ARCHS))
 ifeq ($(wildcard $(ARCH_FILE)),)
-$(error ARCH=$(ARCH) has no $(ARCH_FILE); use one of: $(ARCHS))
+ifneq ($(filter-out help,$(or $(MAKECMDGOALS),help)),)
+$(error ARCH=$(ARCH) (from $(ARCH_FROM)) has no $(ARCH_FILE); use one of: $(ARCHS). A new architecture is a new \
+  docker/arch/<gfx>.env: README, "Adding an architecture or a ROCm version")
 endif
+else
 include $(ARCH_FILE)
+endif
 
 VERSION      := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # cpu, or rocm<ROCM_VERSION>: the stages before the per-architecture ones are shared within a flavour
@@ -43,7 +50,7 @@ STANDIN      := $(shell sed -n "s/^image=//p" docker/rehearsal/standin.sh)
 
 .DEFAULT_GOAL := help
 .PHONY: help venv train render check test lint format docs lock lock-rocm clean docker-ready image images plan \
-        smoke rehearse rehearsals pull pin-bases pin-check
+        smoke rehearse rehearsals pull pin-bases pin-check profile-check rehearse-arch
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -81,12 +88,19 @@ endef
 # A ROCm base without a digest is a moving tag: a warning, or with REQUIRE_PINNED_BASE=1 (the publishing
 # workflow) an error, before anything is pulled.
 pin-check:
-	@if [ '$(FLAVOUR)' != cpu ] && [ -z '$(BASE_DIGEST)' ]; then \
+	@case '$(REQUIRE_PINNED_BASE)' in 1|yes|true) required=1 ;; ''|0|no|false) required=0 ;; \
+	  *) echo "ERROR: REQUIRE_PINNED_BASE=$(REQUIRE_PINNED_BASE): use 1 (refuse an unpinned base) or 0" >&2; exit 2 ;; esac; \
+	if [ '$(FLAVOUR)' != cpu ] && [ -z '$(BASE_DIGEST)' ]; then \
 	  msg="$(BASE_IMAGE) is not pinned by digest (BASE_DIGEST in $(ARCH_FILE)): run make pin-bases where Docker Hub is reachable"; \
-	  if [ '$(REQUIRE_PINNED_BASE)' = 1 ]; then echo "ERROR: $$msg" >&2; exit 2; else echo "WARNING: $$msg" >&2; fi; \
+	  if [ "$$required" = 1 ]; then echo "ERROR: $$msg" >&2; exit 2; else echo "WARNING: $$msg" >&2; fi; \
 	fi
 
-image: pin-check docker-ready ## build the image for ARCH (make image ARCH=gfx942): rocmft:<arch>, rocmft:<version>-rocm<ver>-<arch>
+# The profile against rocmft's schema (rocmft.buildinfo.validate_profile): a missing key or ROCm versions that
+# disagree stop here, naming the key, instead of building the wrong thing.
+profile-check: venv
+	@$(BIN)/python -m rocmft.buildinfo --validate $(ARCH_FILE) >/dev/null
+
+image: pin-check profile-check docker-ready ## build the image for ARCH (make image ARCH=gfx942): rocmft:<arch>, rocmft:<version>-rocm<ver>-<arch>
 	$(call build_image,$(IMAGE),$(BASE_REF),0)
 	docker run --rm --entrypoint python $(IMAGE) -m rocmft.buildinfo --report /etc/rocmft/build.json
 	docker tag $(IMAGE) $(IMAGE_TAG)
@@ -94,10 +108,15 @@ image: pin-check docker-ready ## build the image for ARCH (make image ARCH=gfx94
 images: ## build the ROCm images, one per architecture
 	$(foreach a,$(ROCM_ARCHS),$(MAKE) image ARCH=$(a) &&) true
 
-rehearse: venv ## build ARCH's ROCm recipe against a stand-in base here (no AMD GPU or ROCm index needed) and report each step
+rehearse-arch:
 	@[ '$(FLAVOUR)' != cpu ] || { echo "rehearse: ARCH=$(ARCH) is not a ROCm architecture; use one of $(ROCM_ARCHS)" >&2; exit 2; }
+
+rehearse: rehearse-arch profile-check ## build ARCH's ROCm recipe against a stand-in base here (no AMD GPU or ROCm index needed) and report each step
 	bash docker/ensure-docker.sh
 	bash docker/rehearsal/standin.sh
+	@stands_for=$$(docker image inspect --format '{{index .Config.Labels "rocmft.standin.for"}}' $(STANDIN)); \
+	[ "$$stands_for" = '$(BASE_IMAGE)' ] || { echo "rehearse: $(STANDIN) stands in for $$stands_for, but $(ARCH_FILE)" \
+	  "builds from $(BASE_IMAGE): make docker/rehearsal/standin.sh carry that base's ROCm (its image name and packages)" >&2; exit 2; }
 	$(call build_image,$(REHEARSAL_IMAGE),$(STANDIN),1)
 	@docker run --rm --entrypoint python $(REHEARSAL_IMAGE) -m rocmft.buildinfo --report /etc/rocmft/build.json
 
@@ -106,7 +125,8 @@ rehearsals: ## make rehearse for every ROCm architecture
 
 pull: ## fetch ARCH's published image from REGISTRY instead of building it: rocmft:<arch>, as make image leaves it
 	bash docker/ensure-docker.sh
-	docker pull '$(REGISTRY)/$(IMAGE_TAG)'
+	@docker pull '$(REGISTRY)/$(IMAGE_TAG)' || { echo "pull: cannot pull $(REGISTRY)/$(IMAGE_TAG) (above: Docker's reason)." \
+	  "Build it instead with make image ARCH=$(ARCH), or set REGISTRY to where .github/workflows/images.yml pushed it" >&2; exit 2; }
 	docker tag '$(REGISTRY)/$(IMAGE_TAG)' $(IMAGE)
 	docker tag '$(REGISTRY)/$(IMAGE_TAG)' $(IMAGE_TAG)
 

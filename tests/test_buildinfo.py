@@ -118,6 +118,13 @@ def test_a_library_without_device_code_is_a_clear_error():
         gfx_targets(REPO / "README.md")
 
 
+def test_a_library_cut_short_is_a_clear_error(tmp_path):
+    cut = tmp_path / "libbitsandbytes_rocm72.so"
+    cut.write_bytes((BNB / "libbitsandbytes_rocm72.so").read_bytes()[:1_200_000])
+    with pytest.raises(CodeObjectError, match="cut short"):
+        gfx_targets(cut)
+
+
 def test_pypi_triton_in_a_rocm_image_fails_the_build():
     """Finding 8: this environment has PyPI's triton (PyPI's torch brings it); the ROCm rule sees it."""
     assert buildinfo.check_triton(profile("gfx942")).status == FAIL
@@ -214,6 +221,20 @@ def test_a_real_build_with_a_skipped_step_fails():
     steps = [{"step": "torch", "status": "skipped", "detail": "x", "seconds": 0}]
     checks = {c.name: c for c in buildinfo.check(profile("cpu"), rehearsal=False, steps=steps)}
     assert checks["steps"].status == FAIL and "torch" in checks["steps"].detail
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--report", "/nonexistent"], "/nonexistent: not a readable build record"),
+    (["--report", "{empty}"], "not a build record (no checks in it)"),
+    (["/nonexistent.env", "{out}"], "/nonexistent.env: cannot read it"),
+    (["{empty}", "{out}"], "ARCH is missing"),
+])  # fmt: skip
+def test_bad_input_to_the_build_check_is_a_message_not_a_traceback(tmp_path, args, words):
+    (tmp_path / "empty").write_text("{}\n")
+    argv = [a.format(empty=tmp_path / "empty", out=tmp_path / "out.json") for a in args]
+    result = subprocess.run([sys.executable, "-m", "rocmft.buildinfo", *argv], capture_output=True, text=True)
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_ldd_reports_a_library_that_does_not_resolve():

@@ -18,7 +18,8 @@ import pytest
 from rocmft.buildinfo import read_profile
 
 REPO = Path(__file__).resolve().parents[1]
-ARCHS = sorted(p.stem for p in (REPO / "docker" / "arch").glob("*.env"))
+PROFILES = sorted((REPO / "docker" / "arch").glob("*.env"))
+ARCHS = [p.stem for p in PROFILES]
 ROCM_ARCHS = [a for a in ARCHS if a != "cpu"]
 
 
@@ -27,12 +28,42 @@ def test_unknown_architecture_is_refused():
     assert result.returncode != 0 and "gfx1100 gfx90a gfx942 gfx950" in result.stderr
 
 
-def test_each_profile_has_the_same_keys():
-    """Every profile names every build setting (RUNTIME_* and FULL_NODE_<NAME> settings are per architecture)."""
-    optional = re.compile(r"^(RUNTIME_|FULL_NODE_(?!GPUS$))")
-    keys = {arch: {k for k in read_profile(REPO / "docker" / "arch" / f"{arch}.env") if not optional.match(k)}
-            for arch in ARCHS}  # fmt: skip
-    assert all(k == keys["cpu"] for k in keys.values()), keys
+def test_the_shipped_profiles_are_valid():
+    result = subprocess.run([sys.executable, "-m", "rocmft.buildinfo", "--validate", *map(str, PROFILES)],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def _broken(tmp_path: Path, arch: str, old: str, new: str) -> list[str]:
+    """The validator's problems with ``arch``'s real profile, ``old`` replaced by ``new`` (file keeps its name)."""
+    from rocmft.buildinfo import validate_profile
+
+    text = (REPO / "docker" / "arch" / f"{arch}.env").read_text()
+    assert old in text
+    (tmp_path / f"{arch}.env").write_text(text.replace(old, new))
+    return validate_profile(tmp_path / f"{arch}.env")
+
+
+@pytest.mark.parametrize(("arch", "old", "new", "words"), [
+    ("gfx942", "NVIDIA_WHEELS=forbidden\n", "", "NVIDIA_WHEELS is missing"),
+    ("gfx942", "BITSANDBYTES=wheel", "BITSANDBYTES=yes", "BITSANDBYTES=yes is not one of wheel, source, none"),
+    ("gfx942", "ROCM_VERSION=7.2", "ROCM_VERSION=7.1", "does not say ROCm 7.1 (ROCM_VERSION)"),
+    ("gfx1100", "FLASH_ATTN_BACKEND=triton", "FLASH_ATTN_BACKEND=ck", "supports gfx90a, gfx942, gfx950 only"),
+    ("gfx90a", "ARCH=gfx90a", "ARCH=gfx942", "ARCH=gfx942 but the file is gfx90a.env"),
+    ("gfx950", "BASE_DIGEST=", "BASE_DIGEST=latest", "not a sha256:<64 hex> digest"),
+])  # fmt: skip
+def test_a_broken_profile_is_refused_naming_the_key(tmp_path, arch, old, new, words):
+    """A profile with a key missing or wrong would have built on silent defaults (a missing NVIDIA_WHEELS read as
+    allowed); one whose ROCm versions disagree builds a mixture."""
+    problems = _broken(tmp_path, arch, old, new)
+    assert any(words in p for p in problems), problems
+
+
+def test_make_refuses_an_invalid_profile_before_building(tmp_path):
+    """make image and make rehearse validate the profile first (profile-check)."""
+    result = subprocess.run(["make", "-s", "profile-check", "ARCH=gfx942", "ARCH_FILE=/dev/null"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode != 0 and "ARCH is missing" in result.stderr, result.stderr
 
 
 def test_an_unpinned_rocm_base_is_refused_where_a_pin_is_required():
@@ -43,6 +74,13 @@ def test_an_unpinned_rocm_base_is_refused_where_a_pin_is_required():
     assert result.returncode != 0 and "is not pinned by digest" in result.stderr
     assert "rocm/dev-ubuntu-24.04:7.2.4-complete" in result.stderr and "make pin-bases" in result.stderr
     assert "pulling" not in result.stdout
+    for value, refused in (("yes", True), ("true", True), ("0", False)):
+        command = ["make", "-s", "pin-check", "ARCH=gfx942", "BASE_DIGEST=", f"REQUIRE_PINNED_BASE={value}"]
+        shown = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+        assert (shown.returncode != 0) == refused and "is not pinned by digest" in shown.stderr, (value, shown.stderr)
+    typo = subprocess.run(["make", "-s", "pin-check", "ARCH=gfx942", "REQUIRE_PINNED_BASE=on"], cwd=REPO,
+                          capture_output=True, text=True)  # fmt: skip
+    assert typo.returncode != 0 and "REQUIRE_PINNED_BASE=on: use 1" in typo.stderr
 
 
 def entry_environment(tmp_path: Path, arch: str, **user: str) -> set[str]:
@@ -112,6 +150,15 @@ def test_the_rocm_lock_has_no_cuda_pin_and_takes_torch_from_the_rocm_index():
         label = f"+rocm{values['ROCM_VERSION']}"
         assert all(pins[name].endswith(label) for name in ("torch", "torchvision", "torchaudio")), pins
         assert "triton-rocm" in pins and "bitsandbytes" in pins and "liger-kernel" in pins
+
+
+def test_the_rocm_lock_refuses_a_profile_that_is_not_rocm():
+    """Pointed at the cpu profile it once overwrote constraints.txt with a `+rocmnone` torch; now it refuses."""
+    before = (REPO / "constraints.txt").read_text()
+    result = subprocess.run([sys.executable, str(REPO / "docker" / "lock" / "rocm_lock.py"), "--write", "--profile",
+                             str(REPO / "docker" / "arch" / "cpu.env")], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode != 0 and "is not a ROCm profile" in result.stderr and "make lock" in result.stderr
+    assert (REPO / "constraints.txt").read_text() == before
 
 
 def test_the_rocm_lock_is_what_resolving_pyproject_gives():

@@ -14,7 +14,8 @@ reach a ROCm image. This host reaches PyPI but not the ROCm wheel index, so the 
    (PyTorch's ``.github/scripts/generate_binary_build_matrix.py``: its extra install requirements are per CUDA
    version only); the image build's ``pip check`` and rocmft.buildinfo verify that on a connected host.
 
-Usage: ``python docker/lock/rocm_lock.py [--write | --check] [--profile docker/arch/gfx942.env]``.
+Usage: ``python docker/lock/rocm_lock.py --write | --check [--profile docker/arch/gfx942.env ...]``: every ROCm
+profile of docker/arch/ by default; the profiles that share a lock must agree on its ROCm and Python versions.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import tomllib
 
-from rocmft.buildinfo import read_profile
+from rocmft.buildinfo import read_profile, validate_profile
 
 REPO = Path(__file__).resolve().parents[2]
 # PyPI as of this date (uv --exclude-newer): re-resolving later gives the same lock. Move it when updating.
@@ -95,30 +96,56 @@ def render(profile: dict[str, str], pins: list[tuple[str, str]]) -> str:
     return "\n".join([*header, *sorted(kept, key=str.lower), "# from the ROCm wheel index:", *rocm]) + "\n"
 
 
+def locks(paths: list[Path]) -> dict[str, dict[str, str]]:
+    """The ROCm locks the profiles ``paths`` name, each with the profile values it is made for.
+
+    Raises:
+        SystemExit: a profile is invalid or not a ROCm one, or two profiles sharing a lock disagree on its ROCm or
+            Python version (the message names the files).
+    """
+    found: dict[str, dict[str, str]] = {}
+    for path in paths:
+        problems = validate_profile(path)
+        if problems:
+            raise SystemExit("rocm_lock: " + "\n  ".join(problems))
+        profile = read_profile(path)
+        if profile["ROCM_VERSION"] == "none":
+            raise SystemExit(f"rocm_lock: {path} is not a ROCm profile (ROCM_VERSION=none); its lock, "
+                             f"{profile['LOCK']}, is the CPU environment's: make lock")  # fmt: skip
+        first = found.setdefault(profile["LOCK"], {**profile, "_from": str(path)})
+        for key in ("ROCM_VERSION", "PYTHON_VERSION"):
+            if first[key] != profile[key]:
+                raise SystemExit(f"rocm_lock: {path} and {first['_from']} share {profile['LOCK']} but say {key}="
+                                 f"{profile[key]} and {first[key]}: give each ROCm version its own lock")  # fmt: skip
+    return found
+
+
 def main(argv: list[str]) -> int:
-    """``--write`` the lock, or ``--check`` that the file is what a resolution gives (exit 1 and a diff if not)."""
+    """``--write`` each lock, or ``--check`` that each file is what a resolution gives (exit 1 and a diff if not)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--check", action="store_true")
-    parser.add_argument("--profile", type=Path, default=REPO / "docker" / "arch" / "gfx942.env")
+    parser.add_argument("--profile", type=Path, action="append", help="a profile (default: every ROCm profile)")
     args = parser.parse_args(argv)
-    profile = read_profile(args.profile)
-    target = REPO / profile["LOCK"]
-    text = render(profile, resolve(profile["PYTHON_VERSION"]))
-    if args.write:
-        target.write_text(text)
-        print(f"rocm_lock: wrote {target.relative_to(REPO)} ({text.count('==')} pins)")
-        return 0
-    current = target.read_text() if target.is_file() else ""
-    if current == text:
-        print(f"rocm_lock: {target.relative_to(REPO)} is what the resolution gives")
-        return 0
-    sys.stdout.writelines(
-        difflib.unified_diff(current.splitlines(True), text.splitlines(True), str(target), "resolved")
-    )
-    print(f"rocm_lock: {target.relative_to(REPO)} is stale; run `make lock-rocm`", file=sys.stderr)
-    return 1
+    paths = args.profile or [p for p in sorted((REPO / "docker" / "arch").glob("*.env"))
+                             if read_profile(p).get("ROCM_VERSION", "none") != "none"]  # fmt: skip
+    stale = 0
+    for lock, profile in locks(paths).items():
+        target = REPO / lock
+        text = render(profile, resolve(profile["PYTHON_VERSION"]))
+        if args.write:
+            target.write_text(text)
+            print(f"rocm_lock: wrote {lock} ({text.count('==')} pins)")
+            continue
+        current = target.read_text() if target.is_file() else ""
+        if current == text:
+            print(f"rocm_lock: {lock} is what the resolution gives")
+            continue
+        sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), text.splitlines(True), lock, "resolved"))
+        print(f"rocm_lock: {lock} is stale; run `make lock-rocm`", file=sys.stderr)
+        stale += 1
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

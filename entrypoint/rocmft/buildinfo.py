@@ -81,6 +81,70 @@ def read_profile(path: Path) -> dict[str, str]:
     return profile
 
 
+# Every key a profile must have, with the values it may take (None: free text, checked by the rules below).
+# One schema for all: make image/rehearse, the lock and the build check validate against it (validate_profile).
+PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
+    "ARCH": None, "GPU_FAMILY": None, "BASE_IMAGE": None, "BASE_DIGEST": None, "PYTHON_VERSION": None,
+    "ROCM_VERSION": None, "LOCK": None, "TORCH_INDEX_URL": None, "TORCH_IS_HIP": ("0", "1"),
+    "NVIDIA_WHEELS": ("allowed", "forbidden"), "PYTORCH_ROCM_ARCH": None, "BITSANDBYTES": ("wheel", "source", "none"),
+    "LIGER_KERNEL": ("install", "none"), "FLASH_ATTN_BACKEND": ("ck", "triton", "none"),
+    "DS_ACCELERATOR": ("cuda", "cpu"), "DS_BUILD_OPS_LIST": None, "RCCL_BUSBW_FLOOR_GBPS": None,
+    "FULL_NODE_GPUS": None,
+}  # fmt: skip
+# flash-attention 2.8.3's setup.py (validate_and_update_archs) accepts only these for its Composable Kernel backend
+FLASH_ATTN_CK_TARGETS = ("gfx90a", "gfx942", "gfx950")
+
+
+def validate_profile(path: Path) -> list[str]:
+    """What is wrong with the architecture profile ``path``, each a sentence naming the key and the fix; empty
+    when it is usable. Checks: every key of :data:`PROFILE_KEYS` present with an allowed value, ARCH the file's
+    name, and in a ROCm profile the four spellings of its ROCm version agreeing (ROCM_VERSION, the base image's
+    tag, TORCH_INDEX_URL, LOCK), a gfx target, and a CK flash-attention backend only on a target flash-attn has."""
+    try:
+        profile = read_profile(path)
+    except (OSError, UnicodeDecodeError) as err:
+        return [f"{path}: cannot read it ({err})"]
+    problems = [f"{path}: {key} is missing (every profile names it: see docker/arch/cpu.env)"
+                for key in PROFILE_KEYS if key not in profile]  # fmt: skip
+    for key, allowed in PROFILE_KEYS.items():
+        if allowed and key in profile and profile[key] not in allowed:
+            problems.append(f"{path}: {key}={profile[key]} is not one of {', '.join(allowed)}")
+    if problems:
+        return problems
+    get = profile.get
+    if get("ARCH") != path.stem and path.name != ARCH_PROFILE.name:  # the image's copy is arch.env
+        problems.append(f"{path}: ARCH={get('ARCH')} but the file is {path.name}: name the file docker/arch/<ARCH>.env")
+    if get("BASE_DIGEST") and not re.fullmatch(r"sha256:[0-9a-f]{64}", get("BASE_DIGEST")):
+        problems.append(f"{path}: BASE_DIGEST={get('BASE_DIGEST')} is not a sha256:<64 hex> digest (make pin-bases)")
+    for key in ("RCCL_BUSBW_FLOOR_GBPS", "FULL_NODE_GPUS"):
+        if not re.fullmatch(r"\d+(\.\d+)?", get(key)):
+            problems.append(f"{path}: {key}={get(key)} is not a number")
+    rocm = get("ROCM_VERSION")
+    if rocm == "none":
+        if get("TORCH_IS_HIP") != "0":
+            problems.append(f"{path}: ROCM_VERSION=none needs TORCH_IS_HIP=0")
+        return problems
+    spellings = {
+        "the base image's tag": re.search(rf":{re.escape(rocm)}[.-]", get("BASE_IMAGE")) is not None,
+        "TORCH_INDEX_URL": get("TORCH_INDEX_URL").rstrip("/").endswith(f"rocm{rocm}"),
+        "LOCK": get("LOCK") == f"docker/lock/rocm{rocm}.txt",
+    }
+    together = f"BASE_IMAGE={get('BASE_IMAGE')}, TORCH_INDEX_URL={get('TORCH_INDEX_URL')}, LOCK={get('LOCK')}"
+    for name, agrees in spellings.items():
+        if not agrees:
+            problems.append(f"{path}: {name} does not say ROCm {rocm} (ROCM_VERSION): {together}; change them together")
+    if get("TORCH_IS_HIP") != "1" or get("NVIDIA_WHEELS") != "forbidden":
+        problems.append(f"{path}: a ROCm profile needs TORCH_IS_HIP=1 and NVIDIA_WHEELS=forbidden")
+    if not get("PYTORCH_ROCM_ARCH"):
+        problems.append(f"{path}: PYTORCH_ROCM_ARCH is empty: name the gfx target (e.g. gfx942)")
+    targets = set(get("PYTORCH_ROCM_ARCH").split(";"))
+    if get("FLASH_ATTN_BACKEND") == "ck" and not targets <= set(FLASH_ATTN_CK_TARGETS):
+        supported = ", ".join(FLASH_ATTN_CK_TARGETS)
+        problems.append(f"{path}: FLASH_ATTN_BACKEND=ck supports {supported} only (flash-attn 2.8.3's setup.py), "
+                        f"not {get('PYTORCH_ROCM_ARCH')}: use triton or none")  # fmt: skip
+    return problems
+
+
 def _distribution_names() -> set[str]:
     """Installed distributions by normalized name (PEP 503: ``liger_kernel`` is ``liger-kernel``)."""
     return {re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower() for d in metadata.distributions()}
@@ -459,16 +523,41 @@ def report(build: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _read_record(path: Path) -> dict[str, Any]:
+    """A build record written by :func:`main`.
+
+    Raises:
+        ValueError: the file is unreadable, not JSON, or holds no checks (the message names the file).
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable build record ({err})") from None
+    if not isinstance(data, dict) or not data.get("checks"):
+        raise ValueError(f"{path}: not a build record (no checks in it); the image build writes /etc/rocmft/build.json")
+    return data
+
+
 def main(argv: list[str]) -> int:
     """``PROFILE RECORD``: check the image against the profile and write the record (1 on failures);
     ``--report RECORD``: print a record's steps and checks, and check the environment of the process it runs in
-    again (make image and make rehearse run it in a container of the finished image: 1 when that check fails)."""
+    again (make image and make rehearse run it in a container of the finished image: 1 when that check fails);
+    ``--validate PROFILE...``: the profiles' problems (:func:`validate_profile`). Bad input exits 2."""
     parser = argparse.ArgumentParser(prog="python -m rocmft.buildinfo", description=main.__doc__)
     parser.add_argument("--report", type=Path, metavar="RECORD", help="print RECORD's steps and checks")
-    parser.add_argument("paths", nargs="*", type=Path, help="PROFILE RECORD")
+    parser.add_argument("--validate", action="store_true", help="validate the profiles given as paths")
+    parser.add_argument("paths", nargs="*", type=Path, help="PROFILE RECORD, or the profiles to --validate")
     args = parser.parse_args(argv)
+    if args.validate:
+        problems = [problem for path in args.paths for problem in validate_profile(path)]
+        print("\n".join(problems) or f"{len(args.paths)} profile(s) valid", file=sys.stderr if problems else sys.stdout)
+        return 2 if problems or not args.paths else 0
     if args.report:
-        print(report(json.loads(args.report.read_text(encoding="utf-8"))), end="")
+        try:
+            print(report(_read_record(args.report)), end="")
+        except ValueError as err:
+            print(f"rocmft.buildinfo: {err}", file=sys.stderr)
+            return 2
         if not ARCH_PROFILE.is_file():
             return 0
         again = check_flash_attn_env(read_profile(ARCH_PROFILE))
@@ -476,6 +565,10 @@ def main(argv: list[str]) -> int:
         return 1 if again.status == FAIL else 0
     if len(args.paths) != 2:
         parser.error("give PROFILE RECORD (e.g. /etc/rocmft/arch.env /etc/rocmft/build.json)")
+    problems = validate_profile(args.paths[0])
+    if problems:
+        print("rocmft.buildinfo: the profile is not usable:\n  - " + "\n  - ".join(problems), file=sys.stderr)
+        return 2
     profile, target = read_profile(args.paths[0]), args.paths[1]
     rehearsal = os.environ.get("REHEARSAL", "0") == "1"
     steps = read_steps()
@@ -487,7 +580,13 @@ def main(argv: list[str]) -> int:
         print(f"\nrocmft image for {profile.get('ARCH')} is broken:\n  - "
               + "\n  - ".join(f"{c.name}: {c.detail}" for c in failed), file=sys.stderr)  # fmt: skip
         return 1
-    target.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    from .fsutil import atomic_write_text
+
+    try:
+        atomic_write_text(target, json.dumps(data, indent=2) + "\n")
+    except OSError as err:
+        print(f"rocmft.buildinfo: cannot write the build record {target}: {err}", file=sys.stderr)
+        return 2
     print(report(data), end="")
     return 0
 

@@ -103,7 +103,7 @@ def fatbin_section(library: Path) -> bytes:
                 raise CodeObjectError(f"{library}: no .hip_fatbin section (no HIP device code in this file)")
             return section.data()
     except (ELFError, OSError) as err:
-        raise CodeObjectError(f"{library}: not a readable ELF file ({err})") from None
+        raise CodeObjectError(f"{library}: not a readable ELF file, or cut short ({err})") from None
 
 
 def bundle_ids(library: Path) -> list[str]:
