@@ -108,7 +108,7 @@ LABEL org.opencontainers.image.title="rocmft" \
       io.rocmft.rocm-version="${ROCM_VERSION}" \
       io.rocmft.rehearsal="${REHEARSAL}"
 # rocmft itself last: changing entrypoint/ or templates/ rebuilds only from here (seconds). LLaMA-Factory's
-# argument vocabulary is baked next to build.json (rocmft.lfargs.BAKED_DIR): a first start skips that import.
+# argument vocabulary is baked next to build.json (rocmft.config.lfargs.BAKED_DIR): a first start skips that import.
 COPY pyproject.toml README.md /tmp/rocmft-src/
 COPY entrypoint /tmp/rocmft-src/entrypoint
 COPY templates /tmp/rocmft-src/templates

@@ -95,14 +95,14 @@ pin-check:
 	  if [ "$$required" = 1 ]; then echo "ERROR: $$msg" >&2; exit 2; else echo "WARNING: $$msg" >&2; fi; \
 	fi
 
-# The profile against rocmft's schema (rocmft.buildinfo.validate_profile): a missing key or ROCm versions that
+# The profile against rocmft's schema (rocmft.image.buildinfo.validate_profile): a missing key or ROCm versions that
 # disagree stop here, naming the key, instead of building the wrong thing.
 profile-check: venv
-	@$(BIN)/python -m rocmft.buildinfo --validate $(ARCH_FILE) >/dev/null
+	@$(BIN)/python -m rocmft.image.buildinfo --validate $(ARCH_FILE) >/dev/null
 
 image: pin-check profile-check docker-ready ## build the image for ARCH (make image ARCH=gfx942): rocmft:<arch>, rocmft:<version>-rocm<ver>-<arch>
 	$(call build_image,$(IMAGE),$(BASE_REF),0)
-	docker run --rm --entrypoint python $(IMAGE) -m rocmft.buildinfo --report /etc/rocmft/build.json
+	docker run --rm --entrypoint python $(IMAGE) -m rocmft.image.buildinfo --report /etc/rocmft/build.json
 	docker tag $(IMAGE) $(IMAGE_TAG)
 
 images: ## build the ROCm images, one per architecture
@@ -118,7 +118,7 @@ rehearse: rehearse-arch profile-check ## build ARCH's ROCm recipe against a stan
 	[ "$$stands_for" = '$(BASE_IMAGE)' ] || { echo "rehearse: $(STANDIN) stands in for $$stands_for, but $(ARCH_FILE)" \
 	  "builds from $(BASE_IMAGE): make docker/rehearsal/standin.sh carry that base's ROCm (its image name and packages)" >&2; exit 2; }
 	$(call build_image,$(REHEARSAL_IMAGE),$(STANDIN),1)
-	@docker run --rm --entrypoint python $(REHEARSAL_IMAGE) -m rocmft.buildinfo --report /etc/rocmft/build.json
+	@docker run --rm --entrypoint python $(REHEARSAL_IMAGE) -m rocmft.image.buildinfo --report /etc/rocmft/build.json
 
 rehearsals: ## make rehearse for every ROCm architecture
 	$(foreach a,$(ROCM_ARCHS),$(MAKE) rehearse ARCH=$(a) &&) true
@@ -181,7 +181,7 @@ format: venv ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix entrypoint tests bench docker
 
 docs: venv ## regenerate the README's variable reference and docs/training-arguments.md from the code
-	$(BIN)/python -m rocmft.envdoc --write README.md docs/training-arguments.md
+	$(BIN)/python -m rocmft.config.envdoc --write README.md docs/training-arguments.md
 
 lock-rocm: venv ## re-resolve the ROCm images' lock (docker/lock/) from PyPI after changing pyproject.toml
 	$(BIN)/python docker/lock/rocm_lock.py --write

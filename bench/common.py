@@ -29,7 +29,7 @@ QWEN2_SHAPES = {
 
 def clean_environment() -> dict[str, str]:
     """This process's environment without ROCMFT_* and training-argument variables (like the tests)."""
-    from rocmft.lfargs import env_arguments
+    from rocmft.config.lfargs import env_arguments
 
     arguments = env_arguments()
     return {k: v for k, v in os.environ.items() if not k.upper().startswith("ROCMFT_") and k.upper() not in arguments}
@@ -46,7 +46,7 @@ def random_qwen2(folder: Path, shape: dict, cache: Path, device: str):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from rocmft.demo import ensure_tiny_model
+    from rocmft.config.demo import ensure_tiny_model
 
     tiny = ensure_tiny_model(cache)
     tiny_config = json.loads((tiny / "config.json").read_text())

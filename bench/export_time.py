@@ -39,7 +39,7 @@ LORA_RANK = 16
 
 def build_base(out: Path, shape: str, cache: Path, device: str) -> tuple[Path, int]:
     """The base model folder and its parameter count (see the module docstring, step 1)."""
-    from rocmft.demo import ensure_tiny_model
+    from rocmft.config.demo import ensure_tiny_model
 
     tiny = ensure_tiny_model(cache)
     if shape == "tiny":
@@ -70,8 +70,8 @@ def make_run(out: Path, base: Path, device: str) -> Path:
     from transformers import AutoModelForCausalLM
 
     from rocmft import __version__
-    from rocmft.lfargs import stack_versions
-    from rocmft.manifest import now
+    from rocmft.config.lfargs import stack_versions
+    from rocmft.outputs.manifest import now
 
     run = out / "run"
     shutil.rmtree(run, ignore_errors=True)
@@ -223,7 +223,7 @@ def main() -> int:
 
 
 def _versions() -> dict:
-    from rocmft.lfargs import stack_versions
+    from rocmft.config.lfargs import stack_versions
 
     return {k: stack_versions()[k] for k in ("llamafactory", "transformers", "peft", "torch")}
 

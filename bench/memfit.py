@@ -1,4 +1,4 @@
-"""Measure the peak GPU memory of real LoRA runs and compare it with rocmft.memfit's estimate.
+"""Measure the peak GPU memory of real LoRA runs and compare it with rocmft.render.memfit's estimate.
 
 Run on one GPU (the acceptance target is an NVIDIA H200, ~139.8 GiB usable), from the repository root::
 
@@ -15,7 +15,7 @@ Run on one GPU (the acceptance target is an NVIDIA H200, ~139.8 GiB usable), fro
    variables only, with a timeout, and reads the worker's ``peak_gpu_memory_gib``
    (``torch.cuda.max_memory_allocated()``) from OUTPUT_DIR/rocmft/worker-result.json; a run that exits
    non-zero with "out of memory" in its log counts as a measured OOM;
-4. estimates each run with rocmft.memfit from the run's own rendered train.yaml, prints a table and writes
+4. estimates each run with rocmft.render.memfit from the run's own rendered train.yaml, prints a table and writes
    DIR/memfit.json.
 
 GRADIENT_ACCUMULATION_STEPS=1 keeps the runs short (the gradients are then freed between steps, which memfit
@@ -131,7 +131,7 @@ def estimate_config(run: dict, model_dir: Path, usable_gib: float) -> dict:
     """memfit's estimate for a run, from its rendered train.yaml (or the same arguments when none was left)."""
     import yaml
 
-    from rocmft import memfit
+    from rocmft.render import memfit
 
     path = Path(run["train_yaml"])
     if path.is_file():

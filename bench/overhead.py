@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(os.environ.get("ROCMFT_CACHE_DIR") or out / "cache")
     sys.path.insert(0, str(REPO / "entrypoint"))
-    from rocmft.demo import ensure_tiny_model
+    from rocmft.config.demo import ensure_tiny_model
 
     model = ensure_tiny_model(cache)
     rows = []

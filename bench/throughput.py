@@ -16,7 +16,7 @@ Run on one GPU, from the repository root (not a test)::
    nothing else: micro-batch, accumulation, packing, checkpointing, attention and kernels are planned;
 4. prints, for each: tokens/s (non-padding input tokens over the trainer's train_runtime, and the steady rate
    after the first optimizer step, see :func:`history`), MFU of the steady rate, peak memory
-   (measured, and rocmft.memfit's prediction), and the ratio b/a; compares the loss curves over the same
+   (measured, and rocmft.render.memfit's prediction), and the ratio b/a; compares the loss curves over the same
    tokens; writes DIR/throughput.json.
 
 FLOPs per token (stated in the output): **model FLOPs** 6·N (PaLM, Chowdhery et al. 2022, appendix B; N =
@@ -79,7 +79,7 @@ def lf_child(config_path: Path, result_path: Path) -> int:
 
 def flops_per_token(model_dir: Path, lora_rank: int = 8) -> dict[str, float]:
     """Matrix-product weights N and LoRA weights N_lora (all seven Linears, rank ``lora_rank``) of the model."""
-    from rocmft import memfit
+    from rocmft.render import memfit
 
     shape = memfit.read_model_shape(model_dir)
     n = shape.num_layers * shape.layer_linear_weights + shape.vocab_size * shape.hidden_size
@@ -183,7 +183,7 @@ def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
 
 
 def _predict(model: Path, arguments: dict, dtype: str) -> float | None:
-    from rocmft import memfit
+    from rocmft.render import memfit
 
     spec = memfit.spec_from_arguments(arguments, compute_dtype=dtype, zero_stage=0)
     return round(memfit.estimate(memfit.read_model_shape(model), spec).total / memfit.GiB, 2)
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         build_model(model, args.shape, cache)
         return 0
     if args.shape == "tiny":
-        from rocmft.demo import ensure_tiny_model
+        from rocmft.config.demo import ensure_tiny_model
 
         model = ensure_tiny_model(cache)
     elif not (model / "config.json").is_file():

@@ -37,7 +37,7 @@ def cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(cache_dir) -> Path:
     """The built-in tiny Qwen2 model folder (built once per session, ~2 s)."""
-    from rocmft.demo import ensure_tiny_model
+    from rocmft.config.demo import ensure_tiny_model
 
     return ensure_tiny_model(cache_dir)
 
@@ -45,7 +45,7 @@ def tiny_model(cache_dir) -> Path:
 @pytest.fixture(scope="session")
 def demo_data(cache_dir) -> Path:
     """The built-in demo data set's folder (rocmft_demo)."""
-    from rocmft.demo import ensure_demo_data
+    from rocmft.config.demo import ensure_demo_data
 
     return ensure_demo_data(cache_dir)
 
@@ -64,7 +64,7 @@ def bf16_checkpoint(tmp_path, tiny_model) -> Path:
 
 
 def _clean_environment() -> dict[str, str]:
-    from rocmft.lfargs import env_arguments
+    from rocmft.config.lfargs import env_arguments
 
     arguments = env_arguments()
     return {
@@ -82,7 +82,7 @@ def render_env(tmp_path, cache_dir, tiny_model):
         base = {"ROCMFT_CACHE_DIR": str(cache_dir), "OUTPUT_DIR": str(tmp_path / "out")}
         if model:
             base["MODEL_NAME_OR_PATH"] = str(tiny_model)
-        from rocmft.settings import load_settings
+        from rocmft.config.settings import load_settings
 
         settings = load_settings({**base, **environ})
 
@@ -91,7 +91,7 @@ def render_env(tmp_path, cache_dir, tiny_model):
             staging.mkdir(parents=True, exist_ok=True)
             return staging
 
-        from rocmft.device import DeviceFacts
+        from rocmft.facts.device import DeviceFacts
         from rocmft.render import render
 
         return render(settings, device or DeviceFacts(backend="cpu"), make_staging)

@@ -1,5 +1,5 @@
-"""The image build's check (rocmft.buildinfo, rocmft.codeobjects) on real artefacts: PyPI's bitsandbytes wheel
-(installed in .venv by `make venv`, its `gpu` extra), this environment's DeepSpeed and triton, and
+"""The image build's check (rocmft.image.buildinfo, rocmft.image.codeobjects) on real artefacts: PyPI's bitsandbytes
+wheel (installed in .venv by `make venv`, its `gpu` extra), this environment's DeepSpeed and triton, and
 flash-attention's own source. Nothing here restates a profile: each test reads a library, a record or an import."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rocmft import buildinfo
-from rocmft.buildinfo import FAIL, PASS, SKIPPED, bitsandbytes_library, read_profile
-from rocmft.codeobjects import CodeObjectError, bundle_ids, gfx_targets
+from rocmft.image import buildinfo
+from rocmft.image.buildinfo import FAIL, PASS, SKIPPED, bitsandbytes_library, read_profile
+from rocmft.image.codeobjects import CodeObjectError, bundle_ids, gfx_targets
 
 REPO = Path(__file__).resolve().parents[1]
 ROCM_ARCHS = sorted(p.stem for p in (REPO / "docker" / "arch").glob("gfx*.env"))
@@ -186,7 +186,7 @@ def test_the_triton_backend_imports_only_with_its_switch_in_the_environment(flas
     with this environment's triton); without it the import falls through to the CUDA extension, which a gfx1100
     image does not have, and the environment rule says so first."""
     code = (
-        "import json, sys; from rocmft import buildinfo; "
+        "import json, sys; from rocmft.image import buildinfo; "
         f"p = buildinfo.read_profile(buildinfo.Path({str(REPO / 'docker/arch/gfx1100.env')!r})); "
         "print(json.dumps([c.__dict__ for c in buildinfo.check_flash_attn(p, rehearsal=False)]))"
     )
@@ -232,7 +232,7 @@ def test_a_real_build_with_a_skipped_step_fails():
 def test_bad_input_to_the_build_check_is_a_message_not_a_traceback(tmp_path, args, words):
     (tmp_path / "empty").write_text("{}\n")
     argv = [a.format(empty=tmp_path / "empty", out=tmp_path / "out.json") for a in args]
-    result = subprocess.run([sys.executable, "-m", "rocmft.buildinfo", *argv], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "rocmft.image.buildinfo", *argv], capture_output=True, text=True)
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "out.json").exists()
 

@@ -108,7 +108,7 @@ def test_env_prints_versions_and_device(run_rocmft):
 def test_readme_variable_reference_is_generated_from_the_code():
     from pathlib import Path
 
-    from rocmft.envdoc import reference, updated_readme
+    from rocmft.config.envdoc import reference, updated_readme
 
     repo = Path(__file__).resolve().parents[1]
     readme = (repo / "README.md").read_text()

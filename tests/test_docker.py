@@ -111,9 +111,9 @@ def test_image_runs_as_non_root_and_labels_match_the_build_record(cpu_image, doc
 
 
 def test_the_image_reads_llamafactorys_vocabulary_without_importing_it(cpu_image, docker_client):
-    """A first start on an empty cache volume reads the vocabulary baked at build time (rocmft.lfargs.BAKED_DIR)
+    """A first start on an empty cache volume reads the vocabulary baked at build time (rocmft.config.lfargs.BAKED_DIR)
     instead of importing LLaMA-Factory in rocmft's own process."""
-    script = ("import sys; from rocmft.lfargs import lf_arguments, vocabulary; v = vocabulary(); "
+    script = ("import sys; from rocmft.config.lfargs import lf_arguments, vocabulary; v = vocabulary(); "
               "print(len(v['arguments']), 'cutoff_len' in lf_arguments(), 'llamafactory' in sys.modules)")  # fmt: skip
     output = docker_client.containers.run("rocmft:cpu", entrypoint=["python3", "-c", script], remove=True,
                                           environment={"ROCMFT_CACHE_DIR": "/tmp/empty-cache"})  # fmt: skip

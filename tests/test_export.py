@@ -214,13 +214,13 @@ def test_quantized_base_is_refused_and_the_unquantized_one_merges(exported, lora
 
 
 def _settings(environ: dict[str, str]):
-    from rocmft.settings import load_settings
+    from rocmft.config.settings import load_settings
 
     return load_settings(environ)
 
 
 def test_unsafe_export_dirs_and_unfinished_runs_are_refused(lora_run, work, lora_env):
-    from rocmft.export import find_run, plan_export
+    from rocmft.outputs.export import find_run, plan_export
 
     settings = _settings({**lora_env, "EXPORT_DIR": lora_env["OUTPUT_DIR"]})
     with pytest.raises(ConfigError, match="would overlap the run's OUTPUT_DIR"):

@@ -1,5 +1,5 @@
 """GPU checks on the CPU: the probe's results are data passed in (plan.probes), shaped exactly as
-rocmft.probe reports them on a GPU host; every check's pass, warn, fail and skip path with its message."""
+rocmft.facts.probe reports them on a GPU host; every check's pass, warn, fail and skip path with its message."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ GFX1100_IMAGE = {"arch": "gfx1100", "pytorch_rocm_arch": "gfx1100", "torch_hip":
 
 def gpu(index=0, arch="gfx942:sramecc+:xnack-", name="AMD Instinct MI300X", total=191.98, free=191.4,
         finite=True, error=3.0e-3):  # fmt: skip
-    # the probe's shape and errors as `python -m rocmft.probe devices` measured them on 2 x H200 (2026-11-30):
+    # the probe's shape and errors as `python -m rocmft.facts.probe devices` measured them on 2 x H200 (2026-11-30):
     # bf16 3.0e-3, fp16 3.5e-4, fp32 1.3e-6
     gemm = {"bfloat16": {"finite": finite, "max_rel_error": error, "seconds": 0.02},
             "float16": {"finite": True, "max_rel_error": 3.5e-4, "seconds": 0.01},
@@ -33,7 +33,7 @@ def devices(*gpus, backend="rocm", visible=None):
 
 def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=0, arguments=None, ds_config=None,
          **probes):  # fmt: skip
-    from rocmft.device import facts_from_probe
+    from rocmft.facts.device import facts_from_probe
 
     probe = probe if probe is not None else devices(gpu())
     return SimpleNamespace(
@@ -144,7 +144,7 @@ def test_the_missing_device_remedy_prints_literally_in_the_table(capsys):
 
 
 def test_device_facts_come_from_the_probe():
-    from rocmft.device import facts_from_probe
+    from rocmft.facts.device import facts_from_probe
 
     facts = facts_from_probe(devices(gpu(0), gpu(1)))
     assert (facts.backend, facts.count, facts.bf16, facts.archs[0]) == ("rocm", 2, True, "gfx942:sramecc+:xnack-")
@@ -202,7 +202,8 @@ def test_iommu_warns_when_translating_with_several_gpus(tmp_path):
     assert iommu(plan()).status == SKIP  # one GPU
 
 
-# the library probe's shape as `python -m rocmft.probe libs bnb fa2` reports it (illustrative values, not a measurement)
+# the library probe's shape as `python -m rocmft.facts.probe libs bnb fa2` reports it
+# (illustrative values, not a measurement)
 BNB_OK = {"version": "0.49.1", "finite": True, "max_rel_error": 4.1e-3, "ok": True}
 FA2_OK = {"version": "2.8.3", "finite": True, "max_rel_error": 3.9e-3, "ok": True}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rocmft.buildinfo import read_profile
+from rocmft.image.buildinfo import read_profile
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = sorted((REPO / "docker" / "arch").glob("*.env"))
@@ -29,14 +29,14 @@ def test_unknown_architecture_is_refused():
 
 
 def test_the_shipped_profiles_are_valid():
-    result = subprocess.run([sys.executable, "-m", "rocmft.buildinfo", "--validate", *map(str, PROFILES)],
+    result = subprocess.run([sys.executable, "-m", "rocmft.image.buildinfo", "--validate", *map(str, PROFILES)],
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr
 
 
 def _broken(tmp_path: Path, arch: str, old: str, new: str) -> list[str]:
     """The validator's problems with ``arch``'s real profile, ``old`` replaced by ``new`` (file keeps its name)."""
-    from rocmft.buildinfo import validate_profile
+    from rocmft.image.buildinfo import validate_profile
 
     text = (REPO / "docker" / "arch" / f"{arch}.env").read_text()
     assert old in text
@@ -105,7 +105,7 @@ def test_entry_script_applies_the_runtime_profile_and_the_user_wins(tmp_path):
 
 
 def test_env_example_variables_are_accepted_by_rocmft():
-    from rocmft.settings import load_settings
+    from rocmft.config.settings import load_settings
 
     environ = {}
     for line in (REPO / ".env.example").read_text().splitlines():

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rocmft.device import facts_from_probe
 from rocmft.errors import ConfigError
+from rocmft.facts.device import facts_from_probe
 from rocmft.launch import communication_environment, full_node_environment, graceful_stop_targets, prepare_launch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ PCI = ["0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0",
 
 
 def eight_gpus() -> dict:
-    """The device probe's shape for 8 MI300X (as rocmft.probe reports it), with the layout's PCI addresses."""
+    """The device probe's shape for 8 MI300X (as rocmft.facts.probe reports it), with the layout's PCI addresses."""
     gpus = [{"index": i, "name": "AMD Instinct MI300X", "arch": "gfx942:sramecc+:xnack-", "total_gib": 191.98,
              "free_gib": 191.4, "bf16": True, "pci": pci, "gemm": {}} for i, pci in enumerate(PCI)]  # fmt: skip
     return {"backend": "rocm", "torch": "2.11.0+rocm7.1", "hip": "7.1.0", "cuda": None, "visible": {}, "gpus": gpus}

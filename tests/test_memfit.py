@@ -1,4 +1,4 @@
-"""rocmft.memfit: the peak-GPU-memory estimate behind the memory-fit check.
+"""rocmft.render.memfit: the peak-GPU-memory estimate behind the memory-fit check.
 
 The per-layer activation formula is checked against what autograd really keeps: a small Qwen2 built with
 transformers (and LoRA with peft) runs one forward on the CPU while ``saved_tensors_hooks`` records every
@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from rocmft.errors import ConfigError
-from rocmft.memfit import (
+from rocmft.render.memfit import (
     GiB,
     ModelShape,
     TrainSpec,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rocmft import memfit, planner
-from rocmft.device import DeviceFacts
+from rocmft.facts.device import DeviceFacts
+from rocmft.render import memfit, planner
 
 # Qwen2-7B's shape (its config.json on the Hugging Face hub, Qwen/Qwen2-7B)
 QWEN2_7B = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
@@ -149,7 +149,7 @@ def test_render_records_the_plan_and_the_manifest_saves_it(render_env, tmp_path)
     assert plan.sources["neat_packing"].startswith("rocmft plan: SFT")
     assert plan.sources["per_device_train_batch_size"] == "PER_DEVICE_TRAIN_BATCH_SIZE"
     assert rendered["disable_gradient_checkpointing"] is True  # the tiny model fits anything
-    from rocmft.manifest import write_manifest
+    from rocmft.outputs.manifest import write_manifest
 
     path = write_manifest(tmp_path / "manifest.json", plan, status="running", exit_code=None, timings={},
                           checks=None, worker=None, started_at="now")  # fmt: skip
@@ -185,7 +185,7 @@ def test_packed_steps_keep_the_samples_per_step_of_the_recipe(qwen7b):
 def test_render_measures_the_sample_length_for_the_plan(render_env, tiny_model, demo_data):
     """End to end through render on an injected GPU: the mean length of the real data set's samples, measured
     with the tiny model's tokenizer, sets the packed rows (a recorded device, not a patched planner)."""
-    from rocmft.datasets import sample_token_lengths
+    from rocmft.render.datasets import sample_token_lengths
 
     plan = render_env({"DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data), "CUTOFF_LEN": "64"},
                       device=H200)  # fmt: skip
@@ -204,7 +204,7 @@ def test_sample_lengths_from_tokenizer_json_equal_transformers_counts(tiny_model
     transformers import on the H200 host); the counts must be AutoTokenizer's."""
     from transformers import AutoTokenizer
 
-    from rocmft.datasets import read_records, token_counter, trainable_text
+    from rocmft.render.datasets import read_records, token_counter, trainable_text
 
     entry = {"file_name": str(shared_data / "alpaca_en_demo.json"), "formatting": "alpaca"}
     texts = [trainable_text(r, entry) for r in read_records(Path(entry["file_name"]), 200)]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rocmft.device import DeviceFacts
+from rocmft.config.settings import load_settings
 from rocmft.errors import ConfigError
-from rocmft.precision import resolve_precision
-from rocmft.settings import load_settings
+from rocmft.facts.device import DeviceFacts
+from rocmft.render.precision import resolve_precision
 
 CPU = DeviceFacts(backend="cpu")
 # What probe_device() returns on an MI300X (gcnArchName and bf16 support as torch reports them on ROCm).

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rocmft.device import DeviceFacts
 from rocmft.errors import ConfigError
+from rocmft.facts.device import DeviceFacts
 
 CPU = DeviceFacts(backend="cpu")
 

@@ -214,6 +214,6 @@ def test_a_full_disk_while_saving_exits_4_and_keeps_the_earlier_checkpoint(run_r
     assert "DISK FULL while saving into" in second.stdout
     assert f"The previous checkpoint {output / 'checkpoint-5'} is intact" in second.stdout
     assert not (output / "checkpoint-10").exists()  # the incomplete one is removed, it can never load
-    from rocmft.resume import checkpoint_problem
+    from rocmft.render.resume import checkpoint_problem
 
     assert checkpoint_problem(output / "checkpoint-5") is None

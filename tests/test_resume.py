@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from rocmft.errors import ConfigError
-from rocmft.resume import checkpoint_problem, newest_complete
+from rocmft.render.resume import checkpoint_problem, newest_complete
 
 
 def write_safetensors(path: Path, truncate: bool = False) -> None:

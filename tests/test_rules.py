@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from rocmft.device import DeviceFacts
 from rocmft.errors import ConfigError, ExitCode
+from rocmft.facts.device import DeviceFacts
 
 DS_BATCH = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
             "zero_optimization": {"stage": 2}}  # fmt: skip

@@ -1,6 +1,6 @@
 """Issue 7's exit-3 kinds end to end: `rocmft check` as a user runs it, with the probes' results injected
-through the test hook ROCMFT_TEST_PROBES (a JSON file; rocmft.device.injected_probes) in the shapes
-rocmft.probe and the checks record on a GPU host (tests/test_gpu_checks.py has the same shapes). Each case
+through the test hook ROCMFT_TEST_PROBES (a JSON file; rocmft.facts.device.injected_probes) in the shapes
+rocmft.facts.probe and the checks record on a GPU host (tests/test_gpu_checks.py has the same shapes). Each case
 asserts exit 3, the failed check's id, its remedy, and that OUTPUT_DIR holds only rocmft/checks.json."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ IMAGE = {"arch": "gfx942", "pytorch_rocm_arch": "gfx942", "torch_hip": "7.1.0", 
 
 
 def gpu(index: int, arch: str = "gfx942:sramecc+:xnack-", name: str = "AMD Instinct MI300X") -> dict:
-    # bf16/fp16/fp32 errors as `python -m rocmft.probe devices` measured them on 2 x H200 (tests/test_gpu_checks.py)
+    # bf16/fp16/fp32 errors as `python -m rocmft.facts.probe devices` measured them on 2 x H200
+    # (tests/test_gpu_checks.py)
     gemm = {"bfloat16": {"finite": True, "max_rel_error": 3.0e-3, "seconds": 0.02},
             "float16": {"finite": True, "max_rel_error": 3.5e-4, "seconds": 0.01},
             "float32": {"finite": True, "max_rel_error": 1.3e-6, "seconds": 0.01}}  # fmt: skip

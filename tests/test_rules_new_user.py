@@ -204,7 +204,7 @@ def test_a_bad_record_deep_in_the_file_is_found_and_numbered(run_rocmft, tmp_pat
 
 
 def test_jsonl_sampling_reports_line_numbers_and_stays_bounded(tmp_path):
-    from rocmft.datasets import sample_records
+    from rocmft.render.datasets import sample_records
 
     path = tmp_path / "big.jsonl"
     lines = [json.dumps({"instruction": str(i), "output": "a"}) for i in range(5000)]

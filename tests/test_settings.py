@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from rocmft.config.lfargs import env_arguments, is_secret_name, lf_arguments
+from rocmft.config.settings import load_settings
 from rocmft.errors import ConfigError, ExitCode
-from rocmft.lfargs import env_arguments, is_secret_name, lf_arguments
-from rocmft.settings import load_settings
 
 
 def test_arguments_come_from_the_installed_llamafactory():
@@ -137,8 +137,8 @@ def test_the_cached_vocabulary_types_values_as_the_live_dataclasses_do():
 
     from pydantic import TypeAdapter
 
-    from rocmft.lfargs import _annotation, _live_vocabulary, _train_dataclasses
-    from rocmft.settings import _field_type
+    from rocmft.config.lfargs import _annotation, _live_vocabulary, _train_dataclasses
+    from rocmft.config.settings import _field_type
 
     live = {f.name: f.type for cls in _train_dataclasses() for f in dataclasses.fields(cls) if f.init}
     plain = {a["name"]: a["type"] for a in _live_vocabulary()["arguments"]}
@@ -169,7 +169,8 @@ def test_settings_do_not_import_llamafactory_once_the_vocabulary_is_cached(tmp_p
     import subprocess
     import sys
 
-    probe = ("import sys; from rocmft.settings import load_settings; s = load_settings({'LEARNING_RATE': '1e-4', "
+    probe = ("import sys; from rocmft.config.settings import load_settings; "
+             "s = load_settings({'LEARNING_RATE': '1e-4', "
              "'TEMPLATE': 'qwen'}); print(s.arguments['learning_rate'], 'llamafactory' in sys.modules)")  # fmt: skip
     env = {"ROCMFT_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     first = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""rocmft.topology against recorded sysfs layouts (tests/data/sysfs/README.md says what they model)."""
+"""rocmft.facts.topology against recorded sysfs layouts (tests/data/sysfs/README.md says what they model)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rocmft.errors import ConfigError, ExitCode
-from rocmft.topology import (
+from rocmft.facts.topology import (
     BindingPlan,
     binding_plan,
     default_route_interface,

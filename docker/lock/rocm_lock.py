@@ -12,7 +12,7 @@ reach a ROCm image. This host reaches PyPI but not the ROCm wheel index, so the 
    local label, and ``triton-rocm`` at the version PyPI's torch pins ``triton`` to. A ROCm wheel of a torch release
    requires the same pure packages as the CUDA wheel plus triton-rocm instead of the CUDA runtime wheels
    (PyTorch's ``.github/scripts/generate_binary_build_matrix.py``: its extra install requirements are per CUDA
-   version only); the image build's ``pip check`` and rocmft.buildinfo verify that on a connected host.
+   version only); the image build's ``pip check`` and rocmft.image.buildinfo verify that on a connected host.
 
 Usage: ``python docker/lock/rocm_lock.py --write | --check [--profile docker/arch/gfx942.env ...]``: every ROCm
 profile of docker/arch/ by default; the profiles that share a lock must agree on its ROCm and Python versions.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import tomllib
 
-from rocmft.buildinfo import read_profile, validate_profile
+from rocmft.image.buildinfo import read_profile, validate_profile
 
 REPO = Path(__file__).resolve().parents[2]
 # PyPI as of this date (uv --exclude-newer): re-resolving later gives the same lock. Move it when updating.

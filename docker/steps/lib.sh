@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Sourced by every image build step (docker/steps/<step>.sh, run from the Dockerfile). Each step records
 # what it did in /etc/rocmft/build-steps.jsonl (one JSON object a line: step, status ran|skipped, detail,
-# seconds), which rocmft.buildinfo copies into the image's build record and `make rehearse` prints.
+# seconds), which rocmft.image.buildinfo copies into the image's build record and `make rehearse` prints.
 # A step may be skipped only in a rehearsal (REHEARSAL=1, `make rehearse`: the ROCm recipe built against a
 # stand-in base, docker/rehearsal/), and then says by name what it needs that is not there.
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # rocmft itself, LLaMA-Factory's argument vocabulary baked beside the build record, then the build check
-# (rocmft.buildinfo: fails the build listing every broken promise of the profile; writes /etc/rocmft/build.json).
+# (rocmft.image.buildinfo: fails the build listing every broken promise of the profile; writes /etc/rocmft/build.json).
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 if rehearsal; then
@@ -15,7 +15,7 @@ ran rocmft "$(python -c 'import importlib.metadata as m; print("rocmft", m.versi
 if rehearsal; then
   skipped vocabulary "needs LLaMA-Factory (the stack step) to read its argument dataclasses"
 else
-  ROCMFT_CACHE_DIR=/etc/rocmft python -c "from rocmft.lfargs import vocabulary; vocabulary()"
+  ROCMFT_CACHE_DIR=/etc/rocmft python -c "from rocmft.config.lfargs import vocabulary; vocabulary()"
   ran vocabulary "$(ls /etc/rocmft/lf-vocabulary-*.json)"
 fi
-python -m rocmft.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json
+python -m rocmft.image.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json

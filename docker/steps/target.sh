@@ -24,7 +24,7 @@ else
   ran deepspeed "$PIN, DS_ACCELERATOR=$DS_ACCELERATOR, ops: ${DS_BUILD_OPS_LIST:-none}"
 fi
 
-# --- bitsandbytes: PyPI's wheel carries libbitsandbytes_rocm<ver>.so for many gfx targets; rocmft.buildinfo
+# --- bitsandbytes: PyPI's wheel carries libbitsandbytes_rocm<ver>.so for many gfx targets; rocmft.image.buildinfo
 # checks that the one bitsandbytes will load holds the profile's target. BITSANDBYTES=source is the fallback for
 # a target the wheel lacks: bitsandbytes' own recipe (.github/scripts/build-rocm.sh: cmake 3.31.6 from PyPI,
 # -DCOMPUTE_BACKEND=hip), then its setup.py packs the library CMake built (BNB_SKIP_CMAKE=1: setup.py at
@@ -51,7 +51,7 @@ case "$BITSANDBYTES" in
 esac
 
 # --- liger-kernel without its dependencies: it requires `triton`, and PyPI's triton is CUDA's; it would sit
-# beside triton-rocm, both owning triton/, the last installed winning (rocmft.buildinfo refuses PyPI's triton).
+# beside triton-rocm, both owning triton/, the last installed winning (rocmft.image.buildinfo refuses PyPI's triton).
 if [ "$LIGER_KERNEL" = install ]; then
   gpu_pin liger-kernel
   rocmft-pip install --no-deps "$PIN"

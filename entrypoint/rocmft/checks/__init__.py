@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from rocmft.errors import ConfigError
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
@@ -149,7 +149,7 @@ def failed(results: list[CheckResult]) -> list[CheckResult]:
 
 def report(results: list[CheckResult], seconds: float) -> dict[str, Any]:
     """The JSON report: overall status, duration and every result."""
-    from .. import __version__
+    from rocmft import __version__
 
     overall = FAIL if failed(results) else WARN if any(r.status == WARN for r in results) else PASS
     return {
@@ -184,6 +184,6 @@ def print_table(results: list[CheckResult], report_path: Path | None) -> None:
 
 
 def _load_builtin_checks() -> None:
-    from . import host  # noqa: F401, I001  (registers on import: host checks, GPU checks, then the rest)
-    from . import gpu  # noqa: F401
-    from . import system  # noqa: F401
+    from rocmft.checks import host  # noqa: F401, I001  (registers on import: host checks, GPU checks, then the rest)
+    from rocmft.checks import gpu  # noqa: F401
+    from rocmft.checks import system  # noqa: F401

@@ -1,6 +1,6 @@
 """GPU checks: device nodes, runtime, gfx target, memory in use, compute, shared memory.
 
-The GPU facts come from :mod:`rocmft.probe` in a child process (a hard HIP error cannot kill the
+The GPU facts come from :mod:`rocmft.facts.probe` in a child process (a hard HIP error cannot kill the
 entrypoint) and are kept in ``plan.probes``; tests put probe data there instead (a fake device is data).
 What the image was built for comes from its build record (``plan.probes["image"]``, read from
 /etc/rocmft/build.json; absent outside an image).
@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..device import ALLREDUCE_MIB, ALLREDUCE_TIMEOUT_S
-from ..launch import processes_per_node
-from . import FAIL, PASS, SKIP, WARN, Outcome, check
+from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
+from rocmft.facts.device import ALLREDUCE_MIB, ALLREDUCE_TIMEOUT_S
+from rocmft.render import processes_per_node
 
 # Share of a GPU's memory in use before training that suggests a leaked or foreign process (a fresh GPU shows
 # well under 1%; ROCm/CUDA contexts of the probe itself are a few hundred MiB).
@@ -43,7 +43,7 @@ GFX_OVERRIDES = {
 def image_record(plan) -> dict[str, Any] | None:
     """The running image's build record (None outside a rocmft image)."""
     if "image" not in plan.probes:
-        from ..manifest import build_record
+        from rocmft.facts.image import build_record
 
         plan.probes["image"] = build_record()
     return plan.probes["image"]
@@ -57,9 +57,9 @@ def gpu_expected(plan) -> bool:
 
 def devices_probe(plan) -> dict[str, Any]:
     """The device probe's result: the same child-process probe that told the precision policy about the GPUs
-    (rocmft.device.probe_devices_raw), kept in plan.probes."""
+    (rocmft.facts.device.probe_devices_raw), kept in plan.probes."""
     if "devices" not in plan.probes:
-        from ..device import probe_devices_raw
+        from rocmft.facts.device import probe_devices_raw
 
         plan.probes["devices"] = probe_devices_raw()
     return plan.probes["devices"]
@@ -198,8 +198,8 @@ def gpu_memory(plan) -> Outcome:
 @check("gpu-compute", "GPU matrix product correct", timeout_s=10, needs=("gpu-runtime",))
 def gpu_compute(plan) -> Outcome:
     """Per GPU, a 1024×1024 matrix product in the run's precision is finite and within the dtype's tolerance
-    of a float64 reference (see rocmft.probe.GEMM_TOLERANCE)."""
-    from ..probe import GEMM_TOLERANCE
+    of a float64 reference (see rocmft.facts.probe.GEMM_TOLERANCE)."""
+    from rocmft.facts.probe import GEMM_TOLERANCE
 
     dtype = plan.precision.compute_dtype
     wrong = []
@@ -260,7 +260,7 @@ def collectives(plan) -> Outcome:
     if len(gpus) < 2:
         return Outcome(SKIP, f"{len(gpus)} GPU", "Collectives need at least two GPUs.")
     if "allreduce" not in plan.probes:
-        from ..device import allreduce_probe
+        from rocmft.facts.device import allreduce_probe
 
         plan.probes["allreduce"] = allreduce_probe(len(gpus))
     result = plan.probes["allreduce"]

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..datasets import available_names, record_problem, sample_records, sample_token_lengths
-from . import FAIL, PASS, SKIP, WARN, Outcome, check
+from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
+from rocmft.render.datasets import available_names, record_problem, sample_records, sample_token_lengths
 
 # Share of samples longer than cutoff_len above which the length check warns: LLaMA-Factory truncates
 # them silently, so the model never sees their ends (responses first). 5% is a judgement call: a few
@@ -62,7 +62,7 @@ def output_writable(plan) -> Outcome:
 def _inside_container_layer(path: Path) -> bool:
     """In a rocmft image (its build record exists), whether ``path`` is on the container's root file system
     rather than a volume (same device number as ``/``)."""
-    from ..manifest import BUILD_RECORD
+    from rocmft.facts.image import BUILD_RECORD
 
     if not BUILD_RECORD.is_file():
         return False
@@ -77,7 +77,7 @@ def _inside_container_layer(path: Path) -> bool:
 def dataset(plan) -> Outcome:
     """Every data set in DATASET/EVAL_DATASET resolves to a readable file whose records have the columns its
     format needs (LLaMA-Factory's data/README.md), checked on records sampled across each file (first, last and
-    evenly in between: rocmft.datasets.sample_records), and the first bad one named by its record number."""
+    evenly in between: rocmft.render.datasets.sample_records), and the first bad one named by its record number."""
     registry = plan.registry
     if not plan.arguments.get("dataset") and not plan.arguments.get("eval_dataset"):
         return Outcome(

@@ -3,7 +3,7 @@ the libraries the configuration asks for, and whether the model fits in GPU memo
 
 Facts come from ``plan.probes`` when present (tests put recorded values there: a fake host is data), else
 they are read: host settings from /proc and /sys (:func:`host_settings`), library probes from
-``python -m rocmft.probe libs`` in a child process (a GPU kernel, not just an import).
+``python -m rocmft.facts.probe libs`` in a child process (a GPU kernel, not just an import).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import FAIL, PASS, SKIP, WARN, Outcome, check
-from .gpu import devices_probe
+from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
+from rocmft.checks.gpu import devices_probe
 
 LIBS_TIMEOUT_S = 60
 
@@ -27,7 +27,7 @@ def host_settings(root: Path = Path("/")) -> dict[str, Any]:
         every DMA; an empty mapping means no IOMMU or none visible); ``cmdline``: /proc/cmdline.
         In a container /proc/cmdline and sysfs show the host's kernel.
     """
-    from ..topology import numa_nodes
+    from rocmft.facts.topology import numa_nodes
 
     def read(path: str) -> str | None:
         try:
@@ -152,7 +152,7 @@ def libraries(plan) -> Outcome:
     problems, fine = [], []
     if needs:
         if "libs" not in plan.probes:
-            from ..probe import run_probe
+            from rocmft.facts.device import run_probe
 
             plan.probes["libs"] = run_probe(["libs", *needs], LIBS_TIMEOUT_S)
         probes = plan.probes["libs"]
@@ -201,12 +201,13 @@ _LIB_REMEDY = {
 @check("memory-fit", "model fits in GPU memory (estimate)", timeout_s=10, needs=("gpu-runtime",))
 def memory_fit(plan) -> Outcome:
     """Peak GPU memory per process, estimated from the model's config.json (no weights loaded) and the
-    training arguments by :mod:`rocmft.memfit` (formula and sources in its docstring; within 3% of
+    training arguments by :mod:`rocmft.render.memfit` (formula and sources in its docstring; within 3% of
     torch.cuda.max_memory_allocated on Qwen2-7B-shaped LoRA runs, BENCHMARKS.md), against the free memory
     of the emptiest-looking local GPU the run uses. Fails with up to three changes that would fit.
     FSDP full sharding is estimated as ZeRO-3 (both partition parameters, gradients and optimizer states)."""
-    from ..launch import nnodes, processes_per_node
-    from ..memfit import estimate, fixes, read_model_shape, spec_from_arguments
+    from rocmft.facts.job import nnodes
+    from rocmft.render import processes_per_node
+    from rocmft.render.memfit import estimate, fixes, read_model_shape, spec_from_arguments
 
     gpus = devices_probe(plan).get("gpus", [])[: processes_per_node(plan)]
     if not gpus:

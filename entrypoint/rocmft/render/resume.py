@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from rocmft.errors import ConfigError
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors", "model.safetensors.index.json",

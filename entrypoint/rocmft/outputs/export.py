@@ -44,9 +44,9 @@ from typing import Any
 
 import yaml
 
-from . import __version__
-from .errors import ChecksFailed, ConfigError, ExitCode, RocmftError
-from .fsutil import atomic_write_json, atomic_write_text, make_private_dir_public, replace_dir
+from rocmft import __version__
+from rocmft.errors import ChecksFailed, ConfigError, ExitCode, RocmftError
+from rocmft.fsutil import atomic_write_json, atomic_write_text, make_private_dir_public, replace_dir
 
 EXPORT_MANIFEST = "rocmft-export.json"
 LATEST_EXPORT = "rocmft-latest-export.json"
@@ -137,12 +137,12 @@ def find_run(given: str | None, settings) -> Run:
         given: a folder from the command line (OUTPUT_DIR, OUTPUT_DIR/rocmft or OUTPUT_DIR/checkpoint-N), or None:
             then the OUTPUT_DIR that ``rocmft train`` would use with the same settings (OUTPUT_DIR,
             ROCMFT_RUN_NAME, ROCMFT_SAVES_DIR, MODEL_NAME_OR_PATH; :func:`rocmft.render.default_output_dir`).
-        settings: the read settings (:func:`rocmft.settings.load_settings`).
+        settings: the read settings (:func:`rocmft.config.settings.load_settings`).
 
     Raises:
         ConfigError: no run record there (naming the runs found in ROCMFT_SAVES_DIR).
     """
-    from .render import default_output_dir
+    from rocmft.render import default_output_dir
 
     if given:
         folder, how = Path(given), f"given as {given}"
@@ -535,9 +535,9 @@ def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
         ChecksFailed: too little disk space.
         RocmftError: (exit 4) LLaMA-Factory's export raised.
     """
-    from .lfargs import stack_versions
-    from .manifest import now
-    from .report import run_facts
+    from rocmft.config.lfargs import stack_versions
+    from rocmft.outputs.manifest import now
+    from rocmft.outputs.report import run_facts
 
     base_dtype = str(
         (model_config(plan.base) or {}).get("dtype") or (model_config(plan.base) or {}).get("torch_dtype") or ""

@@ -3,7 +3,7 @@
 Two kinds of variables (DESIGN.md, "Interface conventions"):
 
 * **Training arguments** — every argument of the installed LLaMA-Factory, by its UPPER_SNAKE_CASE name
-  (``LEARNING_RATE=1e-4``), typed by LLaMA-Factory's own dataclass annotations (see :mod:`rocmft.lfargs`).
+  (``LEARNING_RATE=1e-4``), typed by LLaMA-Factory's own dataclass annotations (see :mod:`rocmft.config.lfargs`).
 * **rocmft's own knobs** — the ``ROCMFT_`` prefix (:class:`RocmftSettings`).
 
 Both are read with pydantic-settings. A misspelled ``ROCMFT_`` variable, or a variable that is not an
@@ -25,15 +25,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, create_model, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .errors import ConfigError
-from .fsutil import default_cache_dir
-from .lfargs import (
+from rocmft.config.lfargs import (
     NOT_FROM_ENVIRONMENT,
     env_arguments,
     is_secret_name,
     lf_arguments,
     stack_versions,
 )
+from rocmft.errors import ConfigError
+from rocmft.fsutil import default_cache_dir
 
 PREFIX = "ROCMFT_"
 
@@ -183,7 +183,7 @@ class RocmftSettings(BaseSettings):
     test_probes: Path | None = Field(
         None,
         description="TEST ONLY: a JSON file of probe results used instead of probing this machine (keys: devices, "
-        "allreduce, libs, image, shm_bytes, host, device_nodes, shaped as rocmft.probe and the checks record "
+        "allreduce, libs, image, shm_bytes, host, device_nodes, shaped as rocmft.facts.probe and the checks record "
         "them), so the GPU checks' failures can be tested end to end without a GPU. Ignored unless set.",
     )
 

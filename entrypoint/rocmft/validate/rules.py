@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from rocmft.errors import ConfigError
 
 # ds_config keys transformers fills when they are "auto" (transformers.integrations.deepspeed,
 # HfTrainerDeepSpeedConfig.trainer_config_process/_finalize); "auto" anywhere else reaches DeepSpeed as a string.
@@ -297,7 +297,7 @@ def template(arguments: dict[str, Any], sources: dict[str, str]) -> None:
     """
     import difflib
 
-    from .lfargs import chat_templates
+    from rocmft.config.lfargs import chat_templates
 
     names = chat_templates()
     name = arguments.get("template")
@@ -321,7 +321,7 @@ def method_settings(arguments: dict[str, Any], sources: dict[str, str]) -> None:
     Raises:
         ConfigError: naming the settings and the method.
     """
-    from .lfargs import lf_arguments
+    from rocmft.config.lfargs import lf_arguments
 
     chosen = arguments.get("finetuning_type", "lora")
     owners = {"LoraArguments": "lora", "FreezeArguments": "freeze", "OFTArguments": "oft"}
@@ -467,7 +467,7 @@ def folders(arguments: dict[str, Any], sources: dict[str, str], source_dir: Path
                               "MODEL_NAME_OR_PATH is the model (folder or hub id); DATASET names data sets in "
                               "DATASET_DIR (dataset_info.json names or .json/.jsonl file names).")  # fmt: skip
     if model and not _looks_like_path(model) and not Path(model).exists() and source_dir.is_dir():
-        from .datasets import available_names
+        from rocmft.render.datasets import available_names
 
         if model in available_names(source_dir) or model.removesuffix(".json") in available_names(source_dir):
             raise ConfigError(f"MODEL_NAME_OR_PATH={model} ({sources.get('model_name_or_path')}) is the name of a "
@@ -489,7 +489,7 @@ def stage_data(arguments: dict[str, Any], sources: dict[str, str], entries: dict
     Raises:
         ConfigError: naming STAGE, the data set and its dataset_info entry's relevant keys.
     """
-    from .datasets import first_record
+    from rocmft.render.datasets import first_record
 
     stage = str(arguments.get("stage") or "sft")
     where = sources.get("stage", "default")
@@ -615,7 +615,7 @@ def more_values(arguments: dict[str, Any], sources: dict[str, str]) -> list[str]
     if _user_set("num_train_epochs", sources) and _user_set("max_steps", sources) and max_steps and max_steps > 0:
         warnings.append(f"NUM_TRAIN_EPOCHS={arguments['num_train_epochs']:g} is ignored: MAX_STEPS={max_steps:g} "
                         "decides the length of the run (transformers); unset one of them.")  # fmt: skip
-    from .datasets import split_names
+    from rocmft.render.datasets import split_names
 
     both = set(split_names(arguments.get("dataset"))) & set(split_names(arguments.get("eval_dataset")))
     if both:
@@ -628,7 +628,7 @@ def more_values(arguments: dict[str, Any], sources: dict[str, str]) -> list[str]
 
 def _interleave(arguments: dict[str, Any], where) -> None:
     """INTERLEAVE_PROBS: only with an interleave MIX_STRATEGY, one number per data set, summing to 1."""
-    from .datasets import split_names
+    from rocmft.render.datasets import split_names
 
     value = arguments.get("interleave_probs")
     if value in (None, ""):
@@ -721,7 +721,7 @@ def chat_template_fits(arguments: dict[str, Any], sources: dict[str, str]) -> li
     Raises:
         ConfigError: naming TEMPLATE, its source, the missing markers and the templates that fit.
     """
-    from .lfargs import chat_template_slots
+    from rocmft.config.lfargs import chat_template_slots
 
     TEMPLATES = chat_template_slots()  # name -> text slots
     name = arguments.get("template")

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .device import DeviceFacts
-from .errors import ConfigError
-from .settings import Settings
+from rocmft.config.settings import Settings
+from rocmft.errors import ConfigError
+from rocmft.facts.device import DeviceFacts
 
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 

@@ -1,9 +1,9 @@
 """The image build's check and its build record, run once as the last step of an image build.
 
-``python -m rocmft.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json`` checks, without a GPU, that the
+``python -m rocmft.image.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json`` checks, without a GPU, that the
 installed image keeps what its architecture profile (docker/arch/<ARCH>.env) promises, and fails the build
 listing every broken promise. It inspects the artefacts themselves: the code objects inside the HIP libraries
-(rocmft.codeobjects), the distributions pip installed, DeepSpeed's own install record. Each check:
+(rocmft.image.codeobjects), the distributions pip installed, DeepSpeed's own install record. Each check:
 
 * ``python``: the interpreter is the profile's PYTHON_VERSION (the lock was resolved for it);
 * ``torch``: torch/torchvision/torchaudio import; a ROCm image's torch is the HIP build of the profile's
@@ -45,8 +45,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-# The image's copy of docker/arch/<ARCH>.env (the Dockerfile installs it; container-entry.sh reads it).
-ARCH_PROFILE = Path("/etc/rocmft/arch.env")
+from rocmft.facts.image import ARCH_PROFILE, read_profile
+
 # What each build step did (docker/steps/lib.sh appends one JSON object per line).
 STEP_LOG = Path("/etc/rocmft/build-steps.jsonl")
 # DeepSpeed's ops built by TorchCPUOpBuilder, with the build host's -march=native (DeepSpeed 0.18.4: the builders
@@ -64,21 +64,6 @@ class Check:
     name: str
     status: str
     detail: str
-
-
-def read_profile(path: Path) -> dict[str, str]:
-    """The KEY=VALUE lines of an architecture profile (comments and blank lines skipped).
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    profile = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            profile[key.strip()] = value.strip()
-    return profile
 
 
 # Every key a profile must have, with the values it may take (None: free text, checked by the rules below).
@@ -205,8 +190,8 @@ def unresolved_libraries(library: Path) -> list[str]:
 
 def _gfx_check(name: str, library: Path, gfx: str, remedy: str) -> Check:
     """Whether ``library``'s code objects include every target of ``gfx`` (PYTORCH_ROCM_ARCH: ``gfx942``, or
-    ``gfx90a;gfx942``), by rocmft.codeobjects; ``remedy`` is added to a failure."""
-    from .codeobjects import CodeObjectError, gfx_targets
+    ``gfx90a;gfx942``), by rocmft.image.codeobjects; ``remedy`` is added to a failure."""
+    from rocmft.image.codeobjects import CodeObjectError, gfx_targets
 
     wanted = [target for target in gfx.split(";") if target]
     try:
@@ -481,7 +466,7 @@ def record(
     profile: dict[str, str], checks: list[Check], steps: list[dict[str, Any]], rehearsal: bool
 ) -> dict[str, Any]:
     """The build record: the profile's build facts, package versions, commit, date, steps and checks."""
-    from .lfargs import stack_versions
+    from rocmft.config.lfargs import stack_versions
 
     try:
         import torch
@@ -543,7 +528,7 @@ def main(argv: list[str]) -> int:
     ``--report RECORD``: print a record's steps and checks, and check the environment of the process it runs in
     again (make image and make rehearse run it in a container of the finished image: 1 when that check fails);
     ``--validate PROFILE...``: the profiles' problems (:func:`validate_profile`). Bad input exits 2."""
-    parser = argparse.ArgumentParser(prog="python -m rocmft.buildinfo", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rocmft.image.buildinfo", description=main.__doc__)
     parser.add_argument("--report", type=Path, metavar="RECORD", help="print RECORD's steps and checks")
     parser.add_argument("--validate", action="store_true", help="validate the profiles given as paths")
     parser.add_argument("paths", nargs="*", type=Path, help="PROFILE RECORD, or the profiles to --validate")
@@ -556,7 +541,7 @@ def main(argv: list[str]) -> int:
         try:
             print(report(_read_record(args.report)), end="")
         except ValueError as err:
-            print(f"rocmft.buildinfo: {err}", file=sys.stderr)
+            print(f"rocmft.image.buildinfo: {err}", file=sys.stderr)
             return 2
         if not ARCH_PROFILE.is_file():
             return 0
@@ -567,7 +552,7 @@ def main(argv: list[str]) -> int:
         parser.error("give PROFILE RECORD (e.g. /etc/rocmft/arch.env /etc/rocmft/build.json)")
     problems = validate_profile(args.paths[0])
     if problems:
-        print("rocmft.buildinfo: the profile is not usable:\n  - " + "\n  - ".join(problems), file=sys.stderr)
+        print("rocmft.image.buildinfo: the profile is not usable:\n  - " + "\n  - ".join(problems), file=sys.stderr)
         return 2
     profile, target = read_profile(args.paths[0]), args.paths[1]
     rehearsal = os.environ.get("REHEARSAL", "0") == "1"
@@ -580,12 +565,12 @@ def main(argv: list[str]) -> int:
         print(f"\nrocmft image for {profile.get('ARCH')} is broken:\n  - "
               + "\n  - ".join(f"{c.name}: {c.detail}" for c in failed), file=sys.stderr)  # fmt: skip
         return 1
-    from .fsutil import atomic_write_text
+    from rocmft.fsutil import atomic_write_text
 
     try:
         atomic_write_text(target, json.dumps(data, indent=2) + "\n")
     except OSError as err:
-        print(f"rocmft.buildinfo: cannot write the build record {target}: {err}", file=sys.stderr)
+        print(f"rocmft.image.buildinfo: cannot write the build record {target}: {err}", file=sys.stderr)
         return 2
     print(report(data), end="")
     return 0

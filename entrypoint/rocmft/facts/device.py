@@ -6,11 +6,14 @@ apart from CUDA builds. Everything here is read, nothing is changed.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from .probe import ProbeProcess
+from rocmft.proc import kill_group
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,66 @@ ALLREDUCE_TIMEOUT_S = 90
 # Device nodes whose presence means a GPU may be visible: worth starting the all-reduce probe early.
 GPU_NODES = ("/dev/kfd", "/dev/nvidiactl")
 
+
+class ProbeProcess:
+    """``python -m rocmft.facts.probe ARGS`` running in the background, in its own process group, with a deadline.
+
+    Output goes to temporary files, not pipes, so nothing needs reading while it runs (no thread: the
+    validation step forks, and forking a process with live threads is unsafe). :meth:`result` waits until
+    the deadline (``timeout_s`` after the start), then kills the whole group (no child is left holding a
+    GPU). Probes still running when the entrypoint exits are killed (atexit).
+    """
+
+    def __init__(self, args: list[str], timeout_s: float) -> None:
+        import atexit
+        import tempfile
+
+        self.args, self.timeout_s = args, timeout_s
+        # open for the probe's lifetime, closed with this object (not a with-block: the probe outlives the call)
+        self._out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self._err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rocmft.facts.probe", *args],
+            stdout=self._out, stderr=self._err, text=True, start_new_session=True,
+        )  # fmt: skip
+        self._result: dict[str, Any] | None = None
+        atexit.register(self.cancel)
+
+    def cancel(self) -> None:
+        """Kill the probe's process group if it is still running."""
+        kill_group(self.proc)
+
+    def result(self) -> dict[str, Any]:
+        """The probe's JSON, or ``{"error": str, "timed_out": bool}`` when it crashed or missed its deadline."""
+        if self._result is None:
+            self._result = self._collect()
+        return self._result
+
+    def _collect(self) -> dict[str, Any]:
+        remaining = self.timeout_s - (time.monotonic() - self.started)
+        try:
+            self.proc.wait(timeout=max(remaining, 0.01))
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            return {"error": f"no answer in {self.timeout_s:.0f} s", "timed_out": True}
+        self._out.seek(0)
+        self._err.seek(0)
+        stdout, stderr = self._out.read(), self._err.read()
+        if self.proc.returncode != 0:
+            tail = " | ".join(stderr.strip().splitlines()[-3:])
+            return {"error": f"the probe exited {self.proc.returncode}: {tail}", "timed_out": False}
+        try:
+            return json.loads(stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            return {"error": f"the probe printed no result: {stdout[-200:]!r}", "timed_out": False}
+
+
+def run_probe(args: list[str], timeout_s: float) -> dict[str, Any]:
+    """Run ``python -m rocmft.facts.probe ARGS`` to the end with a hard timeout (see :class:`ProbeProcess`)."""
+    return ProbeProcess(args, timeout_s).result()
+
+
 _probes: dict[str, ProbeProcess] = {}
 # TEST ONLY (RocmftSettings.test_probes): a JSON file of recorded probe results that replace the probes, read
 # here because the probes start before the settings are read.
@@ -66,7 +129,7 @@ def injected_probes() -> dict:
     import os
     from pathlib import Path
 
-    from .errors import ConfigError
+    from rocmft.errors import ConfigError
 
     path = os.environ.get(TEST_PROBES_VARIABLE)
     if not path:
@@ -90,8 +153,6 @@ def start_probes() -> None:
     every visible GPU only where a GPU device node exists. Idempotent."""
     from pathlib import Path
 
-    from .probe import ProbeProcess
-
     if injected_probes():
         return
     _device_probe()
@@ -100,7 +161,7 @@ def start_probes() -> None:
 
 
 def probe_devices_raw() -> dict:
-    """The device probe's JSON (:mod:`rocmft.probe`, run once per process in a child process, hard timeout).
+    """The device probe's JSON (:mod:`rocmft.facts.probe`, run once per process in a child process, hard timeout).
 
     On a probe failure: ``{"error": ..., "timed_out": ...}`` — the ``gpu-runtime`` check reports it.
     """
@@ -112,8 +173,6 @@ def probe_devices_raw() -> dict:
 
 def _device_probe() -> ProbeProcess:
     """The device probe of this process: started once, by whichever asks first."""
-    from .probe import ProbeProcess
-
     if "devices" not in _probes:
         _probes["devices"] = ProbeProcess(["devices"], PROBE_TIMEOUT_S)
     return _probes["devices"]
@@ -122,8 +181,6 @@ def _device_probe() -> ProbeProcess:
 def allreduce_probe(world: int) -> dict:
     """The all-reduce probe's JSON across ``world`` local GPUs: the one :func:`start_probes` started when it
     covers every visible GPU, else a new one (hard timeout ALLREDUCE_TIMEOUT_S)."""
-    from .probe import ProbeProcess
-
     injected = injected_probes()
     if "allreduce" in injected:
         return injected["allreduce"]

@@ -8,23 +8,21 @@ secrets, and environment values of secret-named variables are replaced by ``<red
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
-import platform
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .fsutil import atomic_write_json
-from .lfargs import is_secret_name, stack_versions
+from rocmft import __version__
+from rocmft.config.lfargs import is_secret_name, stack_versions
+from rocmft.facts.host import host_facts
+from rocmft.facts.image import build_record
+from rocmft.fsutil import atomic_write_json
 
 # Variables that change what a run does without being training arguments, recorded in the manifest.
 RECORDED_ENV_PREFIXES = ("ROCMFT_", "NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "GPU_", "CUDA_", "TORCH_",
                          "PYTORCH_", "HF_", "OMP_", "FORCE_TORCHRUN", "NNODES", "NODE_RANK", "NPROC_PER_NODE",
                          "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")  # fmt: skip
-BUILD_RECORD = Path("/etc/rocmft/build.json")  # written by rocmft.buildinfo at image build time
 
 
 def now() -> str:
@@ -39,31 +37,6 @@ def redact_env(environ: dict[str, str]) -> dict[str, str]:
         for k, v in sorted(environ.items())
         if k.startswith(RECORDED_ENV_PREFIXES)
     }
-
-
-def build_record() -> dict[str, Any] | None:
-    """The image's build record (written at image build time), or None outside a rocmft image."""
-    try:
-        return json.loads(BUILD_RECORD.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def host_facts() -> dict[str, Any]:
-    """Host facts (psutil): name, OS, Python, CPUs, memory, /dev/shm size."""
-    import psutil
-
-    facts: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "cpus_logical": psutil.cpu_count(logical=True),
-        "cpus_physical": psutil.cpu_count(logical=False),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-    }
-    if Path("/dev/shm").is_dir():
-        facts["shm_gib"] = round(psutil.disk_usage("/dev/shm").total / 2**30, 2)
-    return facts
 
 
 # Automatic restarts of this `rocmft train` (ROCMFT_ON_NAN=fp32): cause, step, checkpoint, new precision.

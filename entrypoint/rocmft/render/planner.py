@@ -16,7 +16,7 @@ replaces the template's defaults — never a value the user gave (environment or
   ``num_items_in_batch``), so every label token weighs the same; what changes is how many samples one
   optimizer step sees (a row of ``cutoff_len`` tokens holds several short samples). ``stage: pt`` already
   packs (continuous text has no sample boundaries to respect); other stages (DPO, RM, KTO, PPO) do not pack.
-* micro-batch and gradient accumulation: the largest micro-batch that fits (rocmft.memfit's estimate against
+* micro-batch and gradient accumulation: the largest micro-batch that fits (rocmft.render.memfit's estimate against
   the GPU's memory, :data:`USABLE_FRACTION`) among the divisors of the effective batch per GPU in rows, with the
   accumulation making up the rest. The requested effective batch (micro-batch × accumulation, the template's
   2 × 8 = 16 unless the user gave them) counts *samples*; with planned packing a row holds several, so it
@@ -36,7 +36,7 @@ replaces the template's defaults — never a value the user gave (environment or
   liger-kernel and triton are importable, the device is a GPU, the model family is one Liger patches and the
   stage is SFT or pre-training (LLaMA-Factory keeps plain logits for the others,
   ``model/model_utils/liger_kernel.py``). The fused cross-entropy never materializes the T×V logits: the
-  9.3 GiB logits allocation that ran micro-batch 8 out of memory is gone (rocmft.memfit models it).
+  9.3 GiB logits allocation that ran micro-batch 8 out of memory is gone (rocmft.render.memfit models it).
 
 Every choice carries its reason; :func:`plan_defaults` returns them, render puts the planned values into the
 run's arguments with the source ``rocmft plan: <reason>``, and the manifest keeps the whole :class:`PerfPlan`.
@@ -51,10 +51,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import memfit
-from .buildinfo import ARCH_PROFILE, read_profile
-from .device import DeviceFacts
-from .errors import ConfigError
+from rocmft.errors import ConfigError
+from rocmft.facts.device import DeviceFacts
+from rocmft.facts.image import ARCH_PROFILE, profile_for
+from rocmft.render import memfit
 
 # Share of a GPU's total memory the plan may fill, before memfit's own ALLOCATOR_HEADROOM (5%) and margin:
 # the HIP/CUDA context (~0.5 GiB per process), and whatever else the process or a neighbour holds.
@@ -66,7 +66,6 @@ LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 FUSED_CE_STAGES = ("sft", "pt")
 # flash-attention backends per gfx target, as docker/arch/<ARCH>.env names them (FLASH_ATTN_BACKEND); used
 # when neither the image's /etc/rocmft/arch.env nor the checkout's docker/arch/ has the target.
-FLASH_BACKENDS = {"gfx90a": "ck", "gfx942": "ck", "gfx950": "ck", "gfx1100": "triton"}
 PLANNED = "rocmft plan"
 
 
@@ -95,7 +94,7 @@ class PerfPlan:
         active: whether the planner looked at the run at all (False without a GPU or for the built-in default).
         note: one line on why it is inactive, or what it planned against.
         choices: every decision, in order.
-        estimate_gib: rocmft.memfit's peak estimate for the planned configuration (GiB per GPU), when known.
+        estimate_gib: rocmft.render.memfit's peak estimate for the planned configuration (GiB per GPU), when known.
         breakdown_gib: that estimate by component.
         usable_gib: the memory planned against (GiB per GPU).
         arch: the GPU's gfx target or compute capability.
@@ -138,19 +137,10 @@ def gfx_target(device: DeviceFacts) -> str | None:
 
 
 def flash_backend(arch: str | None, profile: Path = ARCH_PROFILE) -> str:
-    """The flash-attention backend for ``arch``: the image's arch profile when it is that target's, else the
-    checkout's docker/arch/<arch>.env, else :data:`FLASH_BACKENDS`; ``none`` when none is known."""
-    if not arch:
-        return "none"
-    candidates = [profile, Path(__file__).resolve().parents[2] / "docker" / "arch" / f"{arch}.env"]
-    for path in candidates:
-        try:
-            values = read_profile(path)
-        except OSError:
-            continue
-        if values.get("ARCH") == arch:
-            return values.get("FLASH_ATTN_BACKEND", "none")
-    return FLASH_BACKENDS.get(arch, "none")
+    """The flash-attention backend for ``arch``: FLASH_ATTN_BACKEND of its architecture profile (the image's, else
+    the shipped docker/arch/<arch>.env: rocmft.facts.image.profile_for); ``none`` when no profile names ``arch``."""
+    values = profile_for(arch, profile) if arch else None
+    return (values or {}).get("FLASH_ATTN_BACKEND", "none")
 
 
 def plan_defaults(
@@ -175,11 +165,11 @@ def plan_defaults(
         explicit: names the user gave (environment or ROCMFT_CONFIG): never changed.
         device: the probed device; without a GPU nothing is planned.
         compute_dtype: the precision policy's dtype (``bfloat16``/``float16``/``float32``).
-        zero_stage, offload, world_size: the distributed set-up, as rocmft.memfit takes them (FSDP as stage 3).
+        zero_stage, offload, world_size: the distributed set-up, as rocmft.render.memfit takes them (FSDP as stage 3).
         demo: the built-in default (a fixed recipe): nothing is planned.
         liger_available, flash_available: whether liger-kernel (with triton) and flash_attn can be imported;
             looked up when None (tests inject them).
-        sample_tokens: mean tokens per training sample (rocmft.datasets.sample_token_lengths), for the rows
+        sample_tokens: mean tokens per training sample (rocmft.render.datasets.sample_token_lengths), for the rows
             of a packed step; None when unknown (the effective batch is then kept in rows, and said so).
 
     Returns:

@@ -20,21 +20,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .buildinfo import ARCH_PROFILE, read_profile
-from .errors import ConfigError, ExitCode
-from .render import Plan, local_processes, nnodes, node_rank
-from .validate import free_port
+from rocmft.errors import ConfigError, ExitCode
+from rocmft.facts.image import ARCH_PROFILE, read_profile
+from rocmft.facts.job import nnodes, node_rank
+from rocmft.proc import free_port
+from rocmft.render import Plan, processes_per_node
 
 LOG_FILE = "train.log"
 LOG_DIR = "logs"
 # The variables that steer RCCL/NCCL, HIP and the collectives: printed and recorded with their source.
 COMMUNICATION_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "GPU_MAX_", "TORCH_NCCL_", "GLOO_", "ROCR_")
-
-
-def processes_per_node(plan: Plan) -> int:
-    """Local processes the launch starts: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else
-    NPROC_PER_NODE, else one per visible GPU (at least one)."""
-    return local_processes(plan.settings, plan.device, plan.launcher)
 
 
 def check_world_size(plan: Plan) -> None:
@@ -107,9 +102,9 @@ def prepare_launch(plan: Plan, root: Path = Path("/"), numactl: bool | None = No
     """Decide how the worker starts and record it in ``plan.launch`` (for the manifest).
 
     Returns ``{"command", "environment" (additions), "numa", "network_notes", "communication"}``. The NUMA
-    binding plan follows ROCMFT_NUMA_BIND (rocmft.topology.binding_plan) for the local ranks' GPUs, by PCI
+    binding plan follows ROCMFT_NUMA_BIND (rocmft.facts.topology.binding_plan) for the local ranks' GPUs, by PCI
     address from the device probe; the network variables are added for multi-node runs only
-    (rocmft.topology.network_environment).
+    (rocmft.facts.topology.network_environment).
 
     Args:
         plan: the rendered run (its device probe gives the GPUs' PCI addresses).
@@ -120,7 +115,7 @@ def prepare_launch(plan: Plan, root: Path = Path("/"), numactl: bool | None = No
     Raises:
         ConfigError: a bad NNODES/NODE_RANK/WORLD_SIZE, or ROCMFT_NUMA_BIND=on where binding cannot work.
     """
-    from .topology import binding_plan, network_environment
+    from rocmft.facts.topology import binding_plan, network_environment
 
     check_world_size(plan)
     added = {"PYTHONUNBUFFERED": "1"}
@@ -207,7 +202,7 @@ def graceful_stop_targets(pid: int, launcher: str) -> list[int]:
 def graceful_stop_recorded(run_dir: Path) -> bool:
     """Whether this node's worker record (RUN_DIR/worker-result.json) says training stopped early at a step
     boundary with a checkpoint (rocmft.worker: a signal here, or on another rank)."""
-    from .worker import RESULT_FILE
+    from rocmft.records import RESULT_FILE
 
     try:
         return json.loads((run_dir / RESULT_FILE).read_text()).get("stopped_at_step") is not None
@@ -255,7 +250,7 @@ def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
             print(f"[rocmft] network: {note}", flush=True)
         shown = ", ".join(f"{k}={v['value']} ({v['source']})" for k, v in launch["communication"].items())
         print(f"[rocmft] communication settings: {shown or 'library defaults'}", flush=True)
-    from .validate import take_kept
+    from rocmft.validate import take_kept
 
     kept = take_kept()
     why_not = kept.can_train(command, environ) if kept is not None else "no parser process was kept"

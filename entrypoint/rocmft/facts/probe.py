@@ -1,29 +1,28 @@
 """GPU probes, run in a child process so that a hard HIP/CUDA error cannot kill the entrypoint.
 
-``python -m rocmft.probe devices``: every visible GPU's name, gfx target (``gcnArchName`` on ROCm), memory,
+``python -m rocmft.facts.probe devices``: every visible GPU's name, gfx target (``gcnArchName`` on ROCm), memory,
 bf16 support, and a matrix product in each training dtype the GPU supports (bf16, fp16, fp32) checked against a
 float64 reference; JSON on stdout. This is the only place rocmft touches a GPU before training: the entrypoint
 itself never opens a GPU context (which would hold memory on GPU 0 for the whole run).
 
-``python -m rocmft.probe allreduce NPROC|all MIB``: an all-reduce of MIB MiB across NPROC local GPUs (``all``:
+``python -m rocmft.facts.probe allreduce NPROC|all MIB``: an all-reduce of MIB MiB across NPROC local GPUs (``all``:
 every visible GPU; fewer than two gives ``{"skipped": ...}``) through torch.distributed (RCCL on ROCm, NCCL on
 CUDA), one process per GPU; JSON with the bus bandwidth, computed as NCCL's tests define it:
 ``busbw = 2·S·(n−1)/n / t`` (nccl-tests' doc/PERFORMANCE.md).
 
-``python -m rocmft.probe libs bnb fa2``: what the configuration needs from the libraries, for real on GPU 0:
+``python -m rocmft.facts.probe libs bnb fa2``: what the configuration needs from the libraries, for real on GPU 0:
 a bitsandbytes 4-bit (NF4) matmul against its dequantized reference, a flash-attention 2 forward against
 PyTorch's SDPA.
 
-:class:`ProbeProcess` starts one in the background (the entrypoint starts the GPU probes first thing, so they
-run while LLaMA-Factory is imported) and :func:`run_probe` runs one to the end; both with a hard timeout.
+:class:`rocmft.facts.device.ProbeProcess` starts one in the background (the entrypoint starts the GPU probes
+first thing, so they run while LLaMA-Factory is imported) and :func:`rocmft.facts.device.run_probe` runs one to
+the end; both with a hard timeout. This module is the child's side only.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from typing import Any
@@ -132,7 +131,7 @@ def _allreduce(world: int | str, mib: int) -> dict[str, Any]:
             return {"skipped": f"{world} GPU visible"}
     world = int(world)
 
-    from .validate import free_port
+    from rocmft.proc import free_port
 
     with tempfile.NamedTemporaryFile(suffix=".json") as result:
         mp.spawn(_allreduce_rank, args=(world, free_port(), mib, result.name), nprocs=world, join=True)
@@ -204,75 +203,6 @@ def _libs(names: list[str]) -> dict[str, Any]:
         except Exception as err:  # ImportError, a missing kernel (RuntimeError), ...
             out[name] = {"ok": False, "error": f"{type(err).__name__}: {err}"[:500]}
     return out
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc``'s process group (started with ``start_new_session``) if it still runs, and reap it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
-class ProbeProcess:
-    """``python -m rocmft.probe ARGS`` running in the background, in its own process group, with a deadline.
-
-    Output goes to temporary files, not pipes, so nothing needs reading while it runs (no thread: the
-    validation step forks, and forking a process with live threads is unsafe). :meth:`result` waits until
-    the deadline (``timeout_s`` after the start), then kills the whole group (no child is left holding a
-    GPU). Probes still running when the entrypoint exits are killed (atexit).
-    """
-
-    def __init__(self, args: list[str], timeout_s: float) -> None:
-        import atexit
-        import tempfile
-
-        self.args, self.timeout_s = args, timeout_s
-        # open for the probe's lifetime, closed with this object (not a with-block: the probe outlives the call)
-        self._out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
-        self._err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rocmft.probe", *args],
-            stdout=self._out, stderr=self._err, text=True, start_new_session=True,
-        )  # fmt: skip
-        self._result: dict[str, Any] | None = None
-        atexit.register(self.cancel)
-
-    def cancel(self) -> None:
-        """Kill the probe's process group if it is still running."""
-        kill_group(self.proc)
-
-    def result(self) -> dict[str, Any]:
-        """The probe's JSON, or ``{"error": str, "timed_out": bool}`` when it crashed or missed its deadline."""
-        if self._result is None:
-            self._result = self._collect()
-        return self._result
-
-    def _collect(self) -> dict[str, Any]:
-        remaining = self.timeout_s - (time.monotonic() - self.started)
-        try:
-            self.proc.wait(timeout=max(remaining, 0.01))
-        except subprocess.TimeoutExpired:
-            self.cancel()
-            return {"error": f"no answer in {self.timeout_s:.0f} s", "timed_out": True}
-        self._out.seek(0)
-        self._err.seek(0)
-        stdout, stderr = self._out.read(), self._err.read()
-        if self.proc.returncode != 0:
-            tail = " | ".join(stderr.strip().splitlines()[-3:])
-            return {"error": f"the probe exited {self.proc.returncode}: {tail}", "timed_out": False}
-        try:
-            return json.loads(stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            return {"error": f"the probe printed no result: {stdout[-200:]!r}", "timed_out": False}
-
-
-def run_probe(args: list[str], timeout_s: float) -> dict[str, Any]:
-    """Run ``python -m rocmft.probe ARGS`` to the end with a hard timeout (see :class:`ProbeProcess`)."""
-    return ProbeProcess(args, timeout_s).result()
 
 
 def main(argv: list[str]) -> int:

@@ -1,14 +1,14 @@
 """The ``rocmft`` command: ``render | check | train | env``.
 
 * ``render``: settings → rendered files → LLaMA-Factory's parser; writes OUTPUT_DIR/rocmft/ and prints it.
-* ``plan``: the planner's choices for the GPU (rocmft.planner) as a table; writes nothing.
+* ``plan``: the planner's choices for the GPU (rocmft.render.planner) as a table; writes nothing.
 * ``check``: render, then the health checks; writes the files and checks.json. Never trains.
 * ``train``: all of the above, then the worker; writes the manifest, the weights, the logs.
 * ``status``: is the run making progress (the compose healthcheck); exit 0 yes, 1 no.
 * ``env``: versions, device facts and the image build record; ``--docs`` prints the variable reference.
-* ``export``: merge a finished run's LoRA adapter into its base, as a Hugging Face model folder (rocmft.export).
-* ``chat``: answer prompts with an export or a run's adapter, with the model's chat template (rocmft.chat).
-* ``report``: (re)write a run's summary, run_summary.md/.png, from its files (rocmft.report; train writes it too).
+* ``export``: merge a finished run's LoRA adapter into its base, as a Hugging Face model folder (rocmft.outputs.export).
+* ``chat``: answer prompts with an export or a run's adapter, with the model's chat template (rocmft.outputs.chat).
+* ``report``: (re)write a run's summary, run_summary.md/.png, from its files (rocmft.outputs.report; train too).
 
 Exit codes: see :mod:`rocmft.errors` (0, 2 config, 3 check failed, 4 training failed, 5 non-finite loss,
 143 interrupted). On 2 nothing is left in OUTPUT_DIR; on 3 only OUTPUT_DIR/rocmft/checks.json.
@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .errors import ChecksFailed, ConfigError, ExitCode, RocmftError
-from .fsutil import atomic_write_text, make_private_dir_public
+from rocmft import __version__
+from rocmft.errors import ChecksFailed, ConfigError, ExitCode, RocmftError
+from rocmft.fsutil import atomic_write_text, make_private_dir_public
 
 CHECKS_FILE = "checks.json"
 MANIFEST_FILE = "manifest.json"
@@ -75,7 +75,7 @@ class Workspace:
     def promote(self, run_dir: Path) -> None:
         """Move the staged files to ``run_dir``. The record of an earlier training run there (it has a
         manifest) is kept in ``OUTPUT_DIR/rocmft-history/<when it started>/``, never deleted."""
-        from .fsutil import replace_dir
+        from rocmft.fsutil import replace_dir
 
         assert self.staging is not None
         keep = None
@@ -97,15 +97,15 @@ class Workspace:
 def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bool = False):
     """Settings → render → validate. Returns the plan, staged. ``keep_validator``: `rocmft train` may reuse the
     parser's process as its worker (rocmft.validate.take_kept)."""
-    from .device import facts_from_probe, injected_probes, probe_devices_raw, start_probes
-    from .validate import start_validator, validate
+    from rocmft.facts.device import facts_from_probe, injected_probes, probe_devices_raw, start_probes
+    from rocmft.validate import start_validator, validate
 
     start_probes()  # GPU probes in child processes, running while the settings import LLaMA-Factory
     start_validator()  # LLaMA-Factory's parser in a child process, importing meanwhile
-    from .checks import validate_skip
-    from .launch import prepare_launch
-    from .render import render
-    from .settings import load_settings
+    from rocmft.checks import validate_skip
+    from rocmft.config.settings import load_settings
+    from rocmft.launch import prepare_launch
+    from rocmft.render import render
 
     started = time.monotonic()
     settings = load_settings()
@@ -137,8 +137,8 @@ def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bo
 
 
 def _run_checks(plan, workspace: Workspace, timings: dict[str, float]) -> dict[str, Any]:
-    from .checks import failed, print_table, report, run_checks
-    from .fsutil import atomic_write_json
+    from rocmft.checks import failed, print_table, report, run_checks
+    from rocmft.fsutil import atomic_write_json
 
     started = time.monotonic()
     results = run_checks(plan, plan.settings.rocmft.skip_checks)
@@ -168,7 +168,7 @@ def _run_checks(plan, workspace: Workspace, timings: dict[str, float]) -> dict[s
 
 
 def _say_plan(perf) -> None:
-    """One line per planner decision (rocmft.planner), or why it planned nothing."""
+    """One line per planner decision (rocmft.render.planner), or why it planned nothing."""
     if perf is None or not perf.active:
         _say(f"plan: nothing planned ({perf.note if perf else 'no planner'})")
         return
@@ -182,9 +182,9 @@ def cmd_plan(_args) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from .device import facts_from_probe, probe_devices_raw, start_probes
-    from .render import render
-    from .settings import load_settings
+    from rocmft.config.settings import load_settings
+    from rocmft.facts.device import facts_from_probe, probe_devices_raw, start_probes
+    from rocmft.render import render
 
     start_probes()
     settings = load_settings()
@@ -209,7 +209,7 @@ def cmd_plan(_args) -> int:
     console.print(table)
     if perf.estimate_gib is not None:
         console.print(f"estimated peak {perf.estimate_gib} GiB per GPU of {perf.usable_gib} GiB planned against "
-                      f"(rocmft.memfit): {perf.breakdown_gib}")  # fmt: skip
+                      f"(rocmft.render.memfit): {perf.breakdown_gib}")  # fmt: skip
     return ExitCode.OK
 
 
@@ -247,9 +247,9 @@ def cmd_check(_args) -> int:
 
 
 def cmd_train(_args) -> int:
-    from .launch import run_worker
-    from .manifest import now, write_manifest
-    from .worker import RESULT_FILE
+    from rocmft.launch import run_worker
+    from rocmft.outputs.manifest import now, write_manifest
+    from rocmft.records import RESULT_FILE
 
     started_at = now()
     workspace, timings = Workspace(), {}
@@ -297,8 +297,8 @@ def cmd_train(_args) -> int:
 
 def _write_summary(plan) -> None:
     """run_summary.md/.png in OUTPUT_DIR (node 0 only); a failure costs only the summary, never the run's code."""
-    from .render import RUN_SUBDIR
-    from .report import write_summary
+    from rocmft.outputs.report import write_summary
+    from rocmft.render import RUN_SUBDIR
 
     if plan.run_dir.name != RUN_SUBDIR:
         return
@@ -309,9 +309,9 @@ def _write_summary(plan) -> None:
 
 
 def cmd_export(args) -> int:
-    """Merge/export the run (argument, else the run of these settings) into EXPORT_DIR (rocmft.export)."""
-    from .export import export, find_run, plan_export
-    from .settings import load_settings
+    """Merge/export the run (argument, else the run of these settings) into EXPORT_DIR (rocmft.outputs.export)."""
+    from rocmft.config.settings import load_settings
+    from rocmft.outputs.export import export, find_run, plan_export
 
     settings = load_settings()
     plan = plan_export(find_run(args.run, settings), settings)
@@ -320,10 +320,10 @@ def cmd_export(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    """Answer prompts with an export or a run (rocmft.chat)."""
-    from .chat import main as chat_main
-    from .chat import read_prompts
-    from .settings import load_settings
+    """Answer prompts with an export or a run (rocmft.outputs.chat)."""
+    from rocmft.config.settings import load_settings
+    from rocmft.outputs.chat import main as chat_main
+    from rocmft.outputs.chat import read_prompts
 
     prompts = read_prompts(args.prompt, args.file)
     chat_main(args.model, prompts, args.max_new_tokens, args.system, args.json, load_settings())
@@ -332,9 +332,9 @@ def cmd_chat(args) -> int:
 
 def cmd_report(args) -> int:
     """Write run_summary.md/.png for the run (argument, else the run of these settings)."""
-    from .export import find_run
-    from .report import write_summary
-    from .settings import load_settings
+    from rocmft.config.settings import load_settings
+    from rocmft.outputs.export import find_run
+    from rocmft.outputs.report import write_summary
 
     run = find_run(args.run, load_settings())
     _say(f"run summary in {write_summary(run.output_dir)}")
@@ -343,11 +343,11 @@ def cmd_report(args) -> int:
 
 def _restart_in_fp32(plan, worker: dict[str, Any] | None) -> bool:
     """ROCMFT_ON_NAN=fp32: once, restart from the newest complete checkpoint saved before the last finite
-    logged loss, with ROCMFT_PRECISION=fp32 (real fp32, rocmft.precision); recorded in manifest RESTARTS."""
+    logged loss, with ROCMFT_PRECISION=fp32 (real fp32, rocmft.render.precision); recorded in manifest RESTARTS."""
     import os
 
-    from .manifest import RESTARTS
-    from .resume import last_good_checkpoint
+    from rocmft.outputs.manifest import RESTARTS
+    from rocmft.render.resume import last_good_checkpoint
 
     worker = worker or {}
     cause = (worker.get("non_finite") or {}).get("cause", "non-finite loss")
@@ -380,8 +380,8 @@ def cmd_status(args) -> int:
     folder. Progress is the age of worker-result.json, which the worker rewrites at every logging step.
     Reads two small files: fast enough for a healthcheck every minute.
     """
-    from .render import RUN_SUBDIR
-    from .worker import RESULT_FILE
+    from rocmft.records import RESULT_FILE
+    from rocmft.render import RUN_SUBDIR
 
     if args.output_dir:
         given = Path(args.output_dir)
@@ -423,13 +423,14 @@ def cmd_status(args) -> int:
 
 def cmd_env(args) -> int:
     if args.docs:
-        from .envdoc import reference
+        from rocmft.config.envdoc import reference
 
         print(reference(full=args.full), end="")
         return ExitCode.OK
-    from .device import probe_device
-    from .lfargs import stack_versions
-    from .manifest import build_record, host_facts
+    from rocmft.config.lfargs import stack_versions
+    from rocmft.facts.device import probe_device
+    from rocmft.facts.host import host_facts
+    from rocmft.facts.image import build_record
 
     facts = {"rocmft": __version__, "versions": stack_versions(), "device": probe_device().as_dict(),
              "host": host_facts(), "image": build_record()}  # fmt: skip

@@ -111,7 +111,7 @@ def _plain_type(annotation: Any) -> Any:
     """An annotation as JSON data: ``"int"``, ``{"union": [...]}``, ``{"literal": [...]}``, ``{"list": [...]}``,
     ``{"dict": [...]}``. Enums become the literal of their values (what a YAML or environment value holds).
     An annotation pydantic cannot validate (GenerationConfig objects, ...) becomes ``"str"``: settings types
-    those as text and LLaMA-Factory parses them (:func:`rocmft.settings._field_type` did the same before)."""
+    those as text and LLaMA-Factory parses them (:func:`rocmft.config.settings._field_type` did the same before)."""
     from pydantic import TypeAdapter
 
     try:
@@ -207,7 +207,7 @@ def _live_vocabulary() -> dict[str, Any]:
 def _vocabulary_path() -> Path:
     versions = stack_versions()
     key = json.dumps({k: versions[k] for k in VOCABULARY_KEY}, sort_keys=True) + str(VOCABULARY_FORMAT)
-    from .fsutil import default_cache_dir
+    from rocmft.fsutil import default_cache_dir
 
     cache = Path(os.environ.get("ROCMFT_CACHE_DIR") or default_cache_dir())
     return cache / f"lf-vocabulary-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
@@ -246,7 +246,7 @@ def vocabulary() -> dict[str, Any]:
                 pass
     data = _live_vocabulary()
     if path is not None:
-        from .fsutil import atomic_write_json
+        from rocmft.fsutil import atomic_write_json
 
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

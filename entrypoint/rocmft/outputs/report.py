@@ -11,7 +11,7 @@
 and :func:`write_summary` turns them into ``run_summary.md`` and ``run_summary.png`` (loss train/eval,
 learning rate, tokens/s, GPU memory; drawn with matplotlib, which LLaMA-Factory itself uses for
 ``training_loss.png``). ``rocmft export`` puts the same headline numbers in the exported model's card.
-Nothing here is a secret: the manifest holds none (rocmft.manifest), and no environment is read.
+Nothing here is a secret: the manifest holds none (rocmft.outputs.manifest), and no environment is read.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .fsutil import atomic_write_text
+from rocmft.fsutil import atomic_write_text
 
 SUMMARY_MD = "run_summary.md"
 SUMMARY_PNG = "run_summary.png"

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError
+from rocmft.errors import ConfigError
 
 NUMA_BIND_VAR = "ROCMFT_NUMA_BIND"
 NUMA_BIND_SETTINGS = ("auto", "on", "off")

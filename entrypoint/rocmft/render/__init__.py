@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +22,16 @@ from typing import Any
 import jinja2
 import yaml
 
-from . import __version__, planner
-from .datasets import Registry, build_registry, split_names
-from .device import DeviceFacts
-from .errors import ConfigError
-from .fsutil import atomic_write_json, atomic_write_text
-from .precision import Precision, resolve_precision
-from .resume import ResumeChoice, checkpoints, choose
-from .settings import Settings
+from rocmft import __version__
+from rocmft.config.settings import Settings
+from rocmft.errors import ConfigError
+from rocmft.facts.device import DeviceFacts
+from rocmft.facts.job import asked_processes, local_processes, nnodes, node_rank
+from rocmft.fsutil import atomic_write_json, atomic_write_text
+from rocmft.render import planner
+from rocmft.render.datasets import Registry, build_registry, split_names
+from rocmft.render.precision import Precision, resolve_precision
+from rocmft.render.resume import ResumeChoice, checkpoints, choose
 
 RUN_SUBDIR = "rocmft"
 BUILTIN_SOURCE = "the built-in default (templates/demo.yaml)"
@@ -50,26 +51,6 @@ FSDP_CONFIG = {
 }
 
 
-def node_rank() -> int:
-    """This host's NODE_RANK in a multi-node run (LLaMA-Factory's launcher variable, torchrun's --node_rank); 0
-    alone. Raises ConfigError when it is not a number."""
-    text = os.environ.get("NODE_RANK", "0").strip() or "0"
-    if not text.isdigit():
-        raise ConfigError(f"NODE_RANK={text!r} is not a node number.", "Set NODE_RANK to 0 on the first node, "
-                          "1, 2, ... on the others (below NNODES).")  # fmt: skip
-    return int(text)
-
-
-def nnodes() -> int:
-    """NNODES (hosts in the run), 1 when unset. Raises ConfigError when it is not a positive number."""
-    text = os.environ.get("NNODES", "1").strip() or "1"
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(
-            f"NNODES={text!r} is not a number of nodes.", "Set NNODES to the number of hosts (1, 2, ...)."
-        )
-    return int(text)
-
-
 def run_subdir() -> str:
     """``rocmft`` on node 0; ``rocmft-node<k>`` on the other nodes of a multi-node run, so that node 0 alone
     writes OUTPUT_DIR/rocmft and the weights, while each other node keeps its own record beside it."""
@@ -80,7 +61,7 @@ def run_subdir() -> str:
 def builtin_templates() -> Path:
     """The folder of the templates shipped with rocmft: ``rocmft/templates`` in an installed wheel,
     ``templates/`` at the top of the repository in a source checkout (editable install)."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     for candidate in (package / "templates", package.parents[1] / "templates"):
         if (candidate / "train.yaml.j2").is_file():
             return candidate
@@ -109,7 +90,7 @@ class Plan:
             for the manifest; tests put probe data here instead of running a probe.
         launch: how the worker is started (rocmft.launch.prepare_launch): command, NUMA binding, the
             effective communication environment with each value's source; for the manifest.
-        perf: the planner's choices (rocmft.planner.PerfPlan): micro-batch, packing, checkpointing,
+        perf: the planner's choices (rocmft.render.planner.PerfPlan): micro-batch, packing, checkpointing,
             attention, fused kernels, each with its reason; for the manifest and ``rocmft plan``.
     """
 
@@ -246,7 +227,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         ConfigError: precision conflicts, a bad template, a template that dropped a given argument, or
             mutually exclusive distributed settings.
     """
-    from .demo import ensure_demo_data, ensure_tiny_model
+    from rocmft.config.demo import ensure_demo_data, ensure_tiny_model
 
     layered: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -309,7 +290,7 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
     # LLaMA-Factory refuses one process driving several GPUs ("Please launch distributed training with
     # llamafactory-cli or torchrun"); like its own launcher, more than one visible GPU means torchrun (DDP),
     # and so does asking for more than one process per node.
-    if rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1 or _asked_processes(settings) > 1:
+    if rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1 or asked_processes(settings) > 1:
         launcher = "torchrun"
 
     rendered_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -380,9 +361,9 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
 
 def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: DeviceFacts, world_size: int,
                  user_deepspeed: bool, registry: Registry) -> None:  # fmt: skip
-    """The rules of rocmft.rules on the rendered arguments and the run's data set registry (errors raise
+    """The rules of rocmft.validate.rules on the rendered arguments and the run's data set registry (errors raise
     ConfigError, warnings are printed)."""
-    from . import rules
+    from rocmft.validate import rules
 
     rules.text_hygiene(arguments, sources)  # first: stray spaces and CRs would mislead every later message
     rules.folders(arguments, sources, registry.source_dir, list(registry.entries) + list(registry.missing))
@@ -405,7 +386,7 @@ def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: Dev
 def _plan_performance(settings: Settings, arguments: dict[str, Any], device: DeviceFacts, precision: Precision,
                       ds_config: dict[str, Any] | None, world_size: int, demo: bool,
                       registry: Registry) -> planner.PerfPlan:  # fmt: skip
-    """rocmft.planner over the rendered arguments; the user's arguments (environment, ROCMFT_CONFIG) are
+    """rocmft.render.planner over the rendered arguments; the user's arguments (environment, ROCMFT_CONFIG) are
     never changed. FSDP is planned as ZeRO-3 (both shard weights, gradients and optimizer states). The mean
     sample length (for the rows of a packed step) is measured only where the planner will use it: SFT on a GPU
     with a local model folder."""
@@ -416,7 +397,7 @@ def _plan_performance(settings: Settings, arguments: dict[str, Any], device: Dev
     sample_tokens = None
     model_dir = Path(str(arguments.get("model_name_or_path") or "")).expanduser()
     if not demo and device.count and arguments.get("stage", "sft") == "sft" and model_dir.is_dir():
-        from .datasets import sample_token_lengths
+        from rocmft.render.datasets import sample_token_lengths
 
         train = [registry.entries[n] for n in split_names(arguments.get("dataset")) if n in registry.entries]
         lengths = sample_token_lengths(train, model_dir, bool(arguments.get("trust_remote_code")))
@@ -426,17 +407,10 @@ def _plan_performance(settings: Settings, arguments: dict[str, Any], device: Dev
                                  sample_tokens=sample_tokens)  # fmt: skip
 
 
-def _asked_processes(settings: Settings) -> int:
-    """Processes per node the user asked for: ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE; 0 when neither."""
-    return settings.rocmft.nproc_per_node or int(os.environ.get("NPROC_PER_NODE") or 0)
-
-
-def local_processes(settings: Settings, device: DeviceFacts, launcher: str) -> int:
-    """Processes per node: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE, else one
-    per visible GPU (at least one)."""
-    if launcher != "torchrun":
-        return 1
-    return _asked_processes(settings) or max(device.count, 1)
+def processes_per_node(plan: Plan) -> int:
+    """Local processes the launch starts: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else
+    NPROC_PER_NODE, else one per visible GPU (at least one)."""
+    return local_processes(plan.settings, plan.device, plan.launcher)
 
 
 def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run_dir: Path,

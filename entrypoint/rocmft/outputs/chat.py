@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .export import EXPORT_MANIFEST, Run, default_export_dir, find_run, model_config, quantization_of
+from rocmft.errors import ConfigError
+from rocmft.outputs.export import EXPORT_MANIFEST, Run, default_export_dir, find_run, model_config, quantization_of
 
 
 def _say(message: str) -> None:

@@ -21,26 +21,21 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from rocmft.errors import ConfigError
+from rocmft.proc import free_port
 
-if TYPE_CHECKING:  # not imported at run time: the parser child runs this module and should reach
-    from .render import Plan  # LLaMA-Factory's import (the check's critical path) without rocmft's settings stack
+if TYPE_CHECKING:  # not imported at run time: the parser child (rocmft.validate.child) imports this package and
+    from rocmft.render import (
+        Plan,  # should reach LLaMA-Factory's import (the check's critical path) without rocmft's settings stack
+    )
 
 TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (for a one-process rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def stale_extension_locks() -> list[Path]:
@@ -69,7 +64,7 @@ def torchrun_rank0_env(environ: dict[str, str]) -> dict[str, str]:
 def _names_in(message: str) -> list[str]:
     """Argument names a LLaMA-Factory/transformers error message mentions: `name`, ['name'], or a bare
     word that is an argument name ("Please specify dataset for training")."""
-    from .lfargs import lf_arguments
+    from rocmft.config.lfargs import lf_arguments
 
     quoted = re.findall(r"`([a-z0-9_]+)`", message) + re.findall(r"'([a-z0-9_]+)'", message)
     bare = re.findall(r"[a-z][a-z0-9_]+", message)
@@ -148,13 +143,13 @@ class Validator:
     so the parse costs no second import on the critical path (measured on 2 x H200: the import is 10-20 s
     there). Not a fork of the entrypoint: importing LLaMA-Factory initialises CUDA (llamafactory.extras.misc
     asks torch for bf16 support at import time), and CUDA cannot be used again in a forked child. Secrets
-    (by name, rocmft.lfargs.is_secret_name) are not in its environment.
+    (by name, rocmft.config.lfargs.is_secret_name) are not in its environment.
     """
 
     def __init__(self) -> None:
         import atexit
 
-        from .lfargs import is_secret_name
+        from rocmft.config.lfargs import is_secret_name
 
         self.folder = Path(tempfile.mkdtemp(prefix="rocmft-validate-"))
         self.result_path, self.log_path = self.folder / "result.json", self.folder / "parser.log"
@@ -163,7 +158,7 @@ class Validator:
         # stdout (stderr joined) is a pipe that stays silent while the child parses (it writes to parser.log
         # then) and carries the worker's output if the child becomes the worker (:meth:`train`)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rocmft.validate", str(self.result_path), str(self.log_path)],
+            [sys.executable, "-m", "rocmft.validate.child", str(self.result_path), str(self.log_path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.environ, text=True,
             bufsize=1, start_new_session=True,
         )  # fmt: skip
@@ -197,7 +192,7 @@ class Validator:
         successful parse, one process (no numactl/torchrun prefix), and the environment it started with, secrets
         and PYTHONUNBUFFERED aside (secrets are handed over on :meth:`train`; the worker's output is
         line-buffered)."""
-        from .lfargs import is_secret_name
+        from rocmft.config.lfargs import is_secret_name
 
         if not self.result_path.is_file() or self.proc.poll() is not None:
             return "the parser's process is gone"
@@ -218,7 +213,7 @@ class Validator:
 
     def cancel(self) -> None:
         """Kill the child if it still runs, and remove its folder."""
-        from .probe import kill_group
+        from rocmft.proc import kill_group
 
         kill_group(self.proc)
         for stream in (self.proc.stdin, self.proc.stdout):
@@ -263,70 +258,3 @@ def take_kept() -> Validator | None:
     global _kept
     kept, _kept = _kept, None
     return kept
-
-
-def _child(result_path: str, log_path: str) -> int:
-    """In the child: import LLaMA-Factory, read {arguments, environ} from stdin, parse, write the result; then,
-    if a second line ``{train, environ}`` comes, become the worker (rocmft.worker.main) on the stdout pipe."""
-    pipe = os.dup(1)  # the parent's pipe: silent until this process becomes the worker
-    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    import time
-
-    started = time.monotonic()
-    import llamafactory.hparams  # noqa: F401  (the slow import, done while the entrypoint renders)
-
-    imported = time.monotonic() - started
-    request = json.loads(sys.stdin.readline())
-    os.environ.update(request["environ"])
-    _parse(request["arguments"], result_path, imported)
-    line = sys.stdin.readline()
-    if not line.strip():
-        return 0
-    order = json.loads(line)
-    os.environ.update(order["environ"])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(pipe, 1)
-    os.dup2(pipe, 2)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115  (the process's own stdout)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    from .worker import main
-
-    return main(order["train"])
-
-
-def _parse(arguments: dict[str, Any], result_path: str, import_s: float) -> None:
-    """Parse with ``get_train_args`` and write {ok, error|facts, seconds (the parse), import_s (the child's
-    LLaMA-Factory import, measured for the check-time benchmark)} as JSON to ``result_path``. Never raises."""
-    import time
-    from importlib import metadata
-
-    started = time.monotonic()
-    result: dict[str, Any]
-    try:
-        from llamafactory.hparams import get_train_args
-
-        model_args, _data, training_args, _ft, _gen = get_train_args(arguments)
-        result = {
-            "ok": True,
-            "world_size": training_args.world_size,
-            "parallel_mode": str(training_args.parallel_mode),
-            "compute_dtype": str(model_args.compute_dtype),
-        }
-    except BaseException as err:  # the parser raises ValueError, TypeError, SystemExit (argparse), ...
-        result = {"ok": False, "type": type(err).__name__, "error": str(err)}
-    try:
-        result["llamafactory"] = metadata.version("llamafactory")
-    except metadata.PackageNotFoundError:
-        pass
-    result["seconds"] = round(time.monotonic() - started, 2)
-    result["import_s"] = round(import_s, 2)
-    from .fsutil import atomic_write_json
-
-    atomic_write_json(Path(result_path), result)  # the parent polls for the file: never a half-written one
-
-
-if __name__ == "__main__":
-    raise SystemExit(_child(sys.argv[1], sys.argv[2]))

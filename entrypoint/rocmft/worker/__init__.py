@@ -23,10 +23,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .errors import ExitCode
-from .fsutil import atomic_write_json
-
-RESULT_FILE = "worker-result.json"
+from rocmft.errors import ExitCode
+from rocmft.fsutil import atomic_write_json
+from rocmft.records import RESULT_FILE
 
 
 class NonFiniteLoss(RuntimeError):
@@ -119,7 +118,7 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
           that optimizer step, so the following loss is non-finite for real;
         * on a GPU, ``peak_gpu_memory_gib`` (``torch.cuda.max_memory_allocated()`` of this rank, GiB) is
           recorded at each log and at the end, and printed in the final line (rank 0's in the result
-          file); it is what :mod:`rocmft.memfit` estimates.
+          file); it is what :mod:`rocmft.render.memfit` estimates.
         """
 
         def __init__(self) -> None:
@@ -206,7 +205,7 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             eta = elapsed / done - elapsed if done > 0 else float("nan")
             self._record_peak()
             entry = {"step": state.global_step, "loss": logs["loss"]}
-            if torch.cuda.is_available():  # for the run summary's memory curve (rocmft.report)
+            if torch.cuda.is_available():  # for the run summary's memory curve (rocmft.outputs.report)
                 entry["gpu_memory_gib"] = round(torch.cuda.memory_allocated() / 2**30, 3)
                 entry["peak_gpu_memory_gib"] = self.result["peak_gpu_memory_gib"]
             self.result["losses"].append(entry)
@@ -308,7 +307,7 @@ def _disk_full(err: BaseException, output_dir: Path) -> bool:
     import errno
     import shutil
 
-    from .resume import newest_complete
+    from rocmft.render.resume import newest_complete
 
     seen, cause = 0, err
     while cause is not None and seen < 10:
@@ -330,7 +329,7 @@ def _report_disk_full(output_dir: Path, err: BaseException) -> None:
     (no trainer_state.json yet) is removed: it can never be loaded, and it holds the space the next try needs."""
     import shutil
 
-    from .resume import checkpoint_problem, newest_complete
+    from rocmft.render.resume import checkpoint_problem, newest_complete
 
     for folder in output_dir.glob("checkpoint-*"):
         if folder.is_dir() and checkpoint_problem(folder):
@@ -383,7 +382,7 @@ def _fault_slow_final_save(seconds: float) -> None:
 
 
 def _secret_arguments() -> dict[str, str]:
-    from .lfargs import env_arguments
+    from rocmft.config.lfargs import env_arguments
 
     return {a.name: os.environ[env] for env, a in env_arguments().items() if a.secret and env in os.environ}
 
@@ -424,7 +423,7 @@ def main(run_dir: str) -> int:
     try:
         run_exp(args=arguments, callbacks=[callback])
     except NonFiniteLoss as err:
-        from .resume import last_good_checkpoint
+        from rocmft.render.resume import last_good_checkpoint
 
         good = last_good_checkpoint(Path(arguments["output_dir"]), callback.result["losses"])
         where = f"the last good checkpoint is {good}" if good else "there is no checkpoint from before it"
@@ -459,7 +458,3 @@ def main(run_dir: str) -> int:
         # tests/test_resilience.py reproduces it with ROCMFT_FAULT_SLOW_FINAL_SAVE_S).
         return ExitCode.OK if "TORCHELASTIC_RUN_ID" in os.environ else ExitCode.INTERRUPTED
     return ExitCode.OK
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1]))

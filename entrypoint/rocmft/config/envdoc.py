@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import typing
 
-from .lfargs import NOT_FROM_ENVIRONMENT, env_arguments, lf_arguments, stack_versions, type_text
-from .settings import PREFIX, RocmftSettings
+from rocmft.config.lfargs import NOT_FROM_ENVIRONMENT, env_arguments, lf_arguments, stack_versions, type_text
+from rocmft.config.settings import PREFIX, RocmftSettings
 
 
 def _type_text(annotation: typing.Any) -> str:
@@ -94,13 +94,13 @@ def updated_readme(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m rocmft.envdoc --write README.md docs/training-arguments.md``: regenerate both files."""
+    """``python -m rocmft.config.envdoc --write README.md docs/training-arguments.md``: regenerate both files."""
     from pathlib import Path
 
-    from .fsutil import atomic_write_text
+    from rocmft.fsutil import atomic_write_text
 
     if len(argv) != 3 or argv[0] != "--write":
-        print("usage: python -m rocmft.envdoc --write README.md FULL.md")
+        print("usage: python -m rocmft.config.envdoc --write README.md FULL.md")
         return 2
     readme, full = Path(argv[1]), Path(argv[2])
     atomic_write_text(readme, updated_readme(readme.read_text(encoding="utf-8")))

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .fsutil import atomic_write_json
+from rocmft.fsutil import atomic_write_json
 
 DEMO_DATASET = "rocmft_demo"
 DATA_VERSION = "demo-data-v1"

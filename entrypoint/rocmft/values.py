@@ -1,0 +1,20 @@
+"""The one reading of a yes/no value, from an environment variable, a YAML value or a JSON field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The spellings of "yes" that rocmft accepts anywhere: pydantic's bool parsing accepts the same words
+# (docs.pydantic.dev, "Booleans": 1, on, t, true, y, yes); anything else, empty included, is no.
+TRUE_WORDS = ("1", "on", "t", "true", "y", "yes")
+
+
+def truthy(value: Any) -> bool:
+    """Whether ``value`` means yes: a string among :data:`TRUE_WORDS` (case and surrounding spaces ignored),
+    else Python's truth of the value (``True``, a non-zero number). ``None`` is no."""
+    if isinstance(value, str):
+        return value.strip().lower() in TRUE_WORDS
+    return bool(value)
+
+
+__all__ = ["TRUE_WORDS", "truthy"]

@@ -1,0 +1,7 @@
+"""``python -m rocmft.worker RUN_DIR`` (one process) or ``torchrun ... -m rocmft.worker RUN_DIR`` (one per rank)."""
+
+import sys
+
+from rocmft.worker import main
+
+raise SystemExit(main(sys.argv[1]))
