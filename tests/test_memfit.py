@@ -366,11 +366,11 @@ def test_estimate_matches_the_h200_measurement_of_qwen2_7b(micro_batch, checkpoi
         assert not est.fits(H200_USABLE)
     else:
         assert est.fits(H200_USABLE)
-        assert abs(est.total / GiB - measured) <= 0.15 * measured
+        assert measured <= est.total / GiB <= 1.03 * measured  # errs high, within the 3% the README states
 
 
 @pytest.mark.parametrize(("arguments", "dtype", "measured"), MEASURED_QWEN2_05B_GIB)
 def test_estimate_matches_the_h200_measurements_of_other_methods(arguments, dtype, measured):
     spec = spec_from_arguments({"cutoff_len": 2048, "packing": True, **arguments}, compute_dtype=dtype, zero_stage=0)
     est = estimate(QWEN2_05B, spec)
-    assert measured <= est.total / GiB <= 1.1 * measured  # errs high, by the margin
+    assert measured <= est.total / GiB <= 1.04 * measured  # errs high, by the margin: +2.5..+4.0% measured

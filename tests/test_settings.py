@@ -181,3 +181,26 @@ def test_settings_do_not_import_llamafactory_once_the_vocabulary_is_cached(tmp_p
     next(tmp_path.glob("lf-vocabulary-*.json")).write_text("{not json")  # a torn file is rebuilt, not trusted
     torn = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert torn.stdout.split() == ["0.0001", "True"]
+
+
+def test_rocmft_vocabulary_is_a_setting_and_live_reads_the_same_arguments(tmp_path):
+    """ROCMFT_VOCABULARY, named in rocmft.config.lfargs, is a setting (it was refused as unknown), and a live read
+    of LLaMA-Factory's dataclasses gives the arguments the cached file gives."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    assert load_settings({"ROCMFT_VOCABULARY": "live"}).rocmft.vocabulary == "live"
+    with pytest.raises(ConfigError, match="ROCMFT_VOCABULARY"):
+        load_settings({"ROCMFT_VOCABULARY": "fresh"})
+    code = ("import json; from rocmft.config.lfargs import vocabulary; "
+            "print(json.dumps(sorted(a['name'] for a in vocabulary()['arguments'])))")  # fmt: skip
+    names = {}
+    for step, mode in (("first", "cached"), ("from the file", "cached"), ("live", "live")):  # the first writes it
+        env = {**os.environ, "ROCMFT_VOCABULARY": mode, "ROCMFT_CACHE_DIR": str(tmp_path)}
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        names[step] = json.loads(run.stdout.splitlines()[-1])
+        if step == "first":
+            assert list(tmp_path.glob("lf-vocabulary-*.json"))
+    assert len(names["live"]) > 100 and names["live"] == names["from the file"]

@@ -1,4 +1,5 @@
-"""rocmft.facts.topology against recorded sysfs layouts (tests/data/sysfs/README.md says what they model)."""
+"""rocmft.facts.topology against sysfs layouts: hand-written models of hosts we have no access to, and layouts
+recorded on real hosts with tests/data/sysfs/record.py (tests/data/sysfs/README.md says which is which)."""
 
 from __future__ import annotations
 
@@ -335,3 +336,30 @@ def test_network_single_node_adds_nothing(root):
 def test_network_rejects_zero_nodes():
     with pytest.raises(ValueError, match="nnodes"):
         network_environment({}, 0, TWO_SOCKET)
+
+
+RECORDED = sorted((LAYOUTS / "recorded").iterdir())
+
+
+@pytest.mark.parametrize("host", RECORDED, ids=[h.name for h in RECORDED])
+def test_recorded_hosts_read_as_their_own_tools_report(host):
+    """On layouts copied from real hosts (record.py), rocmft's reading agrees with what lscpu, ip route and
+    nvidia-smi reported on the same host at the same time (truth.json)."""
+    import json
+
+    truth = json.loads((host / "truth.json").read_text())
+    root = host / "root"
+    expected_nodes = {int(node): set(cpus) for node, cpus in truth["lscpu_cpus_per_node"].items()}
+    assert numa_nodes(root) == expected_nodes
+    if "ip_default_route_dev" in truth:  # the H200 host has no iproute2
+        assert default_route_interface(root) == truth["ip_default_route_dev"]
+    smi = [address[-12:].lower() for address in truth.get("nvidia_smi_pci", [])]  # 00000000:00:06.0 -> 0000:00:06.0
+    assert sorted(smi) == sorted(truth["pci_gpus"])  # every GPU nvidia-smi sees has its PCI folder recorded
+    allowed = set().union(*expected_nodes.values())
+    plan = binding_plan(truth["pci_gpus"], "auto", root=root, allowed_cpus=allowed, numactl_available=True)
+    if truth["pci_gpus"] and len(expected_nodes) == 1:  # one node: binding cannot help, whatever numa_node says
+        assert not plan.enabled and "1 NUMA node" in plan.reason
+    for rank in plan.per_rank:
+        node = gpu_numa_node(rank["pci_address"], root)
+        assert rank["numa_node"] == node
+        assert node is None or node in expected_nodes

@@ -180,6 +180,12 @@ class RocmftSettings(BaseSettings):
         "training, as a large model's write takes; proves that under torchrun the other ranks finishing first "
         "does not cut that write short.",
     )
+    vocabulary: Literal["cached", "live"] = Field(
+        "cached",
+        description="TEST ONLY: `live` reads LLaMA-Factory's training arguments from its dataclasses at every start "
+        "instead of the cached vocabulary file (rocmft.config.lfargs.vocabulary, which reads this variable itself: "
+        "the vocabulary is needed before the settings exist).",
+    )
     test_probes: Path | None = Field(
         None,
         description="TEST ONLY: a JSON file of probe results used instead of probing this machine (keys: devices, "
