@@ -13,7 +13,8 @@ trap 'rm -rf "$work"' EXIT
 norm() {
   sed -E -e "s#$work#<TMP>#g" -e "s#$here#<CHECKOUT>#g" -e "s#$shared#<SHARED>#g" -e "s#$HOME#<HOME>#g" \
     -e 's/[0-9]+(\.[0-9]+)? ?(s|ms|min)\b/<T>\2/g' -e 's/20[0-9]{2}-[0-9]{2}-[0-9]{2}[T ][0-9:.+Z-]+/<DATE>/g' \
-    -e 's/pid [0-9]+/pid <N>/g' -e 's/port [0-9]+/port <N>/g'
+    -e 's/pid [0-9]+/pid <N>/g' -e 's/port [0-9]+/port <N>/g' -e 's/[0-9]+\.[0-9]+ GiB free/<N> GiB free/g' \
+    -e 's/\(settings [0-9.]+, device probe [^)]*\)/(<timings>)/g'
 }
 run() {  # NAME ENV... -- ARGS...
   local name=$1; shift
