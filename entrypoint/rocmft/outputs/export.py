@@ -46,17 +46,12 @@ import yaml
 
 from rocmft import __version__
 from rocmft.errors import ChecksFailed, ConfigError, ExitCode, RocmftError
+from rocmft.facts.modeldir import MODEL_WEIGHT_FILES, ModelDir, quantization_label
 from rocmft.fsutil import atomic_write_json, atomic_write_text, make_private_dir_public, replace_dir
 
 EXPORT_MANIFEST = "rocmft-export.json"
 LATEST_EXPORT = "rocmft-latest-export.json"
 MERGED_SUFFIX = "-merged"
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 # Config fields that must agree between the run's base and ROCMFT_EXPORT_BASE for the adapter's matrices to fit.
 SHAPE_FIELDS = (
     "model_type",
@@ -187,16 +182,9 @@ def model_config(model: str) -> dict[str, Any] | None:
 
 def quantization_of(config: dict[str, Any] | None) -> str | None:
     """The quantization method of a checkpoint (``gptq``, ``awq``, ``bitsandbytes``...) from its config's
-    ``quantization_config`` (where transformers records it), or None for an unquantized one."""
-    quant = (config or {}).get("quantization_config") or {}
-    if not quant:
-        return None
-    method = str(quant.get("quant_method") or "unknown method")
-    if quant.get("load_in_4bit") or quant.get("load_in_8bit"):
-        bits = 4 if quant.get("load_in_4bit") else 8
-    else:
-        bits = quant.get("bits")
-    return f"{method}, {bits}-bit" if bits else method
+    ``quantization_config`` (where transformers records it), or None for an unquantized one
+    (:func:`rocmft.facts.modeldir.quantization_label`)."""
+    return quantization_label(config)
 
 
 def unquantized_candidates(model: str, config: dict[str, Any] | None) -> list[str]:
@@ -284,7 +272,7 @@ def plan_export(run: Run, settings) -> ExportPlan:
             f"The LoRA run's adapter (adapter_config.json) is missing in {run.weights}.",
             "Point `rocmft export` at the run's OUTPUT_DIR or a complete checkpoint-N folder.",
         )
-    if method != "lora" and not any((run.weights / n).is_file() for n in WEIGHT_FILES):
+    if method != "lora" and not any((run.weights / n).is_file() for n in MODEL_WEIGHT_FILES):
         raise ConfigError(
             f"No model weights (model.safetensors) in {run.weights}.",
             "Point `rocmft export` at the run's OUTPUT_DIR or a complete checkpoint-N folder.",
@@ -414,7 +402,7 @@ def _weights_bytes(model: str) -> int | None:
     folder = Path(model).expanduser()
     if not folder.is_dir():
         return None
-    return sum(p.stat().st_size for p in folder.glob("*.safetensors")) or None
+    return sum(p.stat().st_size for p in ModelDir(folder).safetensors_files()) or None
 
 
 def check_disk(plan: ExportPlan, base_dtype: str | None) -> None:

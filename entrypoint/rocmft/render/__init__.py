@@ -27,6 +27,7 @@ from rocmft.config.settings import Settings
 from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
 from rocmft.facts.job import asked_processes, local_processes, nnodes, node_rank
+from rocmft.facts.modeldir import ModelDir
 from rocmft.fsutil import atomic_write_json, atomic_write_text
 from rocmft.render import planner
 from rocmft.render.datasets import Registry, build_registry, split_names
@@ -496,13 +497,9 @@ def _check_sharded_quantization(settings: Settings, arguments: dict[str, Any]) -
     """
     rocmft = settings.rocmft
     strategy = "FSDP (ROCMFT_DISTRIBUTED=fsdp)" if rocmft.distributed == "fsdp" else "ZeRO-3 (ROCMFT_ZERO_STAGE=3)"
-    config_path = Path(str(arguments.get("model_name_or_path") or "")).expanduser() / "config.json"
-    quantized = None
-    if config_path.is_file():
-        try:
-            quantized = (json.loads(config_path.read_text()).get("quantization_config") or {}).get("quant_method")
-        except (OSError, ValueError):
-            quantized = None  # the model check reports an unreadable config
+    model = ModelDir(str(arguments.get("model_name_or_path") or ""))
+    config_path = model.config_path
+    quantized = model.quantization_method() if config_path.is_file() else None  # unreadable: the model check
     if quantized:
         raise ConfigError(
             f"The model {config_path.parent} is already quantized ({quantized}, quantization_config in its "

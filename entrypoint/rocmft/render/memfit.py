@@ -136,6 +136,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.errors import ConfigError
+from rocmft.facts.modeldir import ModelDir
 
 GiB = 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -251,8 +252,9 @@ _QKV_BIAS_TYPES = ("qwen2", "qwen2_vl", "qwen2_5_vl")  # q/k/v biases hard-coded
 _QK_NORM_TYPES = ("qwen3", "qwen3_vl", "olmo2", "gemma3", "gemma3_text")
 
 
-def read_model_shape(model_dir: Path | str) -> ModelShape:
-    """Read a model's shape from ``<model_dir>/config.json`` alone (no weights, no transformers import).
+def read_model_shape(model_dir: Path | str | ModelDir) -> ModelShape:
+    """Read a model's shape from ``<model_dir>/config.json`` alone (no weights, no transformers import; a
+    :class:`~rocmft.facts.modeldir.ModelDir` is read through its cache).
 
     Composite configs whose language model sits under ``text_config`` are read from there.
 
@@ -260,12 +262,13 @@ def read_model_shape(model_dir: Path | str) -> ModelShape:
         ConfigError: config.json is missing, not JSON, or lacks one of hidden_size, intermediate_size,
             num_hidden_layers, num_attention_heads, vocab_size (the message names the file and the keys).
     """
-    path = Path(model_dir) / "config.json"
+    model = model_dir if isinstance(model_dir, ModelDir) else ModelDir(Path(model_dir))
+    path = model.config_path
     remedy = "Point MODEL_NAME_OR_PATH at a Hugging Face model folder with a complete config.json."
     if not path.is_file():
         raise ConfigError(f"{path}: no such file; the memory estimate reads the model's shape from it.", remedy)
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = model.config_json()
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"{path} cannot be read as JSON: {err}", remedy) from err
     if not isinstance(config, dict):

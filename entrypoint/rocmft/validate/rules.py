@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.errors import ConfigError
+from rocmft.facts.modeldir import MARKER, ModelDir, looks_like_path
 
 # ds_config keys transformers fills when they are "auto" (transformers.integrations.deepspeed,
 # HfTrainerDeepSpeedConfig.trainer_config_process/_finalize); "auto" anywhere else reaches DeepSpeed as a string.
@@ -141,36 +142,6 @@ def ds_offload(ds: dict[str, Any], path: Path) -> None:
         )
 
 
-def model_linear_names(model_dir: Path) -> set[str] | None:
-    """Names of the model's 2-D weight modules (``q_proj``, ``down_proj``, …), from the weight index or the
-    safetensors headers, without loading a weight; None when the model is not a local folder with them."""
-    keys: list[str] = []
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        keys = list(json.loads(index.read_text()).get("weight_map", {}))
-        shapes = None
-    else:
-        files = sorted(model_dir.glob("*.safetensors"))
-        if not files:
-            return None
-        shapes = {}
-        for file in files:
-            with file.open("rb") as handle:
-                (length,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(length))
-            shapes.update({k: v.get("shape") for k, v in header.items() if k != "__metadata__"})
-        keys = list(shapes)
-    names = set()
-    for key in keys:
-        if not key.endswith(".weight"):
-            continue
-        if shapes is not None and len(shapes.get(key) or []) != 2:
-            continue
-        names.add(key[: -len(".weight")].split(".")[-1])
-    # embeddings and norms are not LoRA targets; the index gives no shapes, so drop them by name
-    return {n for n in names if "norm" not in n and "embed" not in n and n != "lm_head"}
-
-
 def lora_target(arguments: dict[str, Any], source: str) -> None:
     """LORA_TARGET names only modules the model has (``all`` always does).
 
@@ -184,7 +155,7 @@ def lora_target(arguments: dict[str, Any], source: str) -> None:
     if not wanted or wanted == ["all"]:
         return
     model_dir = Path(str(arguments.get("model_name_or_path", ""))).expanduser()
-    found = model_linear_names(model_dir) if model_dir.is_dir() else None
+    found = ModelDir(model_dir).linear_names() if model_dir.is_dir() else None
     if not found:
         return
     unknown = [t for t in wanted if t not in found]
@@ -227,13 +198,11 @@ def ranges(arguments: dict[str, Any], sources: dict[str, str]) -> list[str]:
     if isinstance(rate, (int, float)) and not SANE_LEARNING_RATE[0] <= rate <= SANE_LEARNING_RATE[1]:
         warnings.append(f"LEARNING_RATE={rate} ({where('learning_rate')}) is outside {SANE_LEARNING_RATE[0]:g}.."
                         f"{SANE_LEARNING_RATE[1]:g}, where fine-tuning recipes live: a typo?")  # fmt: skip
-    config = Path(str(arguments.get("model_name_or_path", ""))).expanduser() / "config.json"
+    model = ModelDir(str(arguments.get("model_name_or_path", "")))
+    config = model.config_path
     cutoff = arguments.get("cutoff_len")
     if config.is_file() and isinstance(cutoff, int):
-        try:
-            context = json.loads(config.read_text()).get("max_position_embeddings")
-        except (OSError, ValueError):
-            context = None
+        context = model.max_position_embeddings()
         if isinstance(context, int) and cutoff > context and not arguments.get("rope_scaling"):
             message = (f"CUTOFF_LEN={cutoff} ({where('cutoff_len')}) is beyond the model's context length "
                        f"({context}, max_position_embeddings in {config})")  # fmt: skip
@@ -254,9 +223,10 @@ def fp16_on_bf16_model(arguments: dict[str, Any], bf16_gpu: bool, source: str) -
     """
     if not arguments.get("fp16") or not bf16_gpu:
         return
-    config = Path(str(arguments.get("model_name_or_path", ""))).expanduser() / "config.json"
+    model = ModelDir(str(arguments.get("model_name_or_path", "")))
+    config = model.config_path
     try:
-        loaded = json.loads(config.read_text())
+        loaded = model.config_json()
     except (OSError, ValueError):
         return
     dtype = loaded.get("torch_dtype") or loaded.get("dtype")
@@ -384,10 +354,6 @@ PATH_ARGUMENTS = ("model_name_or_path", "adapter_name_or_path", "dataset_dir", "
                   "resume_from_checkpoint", "cache_dir", "tokenized_path", "media_dir", "logging_dir")  # fmt: skip
 
 
-def _looks_like_path(value: str) -> bool:
-    return value.startswith(("/", "./", "../", "~"))
-
-
 def text_hygiene(arguments: dict[str, Any], sources: dict[str, str]) -> None:
     """Values the user set that carry invisible characters or a host path the container cannot have:
     leading/trailing spaces and tabs (``DATASET=alpaca_en_demo `` in a .env file), a carriage return (a .env
@@ -452,7 +418,7 @@ def folders(arguments: dict[str, Any], sources: dict[str, str], source_dir: Path
         if not isinstance(value, str) or not _user_set(name, sources):
             continue
         missing = [item.strip() for item in value.split(",")
-                   if _looks_like_path(item.strip()) and not Path(item.strip()).expanduser().exists()]  # fmt: skip
+                   if looks_like_path(item.strip()) and not Path(item.strip()).expanduser().exists()]  # fmt: skip
         if missing:
             raise ConfigError(
                 f"{name.upper()}={value} ({sources[name]}): {', '.join(missing)} does not exist here.",
@@ -466,7 +432,7 @@ def folders(arguments: dict[str, Any], sources: dict[str, str], source_dir: Path
                               "config.json): MODEL_NAME_OR_PATH and DATASET look swapped.",
                               "MODEL_NAME_OR_PATH is the model (folder or hub id); DATASET names data sets in "
                               "DATASET_DIR (dataset_info.json names or .json/.jsonl file names).")  # fmt: skip
-    if model and not _looks_like_path(model) and not Path(model).exists() and source_dir.is_dir():
+    if model and not looks_like_path(model) and not Path(model).exists() and source_dir.is_dir():
         from rocmft.render.datasets import available_names
 
         if model in available_names(source_dir) or model.removesuffix(".json") in available_names(source_dir):
@@ -666,47 +632,13 @@ def _interleave(arguments: dict[str, Any], where) -> None:
 # Chat-template markers: the special tokens a template writes around turns (<|im_start|>, <|start_header_id|>,
 # <｜User｜>, <start_of_turn>). A template whose markers the tokenizer does not have as tokens belongs to another
 # model family: the markers would be cut into ordinary pieces the model never learned as turn boundaries.
-_MARKER = r"<[|｜][^<>\s]{1,40}?[|｜]>|<(?:start|end)_of_turn>"
+_MARKER = MARKER
 
 
 def _template_markers(slots: list[str]) -> set[str]:
     import re
 
     return {m for slot in slots for m in re.findall(_MARKER, slot)}
-
-
-def tokenizer_tokens(model_dir: Path) -> set[str] | None:
-    """The special and added tokens of a local tokenizer, and the markers its chat_template writes, read from
-    tokenizer.json and tokenizer_config.json (no tokenizer is loaded); None when neither file is there."""
-    import re
-
-    tokens: set[str] = set()
-    found = False
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        path = model_dir / name
-        if not path.is_file():
-            continue
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        found = True
-        tokens.update(t.get("content", "") for t in data.get("added_tokens", []) if isinstance(t, dict))
-        tokens.update(t.get("content", "") for t in (data.get("added_tokens_decoder") or {}).values()
-                      if isinstance(t, dict))  # fmt: skip
-        for key in ("extra_special_tokens", "additional_special_tokens"):
-            extra = data.get(key) or []
-            tokens.update(extra.values() if isinstance(extra, dict) else [t for t in extra if isinstance(t, str)])
-        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
-            if isinstance(data.get(key), str):
-                tokens.add(data[key])
-        vocab = (data.get("model") or {}).get("vocab")
-        if isinstance(vocab, dict):
-            tokens.update(k for k in vocab if re.fullmatch(_MARKER, k))
-        template = data.get("chat_template")
-        if isinstance(template, str):
-            tokens.update(re.findall(_MARKER, template))
-    return tokens if found else None
 
 
 def chat_template_fits(arguments: dict[str, Any], sources: dict[str, str]) -> list[str]:
@@ -728,12 +660,13 @@ def chat_template_fits(arguments: dict[str, Any], sources: dict[str, str]) -> li
     model_dir = Path(str(arguments.get("model_name_or_path", ""))).expanduser()
     if name not in TEMPLATES or not model_dir.is_dir():
         return []
-    tokens = tokenizer_tokens(model_dir)
+    model = ModelDir(model_dir)
+    tokens = model.tokenizer_tokens()
     markers = _template_markers(TEMPLATES[name])
     if tokens is None or not markers or markers <= tokens:
         return []
     try:
-        model_type = str(json.loads((model_dir / "config.json").read_text()).get("model_type", ""))
+        model_type = str(model.config_json().get("model_type", ""))
     except (OSError, ValueError):
         model_type = ""
 
@@ -758,21 +691,6 @@ def chat_template_fits(arguments: dict[str, Any], sources: dict[str, str]) -> li
                       f"Set TEMPLATE={fitting[0]} (the template of the model's family).")  # fmt: skip
 
 
-def safetensors_shapes(model_dir: Path) -> dict[str, list[int]] | None:
-    """Tensor name -> shape from the headers of a folder's .safetensors files (8-byte length, then JSON; the
-    safetensors format spec), never reading a weight; None when there are none."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        return None
-    shapes: dict[str, list[int]] = {}
-    for file in files:
-        with file.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        shapes.update({k: v.get("shape") for k, v in header.items() if k != "__metadata__"})
-    return shapes
-
-
 def model_shapes(arguments: dict[str, Any], sources: dict[str, str]) -> None:
     """config.json agrees with the weights' shapes: the input embedding is vocab_size x hidden_size and the
     decoder has num_hidden_layers layers (the ``layers.<n>.`` indices in the tensor names). A config.json from
@@ -784,13 +702,13 @@ def model_shapes(arguments: dict[str, Any], sources: dict[str, str]) -> None:
     """
     import re
 
-    model_dir = Path(str(arguments.get("model_name_or_path", ""))).expanduser()
-    config_path = model_dir / "config.json"
+    model = ModelDir(str(arguments.get("model_name_or_path", "")))
+    config_path = model.config_path
     if not config_path.is_file():
         return
     try:
-        config = json.loads(config_path.read_text())
-        shapes = safetensors_shapes(model_dir)
+        config = model.config_json()
+        shapes = model.safetensors_shapes()
     except (OSError, ValueError, struct.error):
         return
     if not shapes or not isinstance(config, dict) or config.get("quantization_config"):
