@@ -135,6 +135,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rocmft.config.stages import TWO_SEQUENCE_STAGES
 from rocmft.errors import ConfigError
 from rocmft.facts.modeldir import ModelDir
 
@@ -142,7 +143,6 @@ GiB = 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-PAIRWISE_STAGES = ("dpo", "rm", "kto")  # a sample is a chosen and a rejected (or KL) sequence
 
 # cuBLAS and cuBLASLt workspaces (up to 32 MiB each per stream on Hopper/CDNA3), the batch tensors, RoPE
 # tables and the small tensors the formula leaves out.
@@ -462,7 +462,7 @@ def spec_from_arguments(
         pure_bf16=_flag(arguments.get("pure_bf16"), False) or _flag(arguments.get("use_badam"), False),
         attention=attention,
         neat_packing=neat,
-        sequences_per_sample=2 if stage in PAIRWISE_STAGES else 1,
+        sequences_per_sample=2 if stage in TWO_SEQUENCE_STAGES else 1,
         reference_model=reference,
         liger=liger,
         fused_cross_entropy=liger and stage in ("sft", "pt"),

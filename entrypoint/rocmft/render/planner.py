@@ -344,16 +344,18 @@ class _Chooser:
         return self.arguments.get(name)
 
 
-def apply(plan: PerfPlan, layered: dict[str, Any], sources: dict[str, str]) -> bool:
-    """Put the planned values into render's layered arguments with the source ``rocmft plan: <reason>``;
-    returns whether anything changed."""
+def apply(plan: PerfPlan, layered: dict[str, Any],
+          sources: dict[str, str]) -> tuple[dict[str, Any], dict[str, str], bool]:  # fmt: skip
+    """Render's layered arguments and their sources with the planned values put in (source ``rocmft plan:
+    <reason>``), as new dicts (the given ones are not changed), and whether any value changed."""
+    layered, sources = dict(layered), dict(sources)
     changed = False
     for choice in plan.choices:
         if choice.planned:
             changed = changed or layered.get(choice.name) != choice.value
             layered[choice.name] = choice.value
             sources[choice.name] = f"{PLANNED}: {choice.reason}"
-    return changed
+    return layered, sources, changed
 
 
 __all__ = ["Choice", "PerfPlan", "apply", "flash_backend", "gfx_target", "has_module", "plan_defaults"]
