@@ -138,6 +138,7 @@ from typing import Any
 from rocmft.config.stages import TWO_SEQUENCE_STAGES
 from rocmft.errors import ConfigError
 from rocmft.facts.modeldir import ModelDir
+from rocmft.values import truthy
 
 GiB = 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -396,11 +397,8 @@ def _split(value: Any) -> tuple[str, ...]:
 
 
 def _flag(value: Any, default: bool) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return bool(value)
+    """``default`` for an unset value, else :func:`rocmft.values.truthy`."""
+    return default if value is None else truthy(value)
 
 
 def spec_from_arguments(

@@ -12,6 +12,7 @@ from rocmft.errors import ConfigError
 from rocmft.facts.job import nnodes, node_rank
 from rocmft.render import Plan, Rendered, processes_per_node
 from rocmft.validate.rules import Inputs, rule
+from rocmft.values import truthy
 
 # ds_config keys transformers fills when they are "auto" (transformers.integrations.deepspeed,
 # HfTrainerDeepSpeedConfig.trainer_config_process/_finalize); "auto" anywhere else reaches DeepSpeed as a string.
@@ -174,7 +175,7 @@ def user_ds_config(run: Rendered) -> list[str]:
         if have is None or have == "auto":
             continue
         if isinstance(want, bool) and isinstance(have, str):
-            have = have.strip().lower() in ("true", "1", "yes")
+            have = truthy(have)
         if have != want:
             mismatched.append(f"{key}={have!r} vs {name}={want!r}")
     if mismatched:
