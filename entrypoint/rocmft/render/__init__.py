@@ -1,10 +1,12 @@
 """Render: settings in, the run's files out (train.yaml, ds_config.json, data/dataset_info.json, run.json).
 
 Layers, lowest first: the template's defaults (templates/train.yaml.j2; the seed recipe for LoRA SFT) <
-the built-in default (templates/demo.yaml, only when no model is given) < ROCMFT_CONFIG < environment
-< what rocmft decides (output and data folders, precision, the distributed config). The rendered YAML is
-parsed back and *that* is the configuration every later step (validation, checks, the worker) reads, so
-what is saved is exactly what ran.
+the built-in default (templates/demo.yaml, only when no model is given) < ROCMFT_CONFIG < environment (those
+three: :func:`rocmft.config.layers.layer`) < what rocmft decides here (output and data folders, precision, the
+distributed config, the planner's defaults, the checkpoint to resume). The rendered YAML is parsed back and
+*that* is the configuration every later step (the rules, validation, checks, the worker) reads, so what is
+saved is exactly what ran. :func:`render` decides and renders (a frozen :class:`Rendered`), :func:`write`
+writes; :func:`rocmft.validate.rules.render_checked` runs the rules between them.
 
 Everything is written into a staging folder inside OUTPUT_DIR and moved to ``OUTPUT_DIR/rocmft`` only
 when validation and the checks pass (:func:`rocmft.fsutil.replace_dir`).
