@@ -136,7 +136,7 @@ def main(
     """``rocmft chat``: resolve, load, answer, print (Markdown-ish blocks, or one JSON line per prompt)."""
     folder, run = resolve_model(given, settings)
     model, tokenizer, what = load(folder, run, settings.rocmft.export_base)
-    say(f"chatting with {what}", stream=sys.stderr)  # stderr: stdout holds only the answers
+    say(f"chatting with {what}", stream=sys.stderr, all_ranks=True)  # stderr: stdout is the answers
     for prompt, answer in zip(prompts, generate(model, tokenizer, prompts, max_new_tokens, system), strict=True):
         if as_json:
             print(json.dumps({"prompt": prompt, "completion": answer}, ensure_ascii=False), flush=True)

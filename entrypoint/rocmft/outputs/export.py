@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from rocmft import __version__
-from rocmft.console import say
+from rocmft.console import say, warn
 from rocmft.errors import ChecksFailed, ConfigError, ExitCode, RocmftError
 from rocmft.facts.modeldir import MODEL_WEIGHT_FILES, ModelDir, quantization_label
 from rocmft.fsutil import atomic_write_json, atomic_write_text, make_private_dir_public, replace_dir
@@ -529,12 +529,12 @@ def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
     )
     check_disk(plan, base_dtype)
     for note in plan.notes:
-        say(note)
+        say(note, all_ranks=True)
     if "adapter_name_or_path" in plan.lf_args:
         what = f"merging the adapter in {plan.run.weights} into {plan.base}"
     else:
         what = f"re-saving the {plan.lf_args['finetuning_type']}-tuned weights in {plan.run.weights}"
-    say(f"{what} ({plan.dtype}, device {plan.device}) -> {plan.export_dir}")
+    say(f"{what} ({plan.dtype}, device {plan.device}) -> {plan.export_dir}", all_ranks=True)
     plan.export_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = make_private_dir_public(
         Path(tempfile.mkdtemp(prefix=f".{plan.export_dir.name}-staging-", dir=plan.export_dir.parent))
@@ -598,7 +598,7 @@ def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
         shutil.rmtree(staging, ignore_errors=True)
     total = sum(files.values())
     size = f"{total / 2**30:.2f} GiB" if total >= 2**30 else f"{total / 2**20:.1f} MiB"
-    say(f"exported {plan.export_dir} ({size}, {len(files)} files) in {seconds:.1f} s")
+    say(f"exported {plan.export_dir} ({size}, {len(files)} files) in {seconds:.1f} s", all_ranks=True)
     if saves_dir is not None:
         record_latest(saves_dir, plan.export_dir, plan.served_name)
     return record
@@ -613,16 +613,18 @@ def record_latest(saves_dir: Path, export_dir: Path, served_name: str) -> Path |
     if _inside(export_dir, saves_dir):
         data["model_path_in_saves"] = str(export_dir.resolve().relative_to(saves_dir.resolve()))
     else:
-        say(
-            f"WARNING: {export_dir} is outside {saves_dir}: the compose service `serve` mounts only the saves "
-            "folder, so set ROCMFT_SERVE_MODEL to where it sees this export (or export under the saves folder)"
+        warn(
+            f"{export_dir} is outside {saves_dir}: the compose service `serve` mounts only the saves "
+            "folder, so set ROCMFT_SERVE_MODEL to where it sees this export (or export under the saves folder)",
+            all_ranks=True,
         )
     try:
         return atomic_write_json(saves_dir / LATEST_EXPORT, data)
     except OSError as err:
-        say(
-            f"WARNING: cannot record the export in {saves_dir / LATEST_EXPORT} ({err}); "
-            "the serve service then needs ROCMFT_SERVE_MODEL"
+        warn(
+            f"cannot record the export in {saves_dir / LATEST_EXPORT} ({err}); "
+            "the serve service then needs ROCMFT_SERVE_MODEL",
+            all_ranks=True,
         )
         return None
 

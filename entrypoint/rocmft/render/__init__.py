@@ -433,9 +433,9 @@ def write(rendered: Rendered) -> Plan:
     """Say what ROCMFT_RESUME found, write the run's files into the staging folder (train.yaml,
     data/dataset_info.json, ds_config.json when rendered, run.json) and return the :class:`Plan`."""
     for name, problem in rendered.resume.skipped:
-        warn(f"skipping {rendered.output_dir / name}: {problem}")
+        warn(f"skipping {rendered.output_dir / name}: {problem}", all_ranks=True)  # whatever RANK says, as always
     if rendered.resumable:
-        say(rendered.resume.note)
+        say(rendered.resume.note, all_ranks=True)
     staging = rendered.staging
     files = {
         "train.yaml": atomic_write_text(staging / "train.yaml", rendered.text),

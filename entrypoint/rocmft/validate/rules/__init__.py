@@ -90,7 +90,7 @@ def apply(phase: str, subject: Any) -> None:
     for item in registered(phase):
         warnings += item.fn(subject) or []
     for warning in warnings:
-        warn(warning)
+        warn(warning, all_ranks=True)  # the entrypoint's line, printed whatever RANK says, as always
 
 
 @dataclass(frozen=True)
