@@ -58,4 +58,14 @@ run model-output-is-input "${M[@]}" DATASET=alpaca_en_demo OUTPUT_DIR="$HOME/.ca
 run model-bad-template "${M[@]}" DATASET=alpaca_en_demo TEMPLATE=not_a_template -- render
 run model-two-mistakes "${M[@]}" DATASET=not_a_dataset LORA_TARGET=qkv FINETUNING_TYPE=lora -- render
 run model-fsdp-world "${M[@]}" DATASET=alpaca_en_demo ROCMFT_DISTRIBUTED=fsdp NPROC_PER_NODE=3 -- render
+# issue 17: the refusals whose home moved into the rules registry (inputs, rendered and launch phases)
+run zero-no-deepspeed ROCMFT_ZERO_STAGE=2 -- render
+run precision-contradicts ROCMFT_PRECISION=fp32 BF16=true -- render
+run world-size WORLD_SIZE=5 -- render
+run node-rank NNODES=2 NODE_RANK=3 -- render
+run model-fsdp-8bit "${M[@]}" DATASET=alpaca_en_demo ROCMFT_DISTRIBUTED=fsdp QUANTIZATION_BIT=8 -- render
+run model-two-strategies "${M[@]}" DATASET=alpaca_en_demo ROCMFT_DISTRIBUTED=deepspeed DEEPSPEED=/nonexistent/ds.json -- render
+run model-spaced-dataset "${M[@]}" "DATASET=alpaca_en_demo " -- render
+run model-warnings "${M[@]}" DATASET=alpaca_en_demo LEARNING_RATE=5 EVAL_DATASET=alpaca_en_demo SAVE_TOTAL_LIMIT=0 -- render
+run model-fraction-and-spaces "${M[@]}" DATASET=alpaca_en_demo LORA_DROPOUT=5 "TEMPLATE=qwen " -- render
 echo "captured $(ls "$out" | wc -l) outputs in $out"

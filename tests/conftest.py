@@ -92,9 +92,9 @@ def render_env(tmp_path, cache_dir, tiny_model):
             return staging
 
         from rocmft.facts.device import DeviceFacts
-        from rocmft.render import render
+        from rocmft.validate.rules import render_checked
 
-        return render(settings, device or DeviceFacts(backend="cpu"), make_staging)
+        return render_checked(settings, device or DeviceFacts(backend="cpu"), make_staging)
 
     return run
 

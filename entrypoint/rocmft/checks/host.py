@@ -5,7 +5,6 @@ Each function's docstring says what it measures and where its thresholds come fr
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import statistics
@@ -15,15 +14,15 @@ from typing import Any
 from urllib.parse import urlparse
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
+from rocmft.facts.modeldir import TOKENIZER_FILES, ModelDir, looks_like_path
 from rocmft.render.datasets import available_names, record_problem, sample_records, sample_token_lengths
+from rocmft.values import truthy
 
 # Share of samples longer than cutoff_len above which the length check warns: LLaMA-Factory truncates
 # them silently, so the model never sees their ends (responses first). 5% is a judgement call: a few
 # outliers are normal, a twentieth of the data losing its answers is not.
 TRUNCATED_WARN_SHARE = 0.05
 LENGTH_SAMPLE = 500  # records per data set tokenized for the length distribution (~1 s with a fast tokenizer)
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
 def _gib(n: float) -> str:
@@ -151,10 +150,6 @@ def _local_model_dir(plan) -> Path | None:
     return path if path.is_dir() else None
 
 
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or (os.sep in name and name.count("/") > 1)
-
-
 def _endpoint_reachable(timeout_s: float = 3.0) -> tuple[bool, str]:
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     parsed = urlparse(endpoint)
@@ -183,21 +178,21 @@ def model(plan) -> Outcome:
             missing.append("config.json")
         else:
             try:
-                json.loads(config.read_text(encoding="utf-8"))
+                ModelDir(local).config_json()
             except ValueError as err:
                 return Outcome(
                     FAIL, "bad config.json", f"{config} is not valid JSON: {err}", "Re-download or re-export the model."
                 )
-        if not any((local / f).is_file() for f in TOKENIZER_FILES):
+        if not ModelDir(local).has_tokenizer():
             missing.append("tokenizer (" + " / ".join(TOKENIZER_FILES) + ")")
         if missing:
             return Outcome(
                 FAIL, "incomplete", f"Model folder {local} has no {' and no '.join(missing)}.",
                 "Point MODEL_NAME_OR_PATH at a complete Hugging Face model folder (save_pretrained output).",
             )  # fmt: skip
-        weights = sum(p.stat().st_size for p in local.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+        weights = ModelDir(local).weight_bytes()
         return Outcome(PASS, f"local, {_gib(weights)} of weights", str(local), data={"weights_bytes": weights})
-    if _looks_like_path(name):
+    if looks_like_path(name, nested=True):
         return Outcome(
             FAIL, "no such folder", f"MODEL_NAME_OR_PATH={name} looks like a path but is not a folder here.",
             "Mount the model folder into the container (compose: a volume) and use the path inside it.",
@@ -207,7 +202,7 @@ def model(plan) -> Outcome:
     cached = try_to_load_from_cache(name, "config.json")
     if isinstance(cached, str):
         return Outcome(PASS, "hub id, cached", f"{name} is in the local hub cache ({Path(cached).parents[2]}).")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    offline = truthy(os.environ.get("HF_HUB_OFFLINE", ""))
     if offline:
         return Outcome(
             FAIL, "not cached, offline", f"{name} is not in the hub cache and HF_HUB_OFFLINE is set.",
@@ -226,11 +221,7 @@ def model(plan) -> Outcome:
 # ---------------------------------------------------------------------------------------------------------
 def _context_length(model_dir: Path) -> int | None:
     """max_position_embeddings from a local model's config.json (None when absent or unreadable)."""
-    try:
-        value = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, int) else None
+    return ModelDir(model_dir).max_position_embeddings()
 
 
 @check("lengths", "sample lengths vs cutoff_len", timeout_s=90, needs=("dataset", "model"))
@@ -280,10 +271,8 @@ def _param_count(plan) -> tuple[int | None, dict[str, Any]]:
     local = _local_model_dir(plan)
     if local is None:
         return None, {}
-    config = json.loads((local / "config.json").read_text(encoding="utf-8"))
-    weights = sum(p.stat().st_size for p in local.iterdir() if p.suffix in WEIGHT_SUFFIXES)
-    stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-    return weights // (4 if "32" in stored else 2), config
+    model = ModelDir(local)
+    return model.stored_parameters(), model.config_json()
 
 
 def _lora_params(config: dict[str, Any], rank: int) -> int:

@@ -105,7 +105,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bo
     from rocmft.checks import validate_skip
     from rocmft.config.settings import load_settings
     from rocmft.launch import prepare_launch
-    from rocmft.render import render
+    from rocmft.validate.rules import render_checked
 
     started = time.monotonic()
     settings = load_settings()
@@ -118,7 +118,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bo
     timings["device probe"] = time.monotonic() - started
 
     started = time.monotonic()
-    plan = render(settings, device, workspace.make_staging)
+    plan = render_checked(settings, device, workspace.make_staging)
     plan.probes["devices"] = devices
     plan.probes.update(injected_probes())  # a test hook (ROCMFT_TEST_PROBES); empty unless set
     prepare_launch(plan)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
@@ -184,14 +184,14 @@ def cmd_plan(_args) -> int:
 
     from rocmft.config.settings import load_settings
     from rocmft.facts.device import facts_from_probe, probe_devices_raw, start_probes
-    from rocmft.render import render
+    from rocmft.validate.rules import render_checked
 
     start_probes()
     settings = load_settings()
     device = facts_from_probe(probe_devices_raw())
     staging = Path(tempfile.mkdtemp(prefix="rocmft-plan-"))
     try:
-        plan = render(settings, device, lambda _output_dir: staging)
+        plan = render_checked(settings, device, lambda _output_dir: staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     perf = plan.perf

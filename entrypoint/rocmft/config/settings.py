@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, create_model, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+from pydantic_settings.sources.utils import parse_env_vars
 
 from rocmft.config.lfargs import (
     NOT_FROM_ENVIRONMENT,
@@ -514,10 +515,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             "Rename or remove these variables (the variable reference is in the README).",
         )
 
-    scoped = _Scoped(environ)
+    # the cache folder's default reads XDG_CACHE_HOME/HOME: from ``environ`` too
+    given = {k.upper() for k in environ}
+    default = {} if PREFIX + "CACHE_DIR" in given else {"cache_dir": _default_cache_dir_in(environ)}
     try:
-        with scoped:
-            rocmft = RocmftSettings()
+        rocmft = _from_mapping(RocmftSettings, environ, **default)
     except ValidationError as err:
         raise ConfigError(
             "Invalid rocmft settings:\n  " + "\n  ".join(_validation_messages(err, lambda n: PREFIX + n.upper(), {})),
@@ -527,8 +529,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
     arguments_by_name = lf_arguments()
     try:
-        with scoped:
-            values = _training_env_model()().model_dump(exclude_none=True, mode="json")
+        values = _from_mapping(_training_env_model(), environ).model_dump(exclude_none=True, mode="json")
     except ValidationError as err:
         raise ConfigError(
             "Invalid training arguments:\n  " + "\n  ".join(_validation_messages(err, str.upper, arguments_by_name)),
@@ -556,26 +557,45 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     return settings
 
 
-class _Scoped:
-    """Make ``environ`` the process environment while pydantic-settings reads it.
+class _MappingEnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping instead of ``os.environ``: its parsing rules
+    (prefix, case, JSON for dicts) stay in force and the process environment is left alone (pydantic-settings
+    2.x reads ``os.environ`` in ``EnvSettingsSource._load_env_vars`` only)."""
 
-    pydantic-settings reads ``os.environ``; swapping it (instead of copying values into init kwargs) keeps
-    its own parsing rules (case, JSON for dicts) in force for both real runs and tests that pass a mapping.
+    def __init__(self, like: EnvSettingsSource, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(like.settings_cls, _init_state=like._init_state)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._environ, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+
+def _from_mapping(model: type[BaseSettings], environ: Mapping[str, str], **init: Any) -> Any:
+    """``model(**init)`` with its settings read from ``environ``: the model's own sources, the environment one
+    (not its dotenv subclass) reading the mapping.
+
+    Raises:
+        ValidationError: as ``model()`` would.
     """
+    sources, init_kwargs = model._settings_init_sources(_init_kwargs=init)
+    sources = tuple(
+        _MappingEnvSource(source, environ) if type(source) is EnvSettingsSource else source for source in sources
+    )
+    return model(_build_sources=(sources, init_kwargs))
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
-        self.environ = dict(environ)
 
-    def __enter__(self) -> None:
-        self.saved = dict(os.environ)
-        if self.saved != self.environ:
-            os.environ.clear()
-            os.environ.update(self.environ)
+def _default_cache_dir_in(environ: Mapping[str, str]) -> Path:
+    """:func:`rocmft.fsutil.default_cache_dir` as it reads with ``environ`` as the process environment
+    (XDG_CACHE_HOME, else HOME's .cache; without HOME the password database's home, as os.path.expanduser)."""
+    if environ.get("XDG_CACHE_HOME"):
+        return Path(environ["XDG_CACHE_HOME"]) / "rocmft"
+    if "HOME" in environ:
+        home = environ["HOME"].rstrip("/") or "/"
+    else:
+        import pwd
 
-    def __exit__(self, *exc: object) -> None:
-        if dict(os.environ) != self.saved:
-            os.environ.clear()
-            os.environ.update(self.saved)
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    return Path(home) / ".cache" / "rocmft"
 
 
 __all__ = [

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rocmft.errors import ConfigError
+from rocmft.values import truthy
 
 NUMA_BIND_VAR = "ROCMFT_NUMA_BIND"
 NUMA_BIND_SETTINGS = ("auto", "on", "off")
@@ -482,7 +483,7 @@ def network_environment(environ: Mapping[str, str], nnodes: int, root: Path = Pa
 
     if keep("NCCL_IB_HCA"):
         return result
-    if environ.get("NCCL_IB_DISABLE", "").strip().lower() in ("1", "true", "yes", "on"):
+    if truthy(environ.get("NCCL_IB_DISABLE", "")):
         result.notes.append("NCCL_IB_DISABLE is set: inter-node traffic goes over TCP sockets")
         return result
     hcas = infiniband_hcas(root)

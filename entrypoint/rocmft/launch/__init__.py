@@ -32,29 +32,6 @@ LOG_DIR = "logs"
 COMMUNICATION_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "GPU_MAX_", "TORCH_NCCL_", "GLOO_", "ROCR_")
 
 
-def check_world_size(plan: Plan) -> None:
-    """Refuse a hand-set WORLD_SIZE that disagrees with NNODES × processes per node, and a NODE_RANK outside
-    NNODES (torchrun would wait forever for ranks that never come).
-
-    Raises:
-        ConfigError: naming the variables and their values.
-    """
-    nodes, rank = nnodes(), node_rank()
-    per_node = processes_per_node(plan)
-    if rank >= nodes:
-        raise ConfigError(f"NODE_RANK={rank} but NNODES={nodes}: node ranks run from 0 to {nodes - 1}.",
-                          "Give each node a distinct NODE_RANK below NNODES.")  # fmt: skip
-    if nodes > 1 and plan.launcher != "torchrun":
-        raise ConfigError(f"NNODES={nodes} needs a torchrun launch, but this run is one process.",
-                          "Set ROCMFT_DISTRIBUTED=ddp, deepspeed or fsdp for a multi-node run.")  # fmt: skip
-    given = os.environ.get("WORLD_SIZE", "").strip()
-    if given and given != str(nodes * per_node):
-        raise ConfigError(
-            f"WORLD_SIZE={given} disagrees with NNODES={nodes} x {per_node} processes per node = {nodes * per_node}.",
-            "Unset WORLD_SIZE (torchrun sets it for every rank), or fix NNODES / ROCMFT_NPROC_PER_NODE.",
-        )
-
-
 def full_node_environment(per_node: int, environ: dict[str, str], profile: Path = ARCH_PROFILE) -> dict[str, str]:
     """The profile's settings for a node whose GPUs are all in use: each ``FULL_NODE_<NAME>=<value>`` line of the
     image's docker/arch/<ARCH>.env as NAME=value, when this node runs ``FULL_NODE_GPUS`` processes and the user
@@ -116,8 +93,9 @@ def prepare_launch(plan: Plan, root: Path = Path("/"), numactl: bool | None = No
         ConfigError: a bad NNODES/NODE_RANK/WORLD_SIZE, or ROCMFT_NUMA_BIND=on where binding cannot work.
     """
     from rocmft.facts.topology import binding_plan, network_environment
+    from rocmft.validate.rules import apply
 
-    check_world_size(plan)
+    apply("launch", plan)  # NNODES, NODE_RANK and WORLD_SIZE agree (rocmft.validate.rules.distributed.world_size)
     added = {"PYTHONUNBUFFERED": "1"}
     numa = None
     network_notes: list[str] = []

@@ -16,13 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rocmft.console import say
 from rocmft.errors import ConfigError
 from rocmft.outputs.export import EXPORT_MANIFEST, Run, default_export_dir, find_run, model_config, quantization_of
-
-
-def _say(message: str) -> None:
-    """Progress lines go to stderr, so stdout holds only the answers (``--json``: one JSON object per line)."""
-    print(f"[rocmft] {message}", file=sys.stderr, flush=True)
 
 
 def read_prompts(prompts: list[str] | None, file: str | None) -> list[str]:
@@ -140,7 +136,7 @@ def main(
     """``rocmft chat``: resolve, load, answer, print (Markdown-ish blocks, or one JSON line per prompt)."""
     folder, run = resolve_model(given, settings)
     model, tokenizer, what = load(folder, run, settings.rocmft.export_base)
-    _say(f"chatting with {what}")
+    say(f"chatting with {what}", stream=sys.stderr, all_ranks=True)  # stderr: stdout is the answers
     for prompt, answer in zip(prompts, generate(model, tokenizer, prompts, max_new_tokens, system), strict=True):
         if as_json:
             print(json.dumps({"prompt": prompt, "completion": answer}, ensure_ascii=False), flush=True)

@@ -45,18 +45,14 @@ from typing import Any
 import yaml
 
 from rocmft import __version__
+from rocmft.console import say, warn
 from rocmft.errors import ChecksFailed, ConfigError, ExitCode, RocmftError
+from rocmft.facts.modeldir import MODEL_WEIGHT_FILES, ModelDir, quantization_label
 from rocmft.fsutil import atomic_write_json, atomic_write_text, make_private_dir_public, replace_dir
 
 EXPORT_MANIFEST = "rocmft-export.json"
 LATEST_EXPORT = "rocmft-latest-export.json"
 MERGED_SUFFIX = "-merged"
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 # Config fields that must agree between the run's base and ROCMFT_EXPORT_BASE for the adapter's matrices to fit.
 SHAPE_FIELDS = (
     "model_type",
@@ -69,10 +65,6 @@ SHAPE_FIELDS = (
     "head_dim",
 )
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def _say(message: str) -> None:
-    print(f"[rocmft] {message}", flush=True)
 
 
 @dataclass
@@ -187,16 +179,9 @@ def model_config(model: str) -> dict[str, Any] | None:
 
 def quantization_of(config: dict[str, Any] | None) -> str | None:
     """The quantization method of a checkpoint (``gptq``, ``awq``, ``bitsandbytes``...) from its config's
-    ``quantization_config`` (where transformers records it), or None for an unquantized one."""
-    quant = (config or {}).get("quantization_config") or {}
-    if not quant:
-        return None
-    method = str(quant.get("quant_method") or "unknown method")
-    if quant.get("load_in_4bit") or quant.get("load_in_8bit"):
-        bits = 4 if quant.get("load_in_4bit") else 8
-    else:
-        bits = quant.get("bits")
-    return f"{method}, {bits}-bit" if bits else method
+    ``quantization_config`` (where transformers records it), or None for an unquantized one
+    (:func:`rocmft.facts.modeldir.quantization_label`)."""
+    return quantization_label(config)
 
 
 def unquantized_candidates(model: str, config: dict[str, Any] | None) -> list[str]:
@@ -284,7 +269,7 @@ def plan_export(run: Run, settings) -> ExportPlan:
             f"The LoRA run's adapter (adapter_config.json) is missing in {run.weights}.",
             "Point `rocmft export` at the run's OUTPUT_DIR or a complete checkpoint-N folder.",
         )
-    if method != "lora" and not any((run.weights / n).is_file() for n in WEIGHT_FILES):
+    if method != "lora" and not any((run.weights / n).is_file() for n in MODEL_WEIGHT_FILES):
         raise ConfigError(
             f"No model weights (model.safetensors) in {run.weights}.",
             "Point `rocmft export` at the run's OUTPUT_DIR or a complete checkpoint-N folder.",
@@ -414,7 +399,7 @@ def _weights_bytes(model: str) -> int | None:
     folder = Path(model).expanduser()
     if not folder.is_dir():
         return None
-    return sum(p.stat().st_size for p in folder.glob("*.safetensors")) or None
+    return sum(p.stat().st_size for p in ModelDir(folder).safetensors_files()) or None
 
 
 def check_disk(plan: ExportPlan, base_dtype: str | None) -> None:
@@ -544,12 +529,12 @@ def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
     )
     check_disk(plan, base_dtype)
     for note in plan.notes:
-        _say(note)
+        say(note, all_ranks=True)
     if "adapter_name_or_path" in plan.lf_args:
         what = f"merging the adapter in {plan.run.weights} into {plan.base}"
     else:
         what = f"re-saving the {plan.lf_args['finetuning_type']}-tuned weights in {plan.run.weights}"
-    _say(f"{what} ({plan.dtype}, device {plan.device}) -> {plan.export_dir}")
+    say(f"{what} ({plan.dtype}, device {plan.device}) -> {plan.export_dir}", all_ranks=True)
     plan.export_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = make_private_dir_public(
         Path(tempfile.mkdtemp(prefix=f".{plan.export_dir.name}-staging-", dir=plan.export_dir.parent))
@@ -613,7 +598,7 @@ def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
         shutil.rmtree(staging, ignore_errors=True)
     total = sum(files.values())
     size = f"{total / 2**30:.2f} GiB" if total >= 2**30 else f"{total / 2**20:.1f} MiB"
-    _say(f"exported {plan.export_dir} ({size}, {len(files)} files) in {seconds:.1f} s")
+    say(f"exported {plan.export_dir} ({size}, {len(files)} files) in {seconds:.1f} s", all_ranks=True)
     if saves_dir is not None:
         record_latest(saves_dir, plan.export_dir, plan.served_name)
     return record
@@ -628,16 +613,18 @@ def record_latest(saves_dir: Path, export_dir: Path, served_name: str) -> Path |
     if _inside(export_dir, saves_dir):
         data["model_path_in_saves"] = str(export_dir.resolve().relative_to(saves_dir.resolve()))
     else:
-        _say(
-            f"WARNING: {export_dir} is outside {saves_dir}: the compose service `serve` mounts only the saves "
-            "folder, so set ROCMFT_SERVE_MODEL to where it sees this export (or export under the saves folder)"
+        warn(
+            f"{export_dir} is outside {saves_dir}: the compose service `serve` mounts only the saves "
+            "folder, so set ROCMFT_SERVE_MODEL to where it sees this export (or export under the saves folder)",
+            all_ranks=True,
         )
     try:
         return atomic_write_json(saves_dir / LATEST_EXPORT, data)
     except OSError as err:
-        _say(
-            f"WARNING: cannot record the export in {saves_dir / LATEST_EXPORT} ({err}); "
-            "the serve service then needs ROCMFT_SERVE_MODEL"
+        warn(
+            f"cannot record the export in {saves_dir / LATEST_EXPORT} ({err}); "
+            "the serve service then needs ROCMFT_SERVE_MODEL",
+            all_ranks=True,
         )
         return None
 

@@ -1,10 +1,12 @@
 """Render: settings in, the run's files out (train.yaml, ds_config.json, data/dataset_info.json, run.json).
 
 Layers, lowest first: the template's defaults (templates/train.yaml.j2; the seed recipe for LoRA SFT) <
-the built-in default (templates/demo.yaml, only when no model is given) < ROCMFT_CONFIG < environment
-< what rocmft decides (output and data folders, precision, the distributed config). The rendered YAML is
-parsed back and *that* is the configuration every later step (validation, checks, the worker) reads, so
-what is saved is exactly what ran.
+the built-in default (templates/demo.yaml, only when no model is given) < ROCMFT_CONFIG < environment (those
+three: :func:`rocmft.config.layers.layer`) < what rocmft decides here (output and data folders, precision, the
+distributed config, the planner's defaults, the checkpoint to resume). The rendered YAML is parsed back and
+*that* is the configuration every later step (the rules, validation, checks, the worker) reads, so what is
+saved is exactly what ran. :func:`render` decides and renders (a frozen :class:`Rendered`), :func:`write`
+writes; :func:`rocmft.validate.rules.render_checked` runs the rules between them.
 
 Everything is written into a staging folder inside OUTPUT_DIR and moved to ``OUTPUT_DIR/rocmft`` only
 when validation and the checks pass (:func:`rocmft.fsutil.replace_dir`).
@@ -16,6 +18,7 @@ import datetime as _dt
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +26,13 @@ import jinja2
 import yaml
 
 from rocmft import __version__
+from rocmft.config.layers import BUILTIN_SOURCE, Layers, builtin_templates
 from rocmft.config.settings import Settings
+from rocmft.console import say, warn
 from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
 from rocmft.facts.job import asked_processes, local_processes, nnodes, node_rank
+from rocmft.facts.modeldir import ModelDir
 from rocmft.fsutil import atomic_write_json, atomic_write_text
 from rocmft.render import planner
 from rocmft.render.datasets import Registry, build_registry, split_names
@@ -34,7 +40,6 @@ from rocmft.render.precision import Precision, resolve_precision
 from rocmft.render.resume import ResumeChoice, checkpoints, choose
 
 RUN_SUBDIR = "rocmft"
-BUILTIN_SOURCE = "the built-in default (templates/demo.yaml)"
 TEMPLATE_SOURCE = "the default in train.yaml.j2"
 
 # FSDP through transformers' TrainingArguments (works under torchrun, as LLaMA-Factory requires): full
@@ -56,16 +61,6 @@ def run_subdir() -> str:
     writes OUTPUT_DIR/rocmft and the weights, while each other node keeps its own record beside it."""
     rank = node_rank()
     return RUN_SUBDIR if rank == 0 else f"{RUN_SUBDIR}-node{rank}"
-
-
-def builtin_templates() -> Path:
-    """The folder of the templates shipped with rocmft: ``rocmft/templates`` in an installed wheel,
-    ``templates/`` at the top of the repository in a source checkout (editable install)."""
-    package = Path(__file__).resolve().parents[1]
-    for candidate in (package / "templates", package.parents[1] / "templates"):
-        if (candidate / "train.yaml.j2").is_file():
-            return candidate
-    raise ConfigError(f"rocmft's built-in templates are missing next to {package}.", "Reinstall rocmft.")
 
 
 @dataclass
@@ -214,55 +209,95 @@ def default_output_dir(arguments: dict[str, Any], saves_dir: Path, run_name: str
     return Path(chosen).expanduser().absolute()
 
 
-def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
-    """Render the run's files into a staging folder and return the :class:`Plan`.
+@dataclass(frozen=True)
+class _Destination:
+    """Where the run's files go: OUTPUT_DIR, ``OUTPUT_DIR/rocmft`` (or ``rocmft-node<k>``), and the staging folder."""
 
-    Args:
-        settings: the read settings.
-        device: the probed device (for the precision policy).
-        make_staging: ``callable(output_dir) -> Path`` creating the staging folder (the caller owns its
-            clean-up, see :mod:`rocmft.cli`).
+    output_dir: Path
+    run_dir: Path
+    staging: Path
 
-    Raises:
-        ConfigError: precision conflicts, a bad template, a template that dropped a given argument, or
-            mutually exclusive distributed settings.
+
+@dataclass(frozen=True)
+class _Fixed:
+    """What rocmft decides over the layered arguments (folders, precision, the distributed config), with sources."""
+
+    values: dict[str, Any]
+    sources: dict[str, str]
+    ds_config: dict[str, Any] | None
+    launcher: str
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One run rendered but not yet written: the subject of the ``rendered`` rules (rocmft.validate.rules), then
+    of :func:`write`. Attributes as in :class:`Plan`, and:
+
+    Attributes:
+        text: the rendered train.yaml.
+        resume: ROCMFT_RESUME's choice (rocmft.render.resume.choose).
+        resumable: whether OUTPUT_DIR has checkpoints (used or not): the resume note is printed then.
+        world_size: NNODES × processes per node.
     """
-    from rocmft.config.demo import ensure_demo_data, ensure_tiny_model
 
-    layered: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    demo = "model_name_or_path" not in settings.arguments
-    if demo:
-        builtin = yaml.safe_load((builtin_templates() / "demo.yaml").read_text(encoding="utf-8"))
-        cache = settings.rocmft.cache_dir
-        builtin["model_name_or_path"] = str(ensure_tiny_model(cache))
-        layered.update(builtin)
-        sources.update(dict.fromkeys(builtin, BUILTIN_SOURCE))
-    layered.update(settings.arguments)
-    sources.update(settings.sources)
-    if demo and "dataset" not in settings.arguments:
-        # the built-in data set, wherever DATASET_DIR points (the image presets DATASET_DIR=/data)
-        layered["dataset_dir"] = str(ensure_demo_data(settings.rocmft.cache_dir))
-        sources["dataset_dir"] = BUILTIN_SOURCE
+    settings: Settings
+    output_dir: Path
+    run_dir: Path
+    staging: Path
+    arguments: dict[str, Any]
+    sources: dict[str, str]
+    precision: Precision
+    device: DeviceFacts
+    registry: Registry
+    ds_config: dict[str, Any] | None
+    demo: bool
+    launcher: str
+    perf: Any
+    text: str
+    resume: ResumeChoice
+    resumable: bool
+    world_size: int
 
-    precision = resolve_precision(settings, layered, device)
+    @cached_property
+    def model(self) -> ModelDir:
+        """The model folder of the rendered MODEL_NAME_OR_PATH (read once for all rules)."""
+        return ModelDir(str(self.arguments.get("model_name_or_path", "")))
+
+
+def _destination(settings: Settings, layered: dict[str, Any], sources: dict[str, str], demo: bool,
+                 make_staging) -> _Destination:  # fmt: skip
+    """OUTPUT_DIR (:func:`default_output_dir`) and the staging folder; records the default's source in ``sources``."""
     rocmft = settings.rocmft
-    _check_distributed(settings, layered)
-
     output_dir = default_output_dir(layered, rocmft.saves_dir, rocmft.run_name, demo)
     if "output_dir" not in layered:
         name = "ROCMFT_RUN_NAME" if rocmft.run_name else "<run name>"
         sources["output_dir"] = f"rocmft's default (ROCMFT_SAVES_DIR/{name})"
     run_dir = output_dir / run_subdir()
-    staging = make_staging(output_dir)
+    return _Destination(output_dir=output_dir, run_dir=run_dir, staging=make_staging(output_dir))
 
+
+def _registry(layered: dict[str, Any]) -> Registry:
+    """The data set registry of DATASET and EVAL_DATASET over DATASET_DIR (default ``data``)."""
     names = split_names(layered.get("dataset")) + split_names(layered.get("eval_dataset"))
     source_dir = Path(layered.get("dataset_dir") or "data").expanduser().absolute()
-    registry = build_registry(list(dict.fromkeys(names)), source_dir)
+    return build_registry(list(dict.fromkeys(names)), source_dir)
 
+
+def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, layered: dict[str, Any],
+           sources: dict[str, str], where: _Destination, registry: Registry,
+           precision: Precision) -> _Fixed:  # fmt: skip
+    """The values rocmft sets itself: output and data folders, precision, the DeepSpeed or FSDP config, and the
+    launcher (``torchrun`` for any distributed strategy, several GPUs or processes: LLaMA-Factory refuses one
+    process driving several GPUs, "Please launch distributed training with llamafactory-cli or torchrun").
+
+    Raises:
+        ConfigError: the rendered deepspeed.json.j2 is not JSON.
+    """
+    rocmft = settings.rocmft
+    source_dir = registry.source_dir
     fixed: dict[str, Any] = {
-        "output_dir": str(output_dir),
-        "dataset_dir": str(run_dir / "data"),
+        "output_dir": str(where.output_dir),
+        "dataset_dir": str(where.run_dir / "data"),
         "bf16": precision.bf16,
         "fp16": precision.fp16,
     }
@@ -272,115 +307,160 @@ def render(settings: Settings, device: DeviceFacts, make_staging) -> Plan:
         "bf16": f"precision policy ({precision.reason})",
         "fp16": f"precision policy ({precision.reason})",
     }
-    env = _environment(settings)
     ds_config = None
-    launcher = "python"
     if rocmft.distributed == "deepspeed" and "deepspeed" not in layered:
         text = _render(env, "deepspeed.json.j2", zero_stage=rocmft.zero_stage, offload=rocmft.offload)
         try:
             ds_config = json.loads(text)
         except json.JSONDecodeError as err:
             raise ConfigError(f"The rendered deepspeed.json.j2 is not JSON: {err}", "Fix the template.") from err
-        fixed["deepspeed"] = str(run_dir / "ds_config.json")
+        fixed["deepspeed"] = str(where.run_dir / "ds_config.json")
         fixed_sources["deepspeed"] = f"ROCMFT_DISTRIBUTED=deepspeed, ZeRO-{rocmft.zero_stage}, offload {rocmft.offload}"
     if rocmft.distributed == "fsdp":
         fixed["fsdp"] = FSDP_OPTIONS
         fixed["fsdp_config"] = {**FSDP_CONFIG, **(layered.get("fsdp_config") or {})}
         fixed_sources["fsdp"] = fixed_sources["fsdp_config"] = "ROCMFT_DISTRIBUTED=fsdp"
-    # LLaMA-Factory refuses one process driving several GPUs ("Please launch distributed training with
-    # llamafactory-cli or torchrun"); like its own launcher, more than one visible GPU means torchrun (DDP),
-    # and so does asking for more than one process per node.
-    if rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1 or asked_processes(settings) > 1:
-        launcher = "torchrun"
+    torchrun = (rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1
+                or asked_processes(settings) > 1)  # fmt: skip
+    launcher = "torchrun" if torchrun else "python"
+    return _Fixed(values=fixed, sources=fixed_sources, ds_config=ds_config, launcher=launcher)
 
-    rendered_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
-    def render_train_yaml() -> tuple[str, dict[str, Any]]:
-        renderer = _Renderer(layered, fixed)
-        text = _render(env, "train.yaml.j2", arg=renderer.arg, value=renderer.value, is_set=renderer.is_set,
-                       rest=renderer.rest, rocmft_version=__version__, rendered_at=rendered_at)  # fmt: skip
-        text = text.rstrip("\n") + "\n"
-        return text, _load_rendered_yaml(text, "train.yaml")
-
-    text, arguments = render_train_yaml()
-    world_size = local_processes(settings, device, launcher) * nnodes()
-    # the planner replaces template defaults (never the user's values) with ones chosen for the GPU
-    perf = _plan_performance(settings, arguments, device, precision, ds_config, world_size, demo, registry)
-    if planner.apply(perf, layered, sources):
-        text, arguments = render_train_yaml()
-    # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
-    resume = _resume(settings, arguments, output_dir, run_dir, world_size)
-    resumable = resume.checkpoint is not None or bool(checkpoints(output_dir))  # checkpoints there, used or not
+def _resumed(settings: Settings, fixed: _Fixed, resume: ResumeChoice, resumable: bool) -> _Fixed:
+    """``fixed`` with ROCMFT_RESUME's decision: the checkpoint to resume from, or overwrite_output_dir when
+    checkpoints are there but not used (LLaMA-Factory would otherwise resume by itself, from any checkpoint)."""
+    values, sources = dict(fixed.values), dict(fixed.sources)
     if resume.checkpoint is not None:
-        fixed["resume_from_checkpoint"] = str(resume.checkpoint)
-        fixed_sources["resume_from_checkpoint"] = f"ROCMFT_RESUME={rocmft.resume}"
+        values["resume_from_checkpoint"] = str(resume.checkpoint)
+        sources["resume_from_checkpoint"] = f"ROCMFT_RESUME={settings.rocmft.resume}"
     elif resumable:
-        fixed["overwrite_output_dir"] = True  # LLaMA-Factory would otherwise resume by itself, from any checkpoint
-        fixed_sources["overwrite_output_dir"] = f"ROCMFT_RESUME={rocmft.resume} ({resume.note})"
-    if resumable:
-        text, arguments = render_train_yaml()
-    dropped = [name for name, val in {**layered, **fixed}.items() if val is not None and name not in arguments]
+        values["overwrite_output_dir"] = True
+        sources["overwrite_output_dir"] = f"ROCMFT_RESUME={settings.rocmft.resume} ({resume.note})"
+    return _Fixed(values=values, sources=sources, ds_config=fixed.ds_config, launcher=fixed.launcher)
+
+
+def _train_yaml(env: jinja2.Environment, layered: dict[str, Any], fixed: _Fixed,
+                rendered_at: str) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    """train.yaml.j2 over the layered and fixed values: the text and the arguments parsed back from it."""
+    renderer = _Renderer(layered, fixed.values)
+    text = _render(env, "train.yaml.j2", arg=renderer.arg, value=renderer.value, is_set=renderer.is_set,
+                   rest=renderer.rest, rocmft_version=__version__, rendered_at=rendered_at)  # fmt: skip
+    text = text.rstrip("\n") + "\n"
+    return text, _load_rendered_yaml(text, "train.yaml")
+
+
+def _final_sources(layered: dict[str, Any], sources: dict[str, str], fixed: _Fixed,
+                   arguments: dict[str, Any]) -> dict[str, str]:  # fmt: skip
+    """Where each rendered argument came from; the template's own defaults are :data:`TEMPLATE_SOURCE`.
+
+    Raises:
+        ConfigError: a replacement template dropped given arguments (it lacks the rest() block).
+    """
+    dropped = [name for name, val in {**layered, **fixed.values}.items() if val is not None and name not in arguments]
     if dropped:
         raise ConfigError(
             f"The train.yaml template dropped given arguments: {', '.join(sorted(dropped))}.",
             "A replacement template must end with the rest() block of the built-in train.yaml.j2.",
         )
+    sources = dict(sources)
     for name in arguments:
-        if name in fixed:
-            sources[name] = fixed_sources[name]
+        if name in fixed.values:
+            sources[name] = fixed.sources[name]
         elif name not in sources and arguments[name] is not None:
             sources[name] = TEMPLATE_SOURCE
+    return sources
 
-    _apply_rules(arguments, sources, device, world_size, ds_config is None, registry)
-    for name, problem in resume.skipped:
-        print(f"[rocmft] WARNING: skipping {output_dir / name}: {problem}", flush=True)
+
+def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging) -> Rendered:
+    """Render the run: what rocmft decides over the layered arguments, the planner's defaults, ROCMFT_RESUME's
+    choice, the train.yaml text and the arguments parsed back from it. Writes nothing but the (empty) staging
+    folder; :func:`write` writes the files once the ``rendered`` rules have passed
+    (:func:`rocmft.validate.rules.render_checked` runs the three).
+
+    Args:
+        settings: the read settings.
+        device: the probed device (for the precision policy, the launcher and the planner).
+        layers: the layered arguments (:func:`rocmft.config.layers.layer`).
+        make_staging: ``callable(output_dir) -> Path`` creating the staging folder (the caller owns its
+            clean-up, see :mod:`rocmft.cli`).
+
+    Raises:
+        ConfigError: precision conflicts, a bad template, a template that dropped a given argument.
+    """
+    layered, sources, demo = dict(layers.arguments), dict(layers.sources), layers.demo
+    precision = resolve_precision(settings, layered, device)
+    where = _destination(settings, layered, sources, demo, make_staging)
+    registry = _registry(layered)
+    env = _environment(settings)
+    fixed = _fixed(settings, device, env, layered, sources, where, registry, precision)
+    rendered_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+    text, arguments = _train_yaml(env, layered, fixed, rendered_at)
+    world_size = local_processes(settings, device, fixed.launcher) * nnodes()
+    # the planner replaces template defaults (never the user's values) with ones chosen for the GPU
+    perf = _plan_performance(settings, arguments, device, precision, fixed.ds_config, world_size, demo, registry)
+    layered, sources, changed = planner.apply(perf, layered, sources)
+    if changed:
+        text, arguments = _train_yaml(env, layered, fixed, rendered_at)
+    # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
+    resume = _resume(settings, arguments, where.output_dir, where.run_dir, world_size)
+    resumable = resume.checkpoint is not None or bool(checkpoints(where.output_dir))  # checkpoints there, used or not
+    fixed = _resumed(settings, fixed, resume, resumable)
     if resumable:
-        print(f"[rocmft] {resume.note}", flush=True)
-    plan = Plan(
+        text, arguments = _train_yaml(env, layered, fixed, rendered_at)
+    return Rendered(
         settings=settings,
-        output_dir=output_dir,
-        run_dir=run_dir,
-        staging=staging,
+        output_dir=where.output_dir,
+        run_dir=where.run_dir,
+        staging=where.staging,
         arguments=arguments,
-        sources=sources,
+        sources=_final_sources(layered, sources, fixed, arguments),
         precision=precision,
         device=device,
         registry=registry,
-        ds_config=ds_config,
+        ds_config=fixed.ds_config,
         demo=demo,
-        launcher=launcher,
+        launcher=fixed.launcher,
         perf=perf,
+        text=text,
+        resume=resume,
+        resumable=resumable,
+        world_size=world_size,
     )
-    plan.files["train.yaml"] = atomic_write_text(staging / "train.yaml", text)
-    plan.files["dataset_info.json"] = atomic_write_json(staging / "data" / "dataset_info.json", registry.entries)
-    if ds_config is not None:
-        plan.files["ds_config.json"] = atomic_write_json(staging / "ds_config.json", ds_config)
+
+
+def write(rendered: Rendered) -> Plan:
+    """Say what ROCMFT_RESUME found, write the run's files into the staging folder (train.yaml,
+    data/dataset_info.json, ds_config.json when rendered, run.json) and return the :class:`Plan`."""
+    for name, problem in rendered.resume.skipped:
+        warn(f"skipping {rendered.output_dir / name}: {problem}", all_ranks=True)  # whatever RANK says, as always
+    if rendered.resumable:
+        say(rendered.resume.note, all_ranks=True)
+    staging = rendered.staging
+    files = {
+        "train.yaml": atomic_write_text(staging / "train.yaml", rendered.text),
+        "dataset_info.json": atomic_write_json(staging / "data" / "dataset_info.json", rendered.registry.entries),
+    }
+    if rendered.ds_config is not None:
+        files["ds_config.json"] = atomic_write_json(staging / "ds_config.json", rendered.ds_config)
+    plan = Plan(
+        settings=rendered.settings,
+        output_dir=rendered.output_dir,
+        run_dir=rendered.run_dir,
+        staging=staging,
+        arguments=rendered.arguments,
+        sources=rendered.sources,
+        precision=rendered.precision,
+        device=rendered.device,
+        registry=rendered.registry,
+        ds_config=rendered.ds_config,
+        demo=rendered.demo,
+        launcher=rendered.launcher,
+        files=files,
+        perf=rendered.perf,
+    )
     plan.files["run.json"] = atomic_write_json(staging / "run.json", worker_policy(plan))
     return plan
-
-
-def _apply_rules(arguments: dict[str, Any], sources: dict[str, str], device: DeviceFacts, world_size: int,
-                 user_deepspeed: bool, registry: Registry) -> None:  # fmt: skip
-    """The rules of rocmft.validate.rules on the rendered arguments and the run's data set registry (errors raise
-    ConfigError, warnings are printed)."""
-    from rocmft.validate import rules
-
-    rules.text_hygiene(arguments, sources)  # first: stray spaces and CRs would mislead every later message
-    rules.folders(arguments, sources, registry.source_dir, list(registry.entries) + list(registry.missing))
-    if arguments.get("deepspeed") and user_deepspeed:
-        rules.user_ds_config(arguments, world_size, sources.get("deepspeed", "DEEPSPEED"))
-    rules.quoted_values(arguments, sources)
-    rules.template(arguments, sources)
-    rules.method_settings(arguments, sources)
-    rules.output_not_input(arguments, sources, registry.source_dir)
-    rules.more_ranges(arguments, sources)
-    rules.lora_target(arguments, sources.get("lora_target", TEMPLATE_SOURCE))
-    rules.fp16_on_bf16_model(arguments, device.bf16, sources.get("fp16", "precision policy"))
-    rules.stage_data(arguments, sources, registry.entries)
-    rules.model_shapes(arguments, sources)
-    warnings = rules.ranges(arguments, sources) + rules.more_values(arguments, sources)
-    for warning in warnings + rules.chat_template_fits(arguments, sources):
-        print(f"[rocmft] WARNING: {warning}", flush=True)
 
 
 def _plan_performance(settings: Settings, arguments: dict[str, Any], device: DeviceFacts, precision: Precision,
@@ -447,77 +527,14 @@ def worker_policy(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _check_distributed(settings: Settings, arguments: dict[str, Any]) -> None:
-    """Refuse distributed settings that cannot work together (each with the variables involved)."""
-    rocmft, explicit = settings.rocmft, settings.explicit_rocmft
-    if rocmft.distributed != "deepspeed":
-        for name in ("zero_stage", "offload"):
-            if name in explicit and not (name == "offload" and rocmft.offload == "none"):
-                raise ConfigError(
-                    f"ROCMFT_{name.upper()}={getattr(rocmft, name)} has no effect with "
-                    f"ROCMFT_DISTRIBUTED={rocmft.distributed}.",
-                    "Set ROCMFT_DISTRIBUTED=deepspeed, or remove the variable.",
-                )
-    if rocmft.offload == "optimizer+params" and rocmft.zero_stage != 3:
-        raise ConfigError(
-            f"ROCMFT_OFFLOAD=optimizer+params needs ZeRO stage 3 (ROCMFT_ZERO_STAGE={rocmft.zero_stage}): "
-            "only stage 3 partitions, and so can offload, the parameters.",
-            "Set ROCMFT_ZERO_STAGE=3, or ROCMFT_OFFLOAD=optimizer.",
-        )
-    if arguments.get("deepspeed") and rocmft.distributed in ("fsdp", "ddp"):
-        raise ConfigError(
-            f"{settings.source_of('deepspeed')} gives a DeepSpeed config but ROCMFT_DISTRIBUTED={rocmft.distributed}.",
-            "Use one strategy: ROCMFT_DISTRIBUTED=deepspeed (rocmft renders the config), or drop DEEPSPEED.",
-        )
-    if arguments.get("fsdp") and rocmft.distributed == "deepspeed":
-        raise ConfigError(
-            f"{settings.source_of('fsdp')} asks for FSDP but ROCMFT_DISTRIBUTED=deepspeed; they exclude each other.",
-            "Use one strategy: ROCMFT_DISTRIBUTED=fsdp or ROCMFT_DISTRIBUTED=deepspeed.",
-        )
-    sharded = (rocmft.distributed == "deepspeed" and rocmft.zero_stage == 3) or rocmft.distributed == "fsdp"
-    if sharded:
-        _check_sharded_quantization(settings, arguments)
-    if arguments.get("deepspeed") and rocmft.distributed == "deepspeed":
-        raise ConfigError(
-            f"{settings.source_of('deepspeed')} gives a DeepSpeed config and ROCMFT_DISTRIBUTED=deepspeed renders one.",
-            "Keep one: unset DEEPSPEED to use rocmft's ZeRO settings, or unset ROCMFT_DISTRIBUTED.",
-        )
-
-
-def _check_sharded_quantization(settings: Settings, arguments: dict[str, Any]) -> None:
-    """Quantization that cannot be sharded by ZeRO-3 or FSDP, refused before the model loads (LLaMA-Factory
-    0.9.5 raises the same only while loading it: model/model_utils/quantization.py, configure_quantization).
-
-    * a checkpoint already quantized after training (GPTQ, AWQ, ...: ``quantization_config`` in its
-      config.json): its packed integer weights cannot be partitioned;
-    * on-the-fly quantization other than 4-bit bitsandbytes (QUANTIZATION_BIT=8, or the hqq/eetq methods):
-      only 4-bit bitsandbytes stores its weights in a float dtype that ZeRO-3/FSDP can shard
-      (bnb_4bit_quant_storage, the "fsdp+qlora" path).
-    """
-    rocmft = settings.rocmft
-    strategy = "FSDP (ROCMFT_DISTRIBUTED=fsdp)" if rocmft.distributed == "fsdp" else "ZeRO-3 (ROCMFT_ZERO_STAGE=3)"
-    config_path = Path(str(arguments.get("model_name_or_path") or "")).expanduser() / "config.json"
-    quantized = None
-    if config_path.is_file():
-        try:
-            quantized = (json.loads(config_path.read_text()).get("quantization_config") or {}).get("quant_method")
-        except (OSError, ValueError):
-            quantized = None  # the model check reports an unreadable config
-    if quantized:
-        raise ConfigError(
-            f"The model {config_path.parent} is already quantized ({quantized}, quantization_config in its "
-            f"config.json), and {strategy} cannot shard its packed weights.",
-            "Use ROCMFT_DISTRIBUTED=ddp (or deepspeed with ROCMFT_ZERO_STAGE=2), or the unquantized model with "
-            "QUANTIZATION_BIT=4.",
-        )
-    bits = arguments.get("quantization_bit")
-    method = str(arguments.get("quantization_method") or "bnb")
-    if bits and (method != "bnb" or int(bits) != 4):
-        raise ConfigError(
-            f"QUANTIZATION_BIT={bits} with QUANTIZATION_METHOD={method} cannot be combined with {strategy}: only "
-            "4-bit bitsandbytes (QLoRA) is shardable.",
-            "Use QUANTIZATION_BIT=4 (bitsandbytes), or ROCMFT_DISTRIBUTED=ddp / ROCMFT_ZERO_STAGE=2.",
-        )
-
-
-__all__ = ["RUN_SUBDIR", "Plan", "builtin_templates", "render", "worker_policy"]
+__all__ = [
+    "BUILTIN_SOURCE",
+    "RUN_SUBDIR",
+    "TEMPLATE_SOURCE",
+    "Plan",
+    "Rendered",
+    "builtin_templates",
+    "render",
+    "worker_policy",
+    "write",
+]

@@ -135,13 +135,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rocmft.config.stages import TWO_SEQUENCE_STAGES
 from rocmft.errors import ConfigError
+from rocmft.facts.modeldir import ModelDir
+from rocmft.values import truthy
 
 GiB = 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-PAIRWISE_STAGES = ("dpo", "rm", "kto")  # a sample is a chosen and a rejected (or KL) sequence
 
 # cuBLAS and cuBLASLt workspaces (up to 32 MiB each per stream on Hopper/CDNA3), the batch tensors, RoPE
 # tables and the small tensors the formula leaves out.
@@ -251,8 +253,9 @@ _QKV_BIAS_TYPES = ("qwen2", "qwen2_vl", "qwen2_5_vl")  # q/k/v biases hard-coded
 _QK_NORM_TYPES = ("qwen3", "qwen3_vl", "olmo2", "gemma3", "gemma3_text")
 
 
-def read_model_shape(model_dir: Path | str) -> ModelShape:
-    """Read a model's shape from ``<model_dir>/config.json`` alone (no weights, no transformers import).
+def read_model_shape(model_dir: Path | str | ModelDir) -> ModelShape:
+    """Read a model's shape from ``<model_dir>/config.json`` alone (no weights, no transformers import; a
+    :class:`~rocmft.facts.modeldir.ModelDir` is read through its cache).
 
     Composite configs whose language model sits under ``text_config`` are read from there.
 
@@ -260,12 +263,13 @@ def read_model_shape(model_dir: Path | str) -> ModelShape:
         ConfigError: config.json is missing, not JSON, or lacks one of hidden_size, intermediate_size,
             num_hidden_layers, num_attention_heads, vocab_size (the message names the file and the keys).
     """
-    path = Path(model_dir) / "config.json"
+    model = model_dir if isinstance(model_dir, ModelDir) else ModelDir(Path(model_dir))
+    path = model.config_path
     remedy = "Point MODEL_NAME_OR_PATH at a Hugging Face model folder with a complete config.json."
     if not path.is_file():
         raise ConfigError(f"{path}: no such file; the memory estimate reads the model's shape from it.", remedy)
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = model.config_json()
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"{path} cannot be read as JSON: {err}", remedy) from err
     if not isinstance(config, dict):
@@ -393,11 +397,8 @@ def _split(value: Any) -> tuple[str, ...]:
 
 
 def _flag(value: Any, default: bool) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return bool(value)
+    """``default`` for an unset value, else :func:`rocmft.values.truthy`."""
+    return default if value is None else truthy(value)
 
 
 def spec_from_arguments(
@@ -459,7 +460,7 @@ def spec_from_arguments(
         pure_bf16=_flag(arguments.get("pure_bf16"), False) or _flag(arguments.get("use_badam"), False),
         attention=attention,
         neat_packing=neat,
-        sequences_per_sample=2 if stage in PAIRWISE_STAGES else 1,
+        sequences_per_sample=2 if stage in TWO_SEQUENCE_STAGES else 1,
         reference_model=reference,
         liger=liger,
         fused_cross_entropy=liger and stage in ("sft", "pt"),

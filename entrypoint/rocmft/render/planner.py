@@ -55,6 +55,7 @@ from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
 from rocmft.facts.image import ARCH_PROFILE, profile_for
 from rocmft.render import memfit
+from rocmft.values import truthy
 
 # Share of a GPU's total memory the plan may fill, before memfit's own ALLOCATOR_HEADROOM (5%) and margin:
 # the HIP/CUDA context (~0.5 GiB per process), and whatever else the process or a neighbour holds.
@@ -115,12 +116,6 @@ class PerfPlan:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready copy for the manifest."""
         return asdict(self)
-
-
-def _flag(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return bool(value)
 
 
 def has_module(name: str) -> bool:
@@ -210,7 +205,7 @@ def plan_defaults(
 
     # -- packing --------------------------------------------------------------------------------------------
     if stage == "sft":
-        if "packing" in explicit and not _flag(arguments.get("packing")):
+        if "packing" in explicit and not truthy(arguments.get("packing")):
             choose.keep("neat_packing", False, "PACKING=false is yours: no packing")
         elif "packing" in explicit and "neat_packing" not in explicit:
             choose.keep("neat_packing", False, "PACKING=true is yours (plain packing: samples see each other)")
@@ -219,7 +214,7 @@ def plan_defaults(
                        "attending only to itself (block-diagonal mask, positions restart): same learning, "
                        "no padding")  # fmt: skip
     elif stage == "pt":
-        choose.keep("packing", _flag(arguments.get("packing", True)), "pre-training packs continuous text already")
+        choose.keep("packing", truthy(arguments.get("packing", True)), "pre-training packs continuous text already")
 
     # -- fused kernels ----------------------------------------------------------------------------------------
     liger_ok = (has_module("liger_kernel") and has_module("triton")) if liger_available is None else liger_available
@@ -241,7 +236,7 @@ def plan_defaults(
     accumulation = int(arguments.get("gradient_accumulation_steps") or 1)
     samples = effective = micro * accumulation
     batch_fixed = bool({"per_device_train_batch_size", "gradient_accumulation_steps"} & explicit)
-    packed = _flag(choose.value("neat_packing")) or _flag(choose.value("packing"))
+    packed = truthy(choose.value("neat_packing")) or truthy(choose.value("packing"))
     keeps = f"keeps the effective batch of {effective} rows per GPU"
     if packed and not batch_fixed:
         cutoff = int(arguments.get("cutoff_len") or 2048)
@@ -272,7 +267,7 @@ def plan_defaults(
 
     free = int(usable * memfit.GiB)
     gc_now = spec_for(micro, accumulation, True).gradient_checkpointing if gc_fixed else None
-    one_row = attention == "fa2" and _flag(choose.value("neat_packing"))
+    one_row = attention == "fa2" and truthy(choose.value("neat_packing"))
     if batch_fixed:
         sizes = [(micro, accumulation)]
         why_batch = "yours (PER_DEVICE_TRAIN_BATCH_SIZE / GRADIENT_ACCUMULATION_STEPS given)"
@@ -344,16 +339,18 @@ class _Chooser:
         return self.arguments.get(name)
 
 
-def apply(plan: PerfPlan, layered: dict[str, Any], sources: dict[str, str]) -> bool:
-    """Put the planned values into render's layered arguments with the source ``rocmft plan: <reason>``;
-    returns whether anything changed."""
+def apply(plan: PerfPlan, layered: dict[str, Any],
+          sources: dict[str, str]) -> tuple[dict[str, Any], dict[str, str], bool]:  # fmt: skip
+    """Render's layered arguments and their sources with the planned values put in (source ``rocmft plan:
+    <reason>``), as new dicts (the given ones are not changed), and whether any value changed."""
+    layered, sources = dict(layered), dict(sources)
     changed = False
     for choice in plan.choices:
         if choice.planned:
             changed = changed or layered.get(choice.name) != choice.value
             layered[choice.name] = choice.value
             sources[choice.name] = f"{PLANNED}: {choice.reason}"
-    return changed
+    return layered, sources, changed
 
 
 __all__ = ["Choice", "PerfPlan", "apply", "flash_backend", "gfx_target", "has_module", "plan_defaults"]

@@ -15,6 +15,7 @@ from typing import Any
 from rocmft.config.settings import Settings
 from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
+from rocmft.values import truthy
 
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -41,10 +42,6 @@ class Precision:
         return asdict(self)
 
 
-def _truthy(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"))
-
-
 def resolve_precision(settings: Settings, arguments: dict[str, Any], device: DeviceFacts) -> Precision:
     """Resolve ``ROCMFT_PRECISION`` against BF16/FP16/PURE_BF16 and the device.
 
@@ -65,9 +62,9 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
     Raises:
         ConfigError: for rule 1 or 2, or bf16 asked for on a GPU that has no bf16.
     """
-    bf16_name = "pure_bf16" if _truthy(arguments.get("pure_bf16")) else "bf16"
-    bf16 = _truthy(arguments.get(bf16_name))
-    fp16 = _truthy(arguments.get("fp16"))
+    bf16_name = "pure_bf16" if truthy(arguments.get("pure_bf16")) else "bf16"
+    bf16 = truthy(arguments.get(bf16_name))
+    fp16 = truthy(arguments.get("fp16"))
     if bf16 and fp16:
         raise ConfigError(
             f"Both bf16 ({settings.source_of(bf16_name)}) and fp16 ({settings.source_of('fp16')}) are enabled; "

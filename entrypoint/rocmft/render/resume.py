@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.errors import ConfigError
+from rocmft.facts.modeldir import CHECKPOINT_WEIGHT_FILES
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors", "model.safetensors.index.json",
-                "adapter_model.bin", "pytorch_model.bin")  # fmt: skip
 # Settings that make a checkpoint meaningless for this run when they change (the model, the data, the method,
 # the batch geometry the optimizer state and the data order were built for).
 MUST_MATCH = ("model_name_or_path", "stage", "finetuning_type", "dataset", "template", "cutoff_len", "packing",
@@ -59,7 +58,7 @@ def checkpoint_problem(folder: Path) -> str | None:
         return f"trainer_state.json unreadable ({err})"
     if state.get("global_step") != int(match.group(1)):
         return f"trainer_state.json says step {state.get('global_step')}"
-    weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+    weights = [folder / name for name in CHECKPOINT_WEIGHT_FILES if (folder / name).is_file()]
     deepspeed = any(folder.glob("global_step*"))
     if not weights and not deepspeed:
         return "no weights"

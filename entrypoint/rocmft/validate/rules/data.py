@@ -1,0 +1,50 @@
+"""The data sets fit STAGE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rocmft.config.stages import RANKING_STAGES
+from rocmft.errors import ConfigError
+from rocmft.render import Rendered
+from rocmft.validate.rules import rule
+
+
+@rule("rendered", 110)
+def stage_data(run: Rendered) -> None:
+    """The data sets fit STAGE: pairwise data (``"ranking": true`` with chosen/rejected) for rm and dpo and
+    only there; kto needs a ``kto_tag`` column (LLaMA-Factory's data/README.md).
+
+    Raises:
+        ConfigError: naming STAGE, the data set and its dataset_info entry's relevant keys.
+    """
+    arguments, sources = run.arguments, run.sources
+    entries = run.registry.entries
+    from rocmft.render.datasets import first_record
+
+    stage = str(arguments.get("stage") or "sft")
+    where = sources.get("stage", "default")
+    for name, entry in entries.items():
+        ranking = bool(entry.get("ranking"))
+        columns = entry.get("columns", {})
+        if stage in RANKING_STAGES and not ranking:
+            path = Path(str(entry.get("file_name", "")))
+            record = first_record(path) if path.is_file() else None
+            pairs = bool(record) and {"chosen", "rejected"} <= set(record)
+            fix = (f'Add "ranking": true and "columns": {{..., "chosen": "chosen", "rejected": "rejected"}} to '
+                   f"{name!r} in dataset_info.json." if pairs else
+                   "Use a preference data set (chosen/rejected answers, \"ranking\": true in dataset_info.json; "
+                   "LLaMA-Factory's data/README.md), or STAGE=sft for this one.")  # fmt: skip
+            raise ConfigError(f"STAGE={stage} ({where}) trains on pairwise data, but data set {name!r} is not "
+                              f"pairwise (no \"ranking\": true in its dataset_info entry"
+                              f"{'; its records do have chosen/rejected' if pairs else ''}).", fix)  # fmt: skip
+        if stage not in RANKING_STAGES and ranking:
+            raise ConfigError(f"STAGE={stage} ({where}) with data set {name!r}, which is pairwise (\"ranking\": "
+                              "true, chosen/rejected answers): LLaMA-Factory refuses it after loading the model.",
+                              "Set STAGE=dpo (or rm) for preference training, or use a data set of plain "
+                              "instructions or conversations.")  # fmt: skip
+        if stage == "kto" and "kto_tag" not in columns:
+            raise ConfigError(f"STAGE=kto ({where}) needs a kto_tag column (true for a desirable answer, false for "
+                              f"an undesirable one), and data set {name!r} maps none.",
+                              f'Add "kto_tag": "<column>" to the "columns" of {name!r} in dataset_info.json, or '
+                              "use STAGE=dpo with pairwise data.")  # fmt: skip

@@ -1,0 +1,256 @@
+"""Distributed settings: the strategy's settings that cannot work together, quantization that cannot be sharded,
+a user's own DeepSpeed config against the trainer, and the job's shape (NNODES, NODE_RANK, WORLD_SIZE)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rocmft.errors import ConfigError
+from rocmft.facts.job import nnodes, node_rank
+from rocmft.render import Plan, Rendered, processes_per_node
+from rocmft.validate.rules import Inputs, rule
+from rocmft.values import truthy
+
+# ds_config keys transformers fills when they are "auto" (transformers.integrations.deepspeed,
+# HfTrainerDeepSpeedConfig.trainer_config_process/_finalize); "auto" anywhere else reaches DeepSpeed as a string.
+AUTO_FILLED = {
+    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "gradient_clipping",
+    "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay",
+    "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr", "scheduler.params.total_num_steps",
+    "scheduler.params.warmup_num_steps", "fp16.enabled", "bf16.enabled", "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_param_persistence_threshold",
+}  # fmt: skip
+
+
+@rule("inputs", 20)
+def distributed(run: Inputs) -> None:
+    """Refuse distributed settings that cannot work together (each with the variables involved): ZeRO settings
+    without ROCMFT_DISTRIBUTED=deepspeed, parameter offload below ZeRO-3, a DEEPSPEED file with fsdp/ddp, FSDP
+    arguments with deepspeed.
+
+    Raises:
+        ConfigError: naming the variables.
+    """
+    settings, arguments = run.settings, run.arguments
+    rocmft, explicit = settings.rocmft, settings.explicit_rocmft
+    if rocmft.distributed != "deepspeed":
+        for name in ("zero_stage", "offload"):
+            if name in explicit and not (name == "offload" and rocmft.offload == "none"):
+                raise ConfigError(
+                    f"ROCMFT_{name.upper()}={getattr(rocmft, name)} has no effect with "
+                    f"ROCMFT_DISTRIBUTED={rocmft.distributed}.",
+                    "Set ROCMFT_DISTRIBUTED=deepspeed, or remove the variable.",
+                )
+    if rocmft.offload == "optimizer+params" and rocmft.zero_stage != 3:
+        raise ConfigError(
+            f"ROCMFT_OFFLOAD=optimizer+params needs ZeRO stage 3 (ROCMFT_ZERO_STAGE={rocmft.zero_stage}): "
+            "only stage 3 partitions, and so can offload, the parameters.",
+            "Set ROCMFT_ZERO_STAGE=3, or ROCMFT_OFFLOAD=optimizer.",
+        )
+    if arguments.get("deepspeed") and rocmft.distributed in ("fsdp", "ddp"):
+        raise ConfigError(
+            f"{settings.source_of('deepspeed')} gives a DeepSpeed config but ROCMFT_DISTRIBUTED={rocmft.distributed}.",
+            "Use one strategy: ROCMFT_DISTRIBUTED=deepspeed (rocmft renders the config), or drop DEEPSPEED.",
+        )
+    if arguments.get("fsdp") and rocmft.distributed == "deepspeed":
+        raise ConfigError(
+            f"{settings.source_of('fsdp')} asks for FSDP but ROCMFT_DISTRIBUTED=deepspeed; they exclude each other.",
+            "Use one strategy: ROCMFT_DISTRIBUTED=fsdp or ROCMFT_DISTRIBUTED=deepspeed.",
+        )
+
+
+@rule("inputs", 30)
+def sharded_quantization(run: Inputs) -> None:
+    """With ZeRO-3 or FSDP, quantization that cannot be sharded, refused before the model loads (LLaMA-Factory
+    0.9.5 raises the same only while loading it: model/model_utils/quantization.py, configure_quantization).
+
+    * a checkpoint already quantized after training (GPTQ, AWQ, ...: ``quantization_config`` in its
+      config.json): its packed integer weights cannot be partitioned;
+    * on-the-fly quantization other than 4-bit bitsandbytes (QUANTIZATION_BIT=8, or the hqq/eetq methods):
+      only 4-bit bitsandbytes stores its weights in a float dtype that ZeRO-3/FSDP can shard
+      (bnb_4bit_quant_storage, the "fsdp+qlora" path).
+
+    Raises:
+        ConfigError: naming the model or QUANTIZATION_BIT/METHOD and the strategy.
+    """
+    rocmft, arguments = run.settings.rocmft, run.arguments
+    sharded = (rocmft.distributed == "deepspeed" and rocmft.zero_stage == 3) or rocmft.distributed == "fsdp"
+    if not sharded:
+        return
+    strategy = "FSDP (ROCMFT_DISTRIBUTED=fsdp)" if rocmft.distributed == "fsdp" else "ZeRO-3 (ROCMFT_ZERO_STAGE=3)"
+    config_path = run.model.config_path
+    quantized = run.model.quantization_method() if config_path.is_file() else None  # unreadable: the model check
+    if quantized:
+        raise ConfigError(
+            f"The model {config_path.parent} is already quantized ({quantized}, quantization_config in its "
+            f"config.json), and {strategy} cannot shard its packed weights.",
+            "Use ROCMFT_DISTRIBUTED=ddp (or deepspeed with ROCMFT_ZERO_STAGE=2), or the unquantized model with "
+            "QUANTIZATION_BIT=4.",
+        )
+    bits = arguments.get("quantization_bit")
+    method = str(arguments.get("quantization_method") or "bnb")
+    if bits and (method != "bnb" or int(bits) != 4):
+        raise ConfigError(
+            f"QUANTIZATION_BIT={bits} with QUANTIZATION_METHOD={method} cannot be combined with {strategy}: only "
+            "4-bit bitsandbytes (QLoRA) is shardable.",
+            "Use QUANTIZATION_BIT=4 (bitsandbytes), or ROCMFT_DISTRIBUTED=ddp / ROCMFT_ZERO_STAGE=2.",
+        )
+
+
+@rule("inputs", 40)
+def one_deepspeed_config(run: Inputs) -> None:
+    """A DEEPSPEED file and ROCMFT_DISTRIBUTED=deepspeed (which renders one) exclude each other.
+
+    Raises:
+        ConfigError: naming both.
+    """
+    settings = run.settings
+    if run.arguments.get("deepspeed") and settings.rocmft.distributed == "deepspeed":
+        raise ConfigError(
+            f"{settings.source_of('deepspeed')} gives a DeepSpeed config and ROCMFT_DISTRIBUTED=deepspeed renders one.",
+            "Keep one: unset DEEPSPEED to use rocmft's ZeRO settings, or unset ROCMFT_DISTRIBUTED.",
+        )
+
+
+def _get(tree: dict[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _autos(tree: Any, prefix: str = "") -> list[str]:
+    if isinstance(tree, dict):
+        return [p for key, value in tree.items() for p in _autos(value, f"{prefix}{key}.")]
+    return [prefix.rstrip(".")] if tree == "auto" else []
+
+
+@rule("rendered", 30)
+def user_ds_config(run: Rendered) -> list[str]:
+    """Check a DeepSpeed config the user gave (DEEPSPEED=path) against the trainer arguments.
+
+    Rules: ``train_batch_size`` = micro-batch × accumulation × world size (DeepSpeed's own identity);
+    offload settings DeepSpeed can honour (:func:`ds_offload`);
+    literals that transformers would compare (batch, accumulation, clipping, learning rate, warmup, fp16/bf16)
+    must equal the trainer's values, every mismatched pair listed; ``"auto"`` only in keys transformers fills
+    (:data:`AUTO_FILLED`). Returns nothing; raises on the first rule that fails.
+
+    Raises:
+        ConfigError: the file is missing or not JSON, or a rule fails (message lists every offending key).
+    """
+    if not (run.arguments.get("deepspeed") and run.ds_config is None):
+        return []
+    arguments, world_size, source = run.arguments, run.world_size, run.sources.get("deepspeed", "DEEPSPEED")
+    path = Path(str(arguments["deepspeed"])).expanduser()
+    try:
+        ds = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"DEEPSPEED={path} ({source}) cannot be read as JSON: {err}.",
+                          "Point DEEPSPEED at a DeepSpeed JSON config, or use ROCMFT_DISTRIBUTED=deepspeed "
+                          "(rocmft renders one from the same settings as the trainer).") from err  # fmt: skip
+    micro = int(arguments.get("per_device_train_batch_size") or 8)
+    accumulation = int(arguments.get("gradient_accumulation_steps") or 1)
+    expected = {
+        "train_micro_batch_size_per_gpu": (micro, "PER_DEVICE_TRAIN_BATCH_SIZE"),
+        "gradient_accumulation_steps": (accumulation, "GRADIENT_ACCUMULATION_STEPS"),
+        "train_batch_size": (micro * accumulation * world_size,
+                             f"micro-batch {micro} x accumulation {accumulation} x world size {world_size}"),
+        "gradient_clipping": (float(arguments.get("max_grad_norm", 1.0)), "MAX_GRAD_NORM"),
+        "optimizer.params.lr": (float(arguments.get("learning_rate", 5e-5)), "LEARNING_RATE"),
+        "scheduler.params.warmup_max_lr": (float(arguments.get("learning_rate", 5e-5)), "LEARNING_RATE"),
+        "fp16.enabled": (bool(arguments.get("fp16")), "FP16 (rocmft's precision policy)"),
+        "bf16.enabled": (bool(arguments.get("bf16")), "BF16 (rocmft's precision policy)"),
+    }  # fmt: skip
+    warmup = arguments.get("warmup_steps")
+    if isinstance(warmup, int) and warmup >= 1:
+        expected["scheduler.params.warmup_num_steps"] = (warmup, "WARMUP_STEPS")
+    mismatched = []
+    for key, (want, name) in expected.items():
+        have = _get(ds, key)
+        if have is None or have == "auto":
+            continue
+        if isinstance(want, bool) and isinstance(have, str):
+            have = truthy(have)
+        if have != want:
+            mismatched.append(f"{key}={have!r} vs {name}={want!r}")
+    if mismatched:
+        raise ConfigError(
+            f"DEEPSPEED={path} contradicts the trainer: " + "; ".join(mismatched) + ".",
+            'Set those keys to "auto" (transformers fills them from the trainer arguments), or change the '
+            "variables named; or use ROCMFT_DISTRIBUTED=deepspeed and let rocmft render the config.",
+        )
+    ds_offload(ds, path)
+    unfilled = [key for key in _autos(ds) if key not in AUTO_FILLED]
+    if unfilled:
+        raise ConfigError(
+            f'DEEPSPEED={path} leaves "auto" in keys nothing fills: {", ".join(unfilled)}; DeepSpeed would get '
+            'the string "auto".',
+            f'Give them values (only these may be "auto": {", ".join(sorted(AUTO_FILLED))}).',
+        )
+    return []
+
+
+def ds_offload(ds: dict[str, Any], path: Path) -> None:
+    """Offload settings of a user's ds_config that DeepSpeed cannot honour (DeepSpeed's config docs,
+    "ZeRO optimizations"): ``offload_param`` exists only in ZeRO stage 3 (lower stages keep whole parameters
+    on every GPU) and ``offload_optimizer`` needs stage 1 or more; ``device: nvme`` needs ``nvme_path``, a folder
+    that exists (DeepSpeed's AIO swapper writes its swap files there and fails at the first swap otherwise).
+
+    Raises:
+        ConfigError: naming the file, the keys and the stage.
+    """
+    zero = ds.get("zero_optimization") or {}
+    try:
+        stage = int(zero.get("stage", 0))
+    except (TypeError, ValueError):
+        return
+    problems = []
+    for key, lowest in (("offload_param", 3), ("offload_optimizer", 1)):
+        block = zero.get(key)
+        if not isinstance(block, dict) or str(block.get("device", "none")).lower() in ("none", ""):
+            continue
+        if stage < lowest:
+            problems.append(f"zero_optimization.{key} (device {block.get('device')}) needs ZeRO stage {lowest}, "
+                            f"the file has stage {stage}")  # fmt: skip
+        if str(block.get("device")).lower() == "nvme":
+            nvme = block.get("nvme_path")
+            if not nvme:
+                problems.append(f"zero_optimization.{key}.device is nvme but there is no nvme_path")
+            elif not Path(str(nvme)).is_dir():
+                problems.append(f"zero_optimization.{key}.nvme_path={nvme} is not a folder here")
+    if problems:
+        raise ConfigError(
+            f"DEEPSPEED={path}: " + "; ".join(problems) + ".",
+            "Use ZeRO stage 3 for parameter offload (ROCMFT_DISTRIBUTED=deepspeed with ROCMFT_ZERO_STAGE=3 and "
+            "ROCMFT_OFFLOAD=optimizer+params renders it), or remove the offload block; for nvme, set nvme_path to "
+            "a folder on a fast local disk mounted into the container.",
+        )
+
+
+@rule("launch", 10)
+def world_size(plan: Plan) -> None:
+    """Refuse a hand-set WORLD_SIZE that disagrees with NNODES × processes per node, and a NODE_RANK outside
+    NNODES (torchrun would wait forever for ranks that never come).
+
+    Raises:
+        ConfigError: naming the variables and their values.
+    """
+    nodes, rank = nnodes(), node_rank()
+    per_node = processes_per_node(plan)
+    if rank >= nodes:
+        raise ConfigError(f"NODE_RANK={rank} but NNODES={nodes}: node ranks run from 0 to {nodes - 1}.",
+                          "Give each node a distinct NODE_RANK below NNODES.")  # fmt: skip
+    if nodes > 1 and plan.launcher != "torchrun":
+        raise ConfigError(f"NNODES={nodes} needs a torchrun launch, but this run is one process.",
+                          "Set ROCMFT_DISTRIBUTED=ddp, deepspeed or fsdp for a multi-node run.")  # fmt: skip
+    given = os.environ.get("WORLD_SIZE", "").strip()
+    if given and given != str(nodes * per_node):
+        raise ConfigError(
+            f"WORLD_SIZE={given} disagrees with NNODES={nodes} x {per_node} processes per node = {nodes * per_node}.",
+            "Unset WORLD_SIZE (torchrun sets it for every rank), or fix NNODES / ROCMFT_NPROC_PER_NODE.",
+        )

@@ -1,0 +1,66 @@
+"""Text hygiene: values that carry invisible characters, quotes, or a host path the container cannot have."""
+
+from __future__ import annotations
+
+from rocmft.errors import ConfigError
+from rocmft.render import Rendered
+from rocmft.validate.rules import rule
+from rocmft.validate.rules.common import user_set as _user_set
+
+# Arguments that hold a path (a folder or file inside the container).
+PATH_ARGUMENTS = ("model_name_or_path", "adapter_name_or_path", "dataset_dir", "output_dir", "deepspeed",
+                  "resume_from_checkpoint", "cache_dir", "tokenized_path", "media_dir", "logging_dir")  # fmt: skip
+
+
+@rule("rendered", 10)
+def text_hygiene(run: Rendered) -> None:
+    """Values the user set that carry invisible characters or a host path the container cannot have:
+    leading/trailing spaces and tabs (``DATASET=alpaca_en_demo `` in a .env file), a carriage return (a .env
+    saved with Windows CRLF line endings: ``docker --env-file`` keeps the ``\r``), a Windows path
+    (``C:\\models\\qwen``; the container sees Linux paths of mounted volumes only).
+
+    Raises:
+        ConfigError: naming each variable with its value shown by ``repr``.
+    """
+    arguments, sources = run.arguments, run.sources
+    empty = [name.upper() for name, value in arguments.items() if value == "" and _user_set(name, sources)]
+    if empty:
+        raise ConfigError(f"Empty values: {', '.join(f'{n}=' for n in empty)}.",
+                          "Give each a value, or remove the line (unset means the default).")  # fmt: skip
+    spaced = [(name, value) for name, value in arguments.items()
+              if isinstance(value, str) and value != value.strip() and _user_set(name, sources)]  # fmt: skip
+    if spaced:
+        shown = ", ".join(f"{name.upper()}={value!r} ({sources[name]})" for name, value in spaced)
+        if any("\r" in value for _, value in spaced):
+            raise ConfigError(f"Values end in a carriage return: {shown}: the .env file has Windows (CRLF) line "
+                              "endings, which docker --env-file keeps.",
+                              "Save the .env file with Unix (LF) line endings (dos2unix .env, or your editor's "
+                              "line-ending setting).")  # fmt: skip
+        raise ConfigError(f"Values with spaces around them: {shown}.", "Remove the spaces in the .env file.")
+    windows = [
+        f"{name.upper()}={value} ({sources.get(name, 'default')})"
+        for name in PATH_ARGUMENTS
+        if isinstance(value := arguments.get(name), str) and (value[1:3] in (":\\", ":/") or "\\" in value)
+    ]
+    if windows:
+        raise ConfigError(f"Windows paths: {', '.join(windows)}; inside the container only Linux paths of mounted "
+                          "folders exist.",
+                          "Mount the folder into the container (compose: volumes, e.g. ./models:/models) and use the "
+                          "path inside it (/models/<name>), with forward slashes.")  # fmt: skip
+
+
+@rule("rendered", 40)
+def quoted_values(run: Rendered) -> None:
+    """Text values wrapped in matching quotes: ``docker run --env-file`` and some .env loaders keep them, so
+    TEMPLATE="qwen" reaches LLaMA-Factory as the seven characters ``"qwen"``.
+
+    Raises:
+        ConfigError: naming each variable.
+    """
+    arguments, sources = run.arguments, run.sources
+    quoted = [f"{name.upper()}={value}" for name, value in arguments.items()
+              if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'"
+              and _user_set(name, sources)]  # fmt: skip
+    if quoted:
+        fix = "Remove the quotes in the .env file (docker --env-file passes them on as they are)."
+        raise ConfigError(f"Values with their quotes still on: {', '.join(quoted)}.", fix)

@@ -1,0 +1,92 @@
+"""Paths that are the wrong kind of thing, and an output folder inside an input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rocmft.errors import ConfigError
+from rocmft.facts.modeldir import looks_like_path
+from rocmft.render import Rendered
+from rocmft.validate.rules import rule
+from rocmft.validate.rules.common import user_set as _user_set
+
+
+@rule("rendered", 20)
+def folders(run: Rendered) -> None:
+    """Paths that are the wrong kind of thing: MODEL_NAME_OR_PATH, DATASET_DIR or OUTPUT_DIR naming a file
+    where a folder is needed; ADAPTER_NAME_OR_PATH or RESUME_FROM_CHECKPOINT naming a path that does not exist;
+    a DATASET that is a model folder or a MODEL_NAME_OR_PATH that is a data set name (the two swapped).
+
+    Raises:
+        ConfigError: naming the variable, the path and what it is.
+    """
+    arguments, sources = run.arguments, run.sources
+    source_dir = run.registry.source_dir
+    dataset_names = list(run.registry.entries) + list(run.registry.missing)
+    model = str(arguments.get("model_name_or_path") or "")
+    checks = [
+        ("MODEL_NAME_OR_PATH", Path(model).expanduser() if model else None, sources.get("model_name_or_path")),
+        ("DATASET_DIR", source_dir, "DATASET_DIR" if "(DATASET_DIR)" in sources.get("dataset_dir", "") else "default"),
+        ("OUTPUT_DIR", Path(str(arguments.get("output_dir", ""))).expanduser(), sources.get("output_dir")),
+    ]
+    for variable, path, source in checks:
+        if path is not None and path.is_file():
+            parent = f" (its folder {path.parent} may be what you meant)" if variable != "OUTPUT_DIR" else ""
+            raise ConfigError(f"{variable}={path} ({source}) is a file, not a folder{parent}.",
+                              f"Set {variable} to a folder: " + {
+                                  "MODEL_NAME_OR_PATH": "the model's folder, with config.json and the weights.",
+                                  "DATASET_DIR": "the folder holding the data files (and dataset_info.json); name "
+                                                 "the file in DATASET.",
+                                  "OUTPUT_DIR": "a new or empty folder for the run's results.",
+                              }[variable])  # fmt: skip
+    for name in ("adapter_name_or_path", "resume_from_checkpoint"):
+        value = arguments.get(name)
+        if not isinstance(value, str) or not _user_set(name, sources):
+            continue
+        missing = [item.strip() for item in value.split(",")
+                   if looks_like_path(item.strip()) and not Path(item.strip()).expanduser().exists()]  # fmt: skip
+        if missing:
+            raise ConfigError(
+                f"{name.upper()}={value} ({sources[name]}): {', '.join(missing)} does not exist here.",
+                "Mount the folder into the container and use the path inside it, or remove the "
+                f"variable{' (ROCMFT_RESUME=auto resumes from OUTPUT_DIR by itself)' if 'resume' in name else ''}.",
+            )
+    for name in dataset_names:
+        folder = Path(name).expanduser()
+        if (folder / "config.json").is_file() or (source_dir / name / "config.json").is_file():
+            raise ConfigError(f"DATASET={name} ({sources.get('dataset', 'default')}) is a model folder (it has "
+                              "config.json): MODEL_NAME_OR_PATH and DATASET look swapped.",
+                              "MODEL_NAME_OR_PATH is the model (folder or hub id); DATASET names data sets in "
+                              "DATASET_DIR (dataset_info.json names or .json/.jsonl file names).")  # fmt: skip
+    if model and not looks_like_path(model) and not Path(model).exists() and source_dir.is_dir():
+        from rocmft.render.datasets import available_names
+
+        if model in available_names(source_dir) or model.removesuffix(".json") in available_names(source_dir):
+            raise ConfigError(f"MODEL_NAME_OR_PATH={model} ({sources.get('model_name_or_path')}) is the name of a "
+                              f"data set in {source_dir}, not a model: MODEL_NAME_OR_PATH and DATASET look swapped.",
+                              "Set MODEL_NAME_OR_PATH to the model's folder or hub id and DATASET to the data set "
+                              "name.")  # fmt: skip
+
+
+@rule("rendered", 70)
+def output_not_input(run: Rendered) -> None:
+    """OUTPUT_DIR is neither the model's folder (or inside it) nor the data folder ``data_dir`` (DATASET_DIR, or
+    inside it): saving there overwrites the base weights (`model.safetensors`) or writes into the data, which
+    the README promises is never written to (and is often a read-only mount).
+
+    Raises:
+        ConfigError: naming both paths.
+    """
+    arguments, sources = run.arguments, run.sources
+    data_dir = run.registry.source_dir
+    output = Path(str(arguments.get("output_dir", ""))).expanduser().resolve()
+    model = Path(str(arguments.get("model_name_or_path", ""))).expanduser()
+    if model.is_dir() and (output == model.resolve() or model.resolve() in output.parents):
+        raise ConfigError(f"OUTPUT_DIR {output} ({sources.get('output_dir')}) is the model's folder "
+                          f"{model} or inside it: saving would overwrite the base model.",
+                          "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default).")  # fmt: skip
+    if data_dir is not None and data_dir.is_dir() and (output == data_dir.resolve() or data_dir.resolve() in
+                                                       output.parents):  # fmt: skip
+        raise ConfigError(f"OUTPUT_DIR {output} ({sources.get('output_dir')}) is the data folder DATASET_DIR "
+                          f"{data_dir} or inside it: results and checkpoints would be written into the data.",
+                          "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default).")  # fmt: skip

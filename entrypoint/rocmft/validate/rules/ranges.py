@@ -1,0 +1,229 @@
+"""Values by meaning: ranges, fractions, and settings that silently cancel each other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rocmft.errors import ConfigError
+from rocmft.render import Rendered
+from rocmft.validate.rules import rule
+from rocmft.validate.rules.common import user_set as _user_set
+
+# Learning rates outside this range are almost always a typo (1e4 for 1e-4) or a units mistake: a warning.
+# Fine-tuning recipes use 1e-6 (full) to 5e-4 (LoRA) (LLaMA-Factory's examples/, the PEFT docs).
+SANE_LEARNING_RATE = (1e-7, 1e-2)
+# Fields that are probabilities or fractions: a value of 1 or more is a percent typed as a number (5 for 5%).
+FRACTIONS = ("lora_dropout", "hidden_dropout", "attention_dropout", "val_size", "warmup_ratio", "weight_decay")
+
+
+@rule("rendered", 80)
+def more_ranges(run: Rendered) -> None:
+    """Dropouts and fractions in [0, 1); a run with no epochs and no max steps trains nothing.
+
+    Raises:
+        ConfigError: naming the variable and its value.
+    """
+    arguments, sources = run.arguments, run.sources
+    for name in FRACTIONS:
+        value = arguments.get(name)
+        if isinstance(value, (int, float)) and not 0 <= value < 1 and _user_set(name, sources):
+            fix = (f"A fraction: {name.upper()}={value / 100:g} if you meant {value:g} %." if value >= 1
+                   else f"A fraction between 0 and 1 (e.g. {name.upper()}=0.05), or 0 for none.")  # fmt: skip
+            raise ConfigError(f"{name.upper()}={value} ({sources[name]}) must be in [0, 1).", fix)
+    epochs, steps = arguments.get("num_train_epochs"), arguments.get("max_steps")
+    if isinstance(epochs, (int, float)) and epochs <= 0 and not (isinstance(steps, int) and steps > 0):
+        raise ConfigError(f"NUM_TRAIN_EPOCHS={epochs} ({sources.get('num_train_epochs', 'default')}) and no "
+                          "MAX_STEPS: the run would train nothing and save the base model as its result.",
+                          "Set NUM_TRAIN_EPOCHS > 0 or MAX_STEPS > 0.")  # fmt: skip
+
+
+@rule("rendered", 130)
+def ranges(run: Rendered) -> list[str]:
+    """Values by meaning: LORA_RANK and CUTOFF_LEN positive, CUTOFF_LEN within the model's context length
+    (max_position_embeddings of config.json; a warning when the value is the template's default, not the
+    user's); a learning rate outside :data:`SANE_LEARNING_RATE` is a warning.
+
+    Returns:
+        Warnings (one line each).
+
+    Raises:
+        ConfigError: naming the variable, its value and where it came from.
+    """
+    arguments, sources = run.arguments, run.sources
+
+    def where(name: str) -> str:
+        return sources.get(name, "default")
+
+    for name in ("lora_rank", "cutoff_len", "per_device_train_batch_size", "gradient_accumulation_steps"):
+        value = arguments.get(name)
+        if isinstance(value, (int, float)) and value <= 0:
+            raise ConfigError(f"{name.upper()}={value} ({where(name)}) must be positive.",
+                              f"Set {name.upper()} to a positive number.")  # fmt: skip
+    rate = arguments.get("learning_rate")
+    if isinstance(rate, (int, float)) and rate <= 0:
+        raise ConfigError(f"LEARNING_RATE={rate} ({where('learning_rate')}) must be positive.",
+                          "Set LEARNING_RATE, e.g. 1e-4 for LoRA, 1e-5 for full fine-tuning.")  # fmt: skip
+    warnings = []
+    if isinstance(rate, (int, float)) and not SANE_LEARNING_RATE[0] <= rate <= SANE_LEARNING_RATE[1]:
+        warnings.append(f"LEARNING_RATE={rate} ({where('learning_rate')}) is outside {SANE_LEARNING_RATE[0]:g}.."
+                        f"{SANE_LEARNING_RATE[1]:g}, where fine-tuning recipes live: a typo?")  # fmt: skip
+    model = run.model
+    config = model.config_path
+    cutoff = arguments.get("cutoff_len")
+    if config.is_file() and isinstance(cutoff, int):
+        context = model.max_position_embeddings()
+        if isinstance(context, int) and cutoff > context and not arguments.get("rope_scaling"):
+            message = (f"CUTOFF_LEN={cutoff} ({where('cutoff_len')}) is beyond the model's context length "
+                       f"({context}, max_position_embeddings in {config})")  # fmt: skip
+            if "cutoff_len" in sources and "default" not in sources["cutoff_len"]:
+                fix = f"Set CUTOFF_LEN to at most {context}, or extend the context with ROPE_SCALING."
+                raise ConfigError(message + ".", fix)
+            # a template default the user never chose: only samples longer than the context are affected
+            warnings.append(message + f": set CUTOFF_LEN to at most {context}.")
+    return warnings
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@rule("rendered", 140)
+def more_values(run: Rendered) -> list[str]:
+    """Values that are legal types but mean nothing useful, or settings that silently cancel each other.
+
+    Errors: LORA_ALPHA ≤ 0 (the adapter's scale alpha/rank is then 0 or negative, peft's LoRA formula);
+    WARMUP_STEPS < 0; MAX_GRAD_NORM < 0 (transformers clips only when > 0, so a negative value turns clipping
+    off without a word); MAX_SAMPLES ≤ 0; QUANTIZATION_BIT other than 4 or 8 with bitsandbytes (its only
+    widths, LLaMA-Factory's quantization docs); WARMUP_STEPS and WARMUP_RATIO both set (transformers uses the
+    steps and ignores the ratio); INTERLEAVE_PROBS with MIX_STRATEGY=concat, of another length than the data
+    sets, or not summing to 1 (datasets' interleave_datasets samples with these probabilities and fails at
+    load time otherwise); STREAMING with a fractional VAL_SIZE (a stream has no length: LLaMA-Factory wants a
+    count of records); EVAL_STEPS with EVAL_STRATEGY=no (evaluation would never run).
+
+    Returns:
+        Warnings: eval data that is never evaluated, SAVE_TOTAL_LIMIT=0 (keeps every checkpoint, transformers
+        reads ≤ 0 as no limit), SAVE_STEPS beyond MAX_STEPS (no checkpoint before the end), an EVAL_DATASET
+        that is also in DATASET.
+
+    Raises:
+        ConfigError: naming the variables and the fix.
+    """
+    arguments, sources = run.arguments, run.sources
+
+    def where(name: str) -> str:
+        return sources.get(name, "default")
+
+    def user(name: str) -> float | None:
+        return _number(arguments.get(name)) if _user_set(name, sources) else None
+
+    alpha = user("lora_alpha")
+    if arguments.get("finetuning_type", "lora") == "lora" and alpha is not None and alpha <= 0:
+        raise ConfigError(f"LORA_ALPHA={arguments['lora_alpha']} ({where('lora_alpha')}) must be positive: the "
+                          "adapter's output is scaled by alpha / rank, so the fine-tune would change nothing.",
+                          "Set LORA_ALPHA to a positive number (commonly 2 x LORA_RANK), or leave it unset "
+                          "(LLaMA-Factory then uses 2 x LORA_RANK).")  # fmt: skip
+    for name, fix in (
+        ("warmup_steps", "Set WARMUP_STEPS to 0 or more (a count of steps, or a fraction below 1)."),
+        ("max_grad_norm", "Set MAX_GRAD_NORM to a positive number (1.0 is usual), or 0 for no clipping."),
+    ):
+        value = user(name)
+        if value is not None and value < 0:
+            raise ConfigError(f"{name.upper()}={arguments[name]} ({where(name)}) is negative.", fix)
+    samples = user("max_samples")
+    if samples is not None and samples <= 0:
+        raise ConfigError(f"MAX_SAMPLES={arguments['max_samples']} ({where('max_samples')}) leaves no records to "
+                          "train on.", "Remove MAX_SAMPLES (all records) or set it to a positive count.")  # fmt: skip
+    bits = _number(arguments.get("quantization_bit"))
+    method = str(arguments.get("quantization_method") or "bnb").lower()
+    if bits is not None and method in ("bnb", "bitsandbytes") and bits not in (4, 8):
+        raise ConfigError(f"QUANTIZATION_BIT={arguments['quantization_bit']} ({where('quantization_bit')}) with "
+                          "bitsandbytes, which quantizes to 4 or 8 bits only.",
+                          "Set QUANTIZATION_BIT=4 (QLoRA) or 8, or choose another QUANTIZATION_METHOD that has "
+                          "this width (hqq).")  # fmt: skip
+    steps, ratio = user("warmup_steps"), user("warmup_ratio")
+    if steps and ratio:
+        raise ConfigError(f"WARMUP_STEPS={arguments['warmup_steps']} ({where('warmup_steps')}) and WARMUP_RATIO="
+                          f"{arguments['warmup_ratio']} ({where('warmup_ratio')}) are both set: transformers uses the "
+                          "steps and ignores the ratio.", "Keep one of them.")  # fmt: skip
+    _interleave(arguments, where)
+    val_size = _number(arguments.get("val_size")) or 0.0
+    if arguments.get("streaming") and 0 < val_size < 1:
+        raise ConfigError(f"STREAMING=true ({where('streaming')}) with VAL_SIZE={arguments['val_size']} "
+                          f"({where('val_size')}): a streamed data set has no known length, so a fraction of it "
+                          "cannot be held out.",
+                          "Give VAL_SIZE as a count of records (VAL_SIZE=500), or set STREAMING=false.")  # fmt: skip
+    strategy = str(arguments.get("eval_strategy") or "no").lower()
+    has_eval = val_size > 0 or bool(arguments.get("eval_dataset"))
+    if strategy == "no" and _user_set("eval_steps", sources):
+        raise ConfigError(f"EVAL_STEPS={arguments['eval_steps']} ({where('eval_steps')}) with EVAL_STRATEGY=no "
+                          f"({where('eval_strategy')}): evaluation would never run.",
+                          "Set EVAL_STRATEGY=steps (and VAL_SIZE or EVAL_DATASET for the data), or remove "
+                          "EVAL_STEPS.")  # fmt: skip
+    warnings = []
+    if strategy == "no" and has_eval:
+        given = "VAL_SIZE" if val_size > 0 else "EVAL_DATASET"
+        warnings.append(f"{given} is set but EVAL_STRATEGY=no: the evaluation data is never evaluated; set "
+                        "EVAL_STRATEGY=steps (or epoch) to see an eval loss.")  # fmt: skip
+    if _user_set("save_total_limit", sources) and _number(arguments.get("save_total_limit")) == 0:
+        warnings.append("SAVE_TOTAL_LIMIT=0 keeps every checkpoint (transformers reads 0 as no limit); to save "
+                        "none, set SAVE_STRATEGY=no; to keep the last N, SAVE_TOTAL_LIMIT=N.")  # fmt: skip
+    max_steps, save_steps = _number(arguments.get("max_steps")), _number(arguments.get("save_steps"))
+    if (max_steps and max_steps > 0 and save_steps and save_steps > max_steps
+            and str(arguments.get("save_strategy") or "steps") == "steps"):  # fmt: skip
+        warnings.append(
+            f"SAVE_STEPS={arguments['save_steps']:g} is beyond MAX_STEPS={arguments['max_steps']}: no "
+            "checkpoint is saved before the end, so an interrupted run starts over; lower SAVE_STEPS."
+        )
+    if (_user_set("save_steps", sources) and save_steps == 0
+            and str(arguments.get("save_strategy") or "steps") == "steps"):  # fmt: skip
+        warnings.append("SAVE_STEPS=0 with SAVE_STRATEGY=steps saves no checkpoint during the run (an interrupted "
+                        "run starts over); set SAVE_STEPS to a number of steps, or SAVE_STRATEGY=no.")  # fmt: skip
+    if _user_set("num_train_epochs", sources) and _user_set("max_steps", sources) and max_steps and max_steps > 0:
+        warnings.append(f"NUM_TRAIN_EPOCHS={arguments['num_train_epochs']:g} is ignored: MAX_STEPS={max_steps:g} "
+                        "decides the length of the run (transformers); unset one of them.")  # fmt: skip
+    from rocmft.render.datasets import split_names
+
+    both = set(split_names(arguments.get("dataset"))) & set(split_names(arguments.get("eval_dataset")))
+    if both:
+        warnings.append(
+            f"EVAL_DATASET and DATASET share {', '.join(sorted(both))}: the eval loss is measured on "
+            "training data and says nothing about generalisation; use VAL_SIZE or a held-out set."
+        )
+    return warnings
+
+
+def _interleave(arguments: dict[str, Any], where) -> None:
+    """INTERLEAVE_PROBS: only with an interleave MIX_STRATEGY, one number per data set, summing to 1."""
+    from rocmft.render.datasets import split_names
+
+    value = arguments.get("interleave_probs")
+    if value in (None, ""):
+        return
+    source = where("interleave_probs")
+    if str(arguments.get("mix_strategy") or "concat") == "concat":
+        raise ConfigError(f"INTERLEAVE_PROBS={value} ({source}) with MIX_STRATEGY=concat, which ignores it.",
+                          "Set MIX_STRATEGY=interleave_under (stop at the shortest data set) or interleave_over, "
+                          "or remove INTERLEAVE_PROBS.")  # fmt: skip
+    try:
+        probs = [float(p) for p in split_names(value)]
+    except ValueError as err:
+        raise ConfigError(
+            f"INTERLEAVE_PROBS={value} ({source}) is not a list of numbers.",
+            "Give one probability per data set, comma-separated: INTERLEAVE_PROBS=0.7,0.3.",
+        ) from err
+    for variable in ("dataset", "eval_dataset"):
+        names = split_names(arguments.get(variable))
+        if names and len(names) != len(probs):
+            raise ConfigError(
+                f"INTERLEAVE_PROBS={value} ({source}) has {len(probs)} probabilities for the "
+                f"{len(names)} data sets of {variable.upper()}={','.join(names)}.",
+                f"Give exactly one probability per data set, in the order of {variable.upper()}.",
+            )
+    if any(p < 0 for p in probs) or abs(sum(probs) - 1) > 1e-6:
+        raise ConfigError(
+            f"INTERLEAVE_PROBS={value} ({source}) sums to {sum(probs):g}; sampling probabilities "
+            "must be 0 or more and sum to 1.",
+            f"Scale them: INTERLEAVE_PROBS={','.join(f'{p / sum(probs):.3g}' for p in probs)}"
+            if sum(probs) > 0 and all(p >= 0 for p in probs)
+            else "Give probabilities that sum to 1.",
+        )
