@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# The spellings of "yes" that rocmft accepts anywhere: pydantic's bool parsing accepts the same words
-# (docs.pydantic.dev, "Booleans": 1, on, t, true, y, yes); anything else, empty included, is no.
-TRUE_WORDS = ("1", "on", "t", "true", "y", "yes")
+# The spellings of "yes" that rocmft accepts anywhere: huggingface_hub's (constants.py ENV_VARS_TRUE_VALUES:
+# 1, ON, YES, TRUE), so that rocmft reads HF_HUB_OFFLINE as the hub library does; anything else, empty included,
+# is no. (pydantic's bool parsing, which types the settings, also takes t and y.)
+TRUE_WORDS = ("1", "on", "true", "yes")
 
 
 def truthy(value: Any) -> bool:
