@@ -23,11 +23,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rocmft import __version__
 from rocmft.errors import ChecksFailed, ConfigError, ExitCode, RocmftError
 from rocmft.fsutil import atomic_write_text, make_private_dir_public
+
+if TYPE_CHECKING:
+    from rocmft.records import WorkerResult
 
 CHECKS_FILE = "checks.json"
 MANIFEST_FILE = "manifest.json"
@@ -130,8 +133,8 @@ def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bo
     validation = validate(plan, keep=keep_validator)
     timings["validate"] = time.monotonic() - started
     _say(
-        f"LLaMA-Factory accepted the configuration (its import {validation.get('import_s', 0):.1f} s, "
-        f"started with rocmft; the parse {validation['seconds']:.1f} s)"
+        f"LLaMA-Factory accepted the configuration (its import {validation.import_s:.1f} s, "
+        f"started with rocmft; the parse {validation.seconds:.1f} s)"
     )
     return plan
 
@@ -249,7 +252,7 @@ def cmd_check(_args) -> int:
 def cmd_train(_args) -> int:
     from rocmft.launch import run_worker
     from rocmft.outputs.manifest import now, write_manifest
-    from rocmft.records import RESULT_FILE
+    from rocmft.records import read_worker_result, run_status
 
     started_at = now()
     workspace, timings = Workspace(), {}
@@ -277,17 +280,15 @@ def cmd_train(_args) -> int:
     began = time.monotonic()
     code = run_worker(plan, plan.settings.secrets)
     timings["train"] = time.monotonic() - began
-    result_path = plan.run_dir / RESULT_FILE
-    worker = json.loads(result_path.read_text()) if result_path.is_file() else None
-    status = {ExitCode.OK: "finished", ExitCode.NON_FINITE_LOSS: "non-finite loss",
-              ExitCode.INTERRUPTED: "interrupted"}.get(code, "failed")  # fmt: skip
+    worker = read_worker_result(plan.run_dir)
+    status = run_status(code)
     write_manifest(manifest_path, plan, status=status, exit_code=int(code), timings=timings, checks=checks_summary,
                    worker=worker, started_at=started_at)  # fmt: skip
     _write_summary(plan)
     if code == ExitCode.NON_FINITE_LOSS and _restart_in_fp32(plan, worker):
         return cmd_train(_args)
     if code == ExitCode.OK:
-        losses = [entry["loss"] for entry in (worker or {}).get("losses", [])]
+        losses = [entry.loss for entry in worker.losses] if worker else []
         trend = f", loss {losses[0]:.3f} → {losses[-1]:.3f}" if losses else ""
         _say(f"training finished in {timings['train']:.0f} s{trend}; outputs in {plan.output_dir}")
     else:
@@ -341,22 +342,23 @@ def cmd_report(args) -> int:
     return ExitCode.OK
 
 
-def _restart_in_fp32(plan, worker: dict[str, Any] | None) -> bool:
+def _restart_in_fp32(plan, worker: WorkerResult | None) -> bool:
     """ROCMFT_ON_NAN=fp32: once, restart from the newest complete checkpoint saved before the last finite
     logged loss, with ROCMFT_PRECISION=fp32 (real fp32, rocmft.render.precision); recorded in manifest RESTARTS."""
     import os
 
     from rocmft.outputs.manifest import RESTARTS
+    from rocmft.records import RunStatus, WorkerResult
     from rocmft.render.resume import last_good_checkpoint
 
-    worker = worker or {}
-    cause = (worker.get("non_finite") or {}).get("cause", "non-finite loss")
+    worker = worker or WorkerResult()
+    cause = worker.non_finite.cause if worker.non_finite else RunStatus.NON_FINITE_LOSS.value
     if plan.settings.rocmft.on_nan != "fp32" or plan.precision.policy == "fp32":
         return False
     if any(r["cause"] == cause for r in RESTARTS):  # at most one automatic restart per cause
         return False
-    checkpoint = last_good_checkpoint(plan.output_dir, worker.get("losses", []))
-    RESTARTS.append({"cause": cause, "at_step": (worker.get("non_finite") or {}).get("step"),
+    checkpoint = last_good_checkpoint(plan.output_dir, worker.loss_dicts())
+    RESTARTS.append({"cause": cause, "at_step": worker.non_finite.step if worker.non_finite else None,
                      "from_checkpoint": str(checkpoint) if checkpoint else None,
                      "precision": {"from": plan.precision.policy, "to": "fp32"}})  # fmt: skip
     os.environ["ROCMFT_PRECISION"] = "fp32"
@@ -380,7 +382,7 @@ def cmd_status(args) -> int:
     folder. Progress is the age of worker-result.json, which the worker rewrites at every logging step.
     Reads two small files: fast enough for a healthcheck every minute.
     """
-    from rocmft.records import RESULT_FILE
+    from rocmft.records import WorkerResult, read_worker_result, worker_result_path
     from rocmft.render import RUN_SUBDIR
 
     if args.output_dir:
@@ -391,7 +393,7 @@ def cmd_status(args) -> int:
     else:
         print("no run: nothing started `rocmft train` here; pass the run's OUTPUT_DIR")
         return ExitCode.UNHEALTHY
-    manifest_path, result_path = run_dir / MANIFEST_FILE, run_dir / RESULT_FILE
+    manifest_path, result_path = run_dir / MANIFEST_FILE, worker_result_path(run_dir)
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as err:
@@ -402,16 +404,17 @@ def cmd_status(args) -> int:
         )
         print(f"no run: cannot read {where} ({err})")
         return ExitCode.UNHEALTHY
+    result = read_worker_result(run_dir)
     try:
-        result = json.loads(result_path.read_text())
         age = time.time() - result_path.stat().st_mtime
-    except (OSError, ValueError):
-        result, age = {}, time.time() - manifest_path.stat().st_mtime
+    except OSError:
+        result = None
+    if result is None:  # no record (yet): the run's age is the manifest's
+        result, age = WorkerResult(), time.time() - manifest_path.stat().st_mtime
     status = manifest.get("status")
-    step, total = result.get("last_step"), result.get("max_steps")
-    losses = result.get("losses") or []
+    step, total = result.last_step, result.max_steps
     where = f"step {step}/{total}" if step is not None else "no step logged yet"
-    loss = f", loss {losses[-1]['loss']:.4f}" if losses else ""
+    loss = f", loss {result.losses[-1].loss:.4f}" if result.losses else ""
     if status != "running":
         print(f"{status}: {where}{loss} (exit code {manifest.get('exit_code')}; {run_dir})")
         return ExitCode.OK if status == "finished" else ExitCode.UNHEALTHY

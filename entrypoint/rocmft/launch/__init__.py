@@ -12,7 +12,6 @@ MASTER_PORT (LLaMA-Factory's launcher names, passed to torchrun as they are).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -202,12 +201,10 @@ def graceful_stop_targets(pid: int, launcher: str) -> list[int]:
 def graceful_stop_recorded(run_dir: Path) -> bool:
     """Whether this node's worker record (RUN_DIR/worker-result.json) says training stopped early at a step
     boundary with a checkpoint (rocmft.worker: a signal here, or on another rank)."""
-    from rocmft.records import RESULT_FILE
+    from rocmft.records import read_worker_result
 
-    try:
-        return json.loads((run_dir / RESULT_FILE).read_text()).get("stopped_at_step") is not None
-    except (OSError, ValueError):
-        return False
+    result = read_worker_result(run_dir)
+    return result is not None and result.stopped_at_step is not None
 
 
 _STOPPED_AT_ONCE = (

@@ -18,6 +18,7 @@ from rocmft.config.lfargs import is_secret_name, stack_versions
 from rocmft.facts.host import host_facts
 from rocmft.facts.image import build_record
 from rocmft.fsutil import atomic_write_json
+from rocmft.records import WorkerResult
 
 # Variables that change what a run does without being training arguments, recorded in the manifest.
 RECORDED_ENV_PREFIXES = ("ROCMFT_", "NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "GPU_", "CUDA_", "TORCH_",
@@ -44,8 +45,12 @@ RESTARTS: list[dict[str, Any]] = []
 
 
 def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timings: dict[str, float],
-                   checks: dict[str, Any] | None, worker: dict[str, Any] | None, started_at: str) -> Path:  # fmt: skip
-    """Write the manifest for ``plan`` atomically to ``path`` (see the module docstring)."""
+                   checks: dict[str, Any] | None, worker: WorkerResult | None, started_at: str) -> Path:  # fmt: skip
+    """Write the manifest for ``plan`` atomically to ``path`` (see the module docstring).
+
+    ``status``: a :class:`rocmft.records.RunStatus` word; ``worker``: this node's worker record
+    (rocmft.records.read_worker_result), embedded as its JSON object.
+    """
     outputs = {}
     if plan.output_dir.is_dir():
         for item in sorted(plan.output_dir.iterdir()):
@@ -61,8 +66,8 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
         "precision": {
             **plan.precision.as_dict(),
-            "parameter_dtypes": (worker or {}).get("parameter_dtypes"),
-            "trainable_dtypes": (worker or {}).get("trainable_dtypes"),
+            "parameter_dtypes": worker.parameter_dtypes if worker else None,
+            "trainable_dtypes": worker.trainable_dtypes if worker else None,
         },
         "versions": stack_versions(),
         "image": build_record(),
@@ -79,7 +84,7 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "data_sets": plan.registry.entries,
         "ds_config": plan.ds_config,
         "checks": checks,
-        "worker": worker,
+        "worker": worker.to_json() if worker else None,
         "restarts": RESTARTS,
         "environment": redact_env(dict(os.environ)),
         "outputs": outputs,

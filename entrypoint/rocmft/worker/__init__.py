@@ -12,7 +12,6 @@ Exit codes (rocmft.errors.ExitCode): 0 done, 4 training raised, 5 non-finite los
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -21,11 +20,18 @@ import time
 import traceback
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from rocmft.errors import ExitCode
-from rocmft.fsutil import atomic_write_json
-from rocmft.records import RESULT_FILE
+from rocmft.records import (
+    LossRecord,
+    NonFinite,
+    RunPolicy,
+    RunStatus,
+    WorkerResult,
+    read_run_policy,
+    with_reason,
+    write_worker_result,
+)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -33,7 +39,7 @@ class NonFiniteLoss(RuntimeError):
     or the loss jumped above ROCMFT_LOSS_SPIKE_FACTOR × its recent median (``cause`` "loss spike")."""
 
     def __init__(self, step: int, key: str, value: float, median: float | None = None) -> None:
-        self.cause = "loss spike" if median is not None else "non-finite loss"
+        self.cause = RunStatus.LOSS_SPIKE if median is not None else RunStatus.NON_FINITE_LOSS
         detail = f" ({value / median:.1f}x the median {median:.4g} of the last logged losses)" if median else ""
         super().__init__(f"{key} is {value} at step {step}{detail}")
         self.step, self.key, self.value, self.median = step, key, value, median
@@ -100,7 +106,7 @@ def _stop_everywhere(requested: str | None, args) -> bool:
     return flag > 0
 
 
-def _rocmft_callback(policy: dict[str, Any], result_path: Path):
+def _rocmft_callback(policy: RunPolicy, run_dir: Path):
     """Build the TrainerCallback (imported lazily: transformers takes seconds to import)."""
     import torch
     from transformers import TrainerCallback
@@ -122,7 +128,7 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
         """
 
         def __init__(self) -> None:
-            self.result: dict[str, Any] = {"status": "running", "losses": []}
+            self.result = WorkerResult.start()
             self.recent: list[float] = []  # the last logged losses, on every rank, for the spike watchdog
             self.started = time.monotonic()
             self.last_time = self.started
@@ -132,11 +138,12 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             # each node's local rank 0 writes its node's record (RUN_DIR is per node: rocmft-node<N>), so a node
             # that stopped because another rank was signalled can say so (rocmft.launch.run_worker reads it)
             if state.is_local_process_zero:
-                atomic_write_json(result_path, self.result)
+                write_worker_result(run_dir, self.result)
 
         def _record_peak(self) -> None:
             if torch.cuda.is_available():
-                self.result["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+                peak = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+                self.result = self.result.updated(peak_gpu_memory_gib=peak)
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             STOP.training = True
@@ -144,11 +151,11 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             trainable = Counter(
                 str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad
             ) if model else Counter()  # fmt: skip
-            self.result.update(
+            self.result = self.result.updated(
                 parameter_dtypes=dict(dtypes), trainable_dtypes=dict(trainable), max_steps=state.max_steps,
                 world_size=args.world_size,
             )  # fmt: skip
-            if policy["precision"]["policy"] == "fp32" and set(dtypes) - {"float32"}:
+            if policy.precision_policy == "fp32" and set(dtypes) - {"float32"}:
                 raise RuntimeError(
                     f"precision policy fp32 is not in effect: parameters are {dict(dtypes)}. "
                     "This is a rocmft bug (LLaMA-Factory changed how it picks the dtype); please report it."
@@ -161,12 +168,13 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
                 control.should_save = True
                 control.should_training_stop = True
                 STOP.at_step = state.global_step
-                self.result.update(status=f"stopping ({STOP.requested})", stopped_at_step=state.global_step)
+                self.result = self.result.updated(status=with_reason(RunStatus.STOPPING, STOP.requested),
+                                                  stopped_at_step=state.global_step)  # fmt: skip
                 if state.is_world_process_zero:
                     print(f"[rocmft] {STOP.requested}: saving checkpoint-{state.global_step} and stopping",
                           flush=True)  # fmt: skip
-            fault = policy.get("fault_nan_at_step")  # simulates a low-precision overflow: not under real fp32
-            low_precision = policy["precision"]["policy"] != "fp32"
+            fault = policy.fault_nan_at_step  # simulates a low-precision overflow: not under real fp32
+            low_precision = policy.precision_policy != "fp32"
             if fault and low_precision and state.global_step == fault and model is not None:
                 with torch.no_grad():
                     for param in model.parameters():
@@ -179,18 +187,17 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             for key in ("loss", "grad_norm"):
                 value = logs.get(key)
                 if isinstance(value, (int, float)) and not math.isfinite(value):
-                    self.result.update(
-                        status="non-finite", non_finite={"step": state.global_step, "key": key, "value": str(value)}
+                    self.result = self.result.updated(
+                        status=RunStatus.NON_FINITE_LOSS, non_finite=NonFinite(state.global_step, key, str(value))
                     )
                     self._save(state)
                     raise NonFiniteLoss(state.global_step, key, value)
             loss = logs.get("loss")
             if isinstance(loss, (int, float)):
-                median = loss_spike(self.recent, loss, policy.get("loss_spike_factor") or 0)
+                median = loss_spike(self.recent, loss, policy.loss_spike_factor or 0)
                 if median is not None:
-                    self.result.update(status="loss spike", non_finite={
-                        "step": state.global_step, "key": "loss", "value": str(loss), "median": median,
-                        "cause": "loss spike"})  # fmt: skip
+                    self.result = self.result.updated(status=RunStatus.LOSS_SPIKE, non_finite=NonFinite(
+                        state.global_step, "loss", str(loss), median, RunStatus.LOSS_SPIKE.value))  # fmt: skip
                     self._save(state)
                     raise NonFiniteLoss(state.global_step, "loss", loss, median)
                 self.recent = [*self.recent, loss][-SPIKE_WINDOW:]
@@ -204,12 +211,12 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             done = state.global_step / max(state.max_steps, 1)
             eta = elapsed / done - elapsed if done > 0 else float("nan")
             self._record_peak()
-            entry = {"step": state.global_step, "loss": logs["loss"]}
+            entry = LossRecord(state.global_step, logs["loss"])
             if torch.cuda.is_available():  # for the run summary's memory curve (rocmft.outputs.report)
-                entry["gpu_memory_gib"] = round(torch.cuda.memory_allocated() / 2**30, 3)
-                entry["peak_gpu_memory_gib"] = self.result["peak_gpu_memory_gib"]
-            self.result["losses"].append(entry)
-            self.result.update(last_step=state.global_step, tokens_seen=tokens, elapsed_s=round(elapsed, 2))
+                entry = LossRecord(state.global_step, logs["loss"], round(torch.cuda.memory_allocated() / 2**30, 3),
+                                   self.result.peak_gpu_memory_gib)  # fmt: skip
+            self.result = self.result.with_loss(entry).updated(last_step=state.global_step, tokens_seen=tokens,
+                                                               elapsed_s=round(elapsed, 2))  # fmt: skip
             self._save(state)
             print(
                 f"[rocmft] step {state.global_step}/{state.max_steps} ({done:.0%}) loss {logs['loss']:.4f} "
@@ -220,15 +227,16 @@ def _rocmft_callback(policy: dict[str, Any], result_path: Path):
             )
 
         def on_train_end(self, args, state, control, **kwargs):
-            status = f"interrupted ({STOP.requested})" if STOP.at_step is not None else "finished"
-            self.result.update(status=status, last_step=state.global_step,
-                               elapsed_s=round(time.monotonic() - self.started, 2))  # fmt: skip
+            stopped = STOP.at_step is not None
+            status = with_reason(RunStatus.INTERRUPTED, STOP.requested) if stopped else RunStatus.FINISHED
+            self.result = self.result.updated(status=status, last_step=state.global_step,
+                                              elapsed_s=round(time.monotonic() - self.started, 2))  # fmt: skip
             self._record_peak()
             self._save(state)
             if state.is_world_process_zero:
-                peak = self.result.get("peak_gpu_memory_gib")
+                peak = self.result.peak_gpu_memory_gib
                 memory = f", peak GPU memory {peak:.2f} GiB (max_memory_allocated, rank 0)" if peak is not None else ""
-                elapsed = _fmt_duration(self.result["elapsed_s"])
+                elapsed = _fmt_duration(self.result.elapsed_s)
                 print(f"[rocmft] training loop done: {state.global_step} steps in {elapsed}{memory}", flush=True)
 
     return RocmftCallback()
@@ -390,9 +398,8 @@ def _secret_arguments() -> dict[str, str]:
 def main(run_dir: str) -> int:
     """Train from RUN_DIR/train.yaml and RUN_DIR/run.json; return the exit code."""
     run_path = Path(run_dir)
-    policy = json.loads((run_path / "run.json").read_text())
+    policy = read_run_policy(run_path)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # local rank 0 writes this node's RUN_DIR record
-    result_path = run_path / RESULT_FILE
 
     def on_signal(signum, _frame):
         name = signal.Signals(signum).name
@@ -409,23 +416,23 @@ def main(run_dir: str) -> int:
 
     arguments = OmegaConf.to_container(OmegaConf.load(run_path / "train.yaml"), resolve=True)
     arguments.update(_secret_arguments())
-    if policy["precision"]["policy"] == "fp32":
+    if policy.precision_policy == "fp32":
         _force_compute_dtype("float32")
-    if policy.get("fault_kill_in_save_at_step"):
-        _fault_kill_in_save(policy["fault_kill_in_save_at_step"])
-    if policy.get("fault_slow_final_save_s"):
-        _fault_slow_final_save(policy["fault_slow_final_save_s"])
+    if policy.fault_kill_in_save_at_step:
+        _fault_kill_in_save(policy.fault_kill_in_save_at_step)
+    if policy.fault_slow_final_save_s:
+        _fault_slow_final_save(policy.fault_slow_final_save_s)
     _count_tokens_under_4d_masks()
 
     from llamafactory.train.tuner import run_exp
 
-    callback = _rocmft_callback(policy, result_path)
+    callback = _rocmft_callback(policy, run_path)
     try:
         run_exp(args=arguments, callbacks=[callback])
     except NonFiniteLoss as err:
         from rocmft.render.resume import last_good_checkpoint
 
-        good = last_good_checkpoint(Path(arguments["output_dir"]), callback.result["losses"])
+        good = last_good_checkpoint(Path(arguments["output_dir"]), callback.result.loss_dicts())
         where = f"the last good checkpoint is {good}" if good else "there is no checkpoint from before it"
         print(
             f"[rocmft] STOPPED ({err.cause}): {err}. The weights or the optimizer state diverged; nothing after step "
@@ -436,18 +443,18 @@ def main(run_dir: str) -> int:
         )
         return ExitCode.NON_FINITE_LOSS
     except Interrupted as err:
-        callback.result["status"] = f"interrupted ({err})"
+        callback.result = callback.result.updated(status=with_reason(RunStatus.INTERRUPTED, str(err)))
         if local_rank == 0:
-            atomic_write_json(result_path, callback.result)
+            write_worker_result(run_path, callback.result)
         print(f"[rocmft] interrupted by {err}", file=sys.stderr, flush=True)  # rocmft.launch says what it means
         return ExitCode.INTERRUPTED
     except Exception as err:
         traceback.print_exc()
         if _disk_full(err, Path(arguments["output_dir"])):
             _report_disk_full(Path(arguments["output_dir"]), err)
-        callback.result.update(status="failed", error=f"{type(err).__name__}: {err}")
+        callback.result = callback.result.updated(status=RunStatus.FAILED, error=f"{type(err).__name__}: {err}")
         if local_rank == 0:
-            atomic_write_json(result_path, callback.result)
+            write_worker_result(run_path, callback.result)
         return ExitCode.TRAINING_FAILED
     if STOP.at_step is not None:
         print(f"[rocmft] stopped by {STOP.requested} after step {STOP.at_step} with checkpoint-{STOP.at_step} "
