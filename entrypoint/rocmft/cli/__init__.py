@@ -21,6 +21,7 @@ import sys
 
 from rocmft import __version__
 from rocmft.cli import chat, check, env, export, plan, render, report, status, train
+from rocmft.console import say
 from rocmft.errors import ConfigError, ExitCode, RocmftError
 
 
@@ -53,11 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except ConfigError as err:
-        print(f"[rocmft] CONFIGURATION ERROR: {err}", file=sys.stderr, flush=True)
+        say(f"CONFIGURATION ERROR: {err}", stream=sys.stderr, all_ranks=True)
         return int(err.code)
     except RocmftError as err:
-        print(f"[rocmft] {err}", file=sys.stderr, flush=True)
+        say(str(err), stream=sys.stderr, all_ranks=True)
         return int(err.code)
     except KeyboardInterrupt:
-        print("[rocmft] interrupted", file=sys.stderr, flush=True)
+        say("interrupted", stream=sys.stderr, all_ranks=True)
         return int(ExitCode.INTERRUPTED)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rocmft.cli.common import Workspace, _prepare, _run_checks, _say
+from rocmft.cli.common import Workspace, _prepare, _run_checks
+from rocmft.console import say
 from rocmft.errors import ExitCode
 
 
@@ -22,5 +23,5 @@ def run(_args) -> int:
         workspace.discard()
         raise
     parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timings.items())
-    _say(f"checks passed in {sum(timings.values()):.1f} s ({parts})")
+    say(f"checks passed in {sum(timings.values()):.1f} s ({parts})", all_ranks=True)
     return ExitCode.OK

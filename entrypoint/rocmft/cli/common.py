@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rocmft.console import say
 from rocmft.errors import ChecksFailed
 from rocmft.fsutil import make_private_dir_public
 
@@ -17,10 +18,6 @@ CHECKS_FILE = "checks.json"
 
 
 MANIFEST_FILE = "manifest.json"
-
-
-def _say(message: str) -> None:
-    print(f"[rocmft] {message}", flush=True)
 
 
 class Workspace:
@@ -75,7 +72,7 @@ class Workspace:
             keep = run_dir.parent / "rocmft-history" / stamp
             while keep.exists():
                 keep = keep.with_name(keep.name + "-1")
-            _say(f"the earlier run's record moves to {keep}")
+            say(f"the earlier run's record moves to {keep}", all_ranks=True)
         replace_dir(self.staging, run_dir, keep_old_as=keep)
         self.staging = None
 
@@ -109,15 +106,16 @@ def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bo
     plan.probes.update(injected_probes())  # a test hook (ROCMFT_TEST_PROBES); empty unless set
     prepare_launch(plan)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
     timings["render"] = time.monotonic() - started
-    _say(f"precision: {plan.precision.policy} ({plan.precision.reason})")
+    say(f"precision: {plan.precision.policy} ({plan.precision.reason})", all_ranks=True)
     _say_plan(plan.perf)
 
     started = time.monotonic()
     validation = validate(plan, keep=keep_validator)
     timings["validate"] = time.monotonic() - started
-    _say(
+    say(
         f"LLaMA-Factory accepted the configuration (its import {validation.import_s:.1f} s, "
-        f"started with rocmft; the parse {validation.seconds:.1f} s)"
+        f"started with rocmft; the parse {validation.seconds:.1f} s)",
+        all_ranks=True,
     )
     return plan
 
@@ -156,10 +154,10 @@ def _run_checks(plan, workspace: Workspace, timings: dict[str, float]) -> dict[s
 def _say_plan(perf) -> None:
     """One line per planner decision (rocmft.render.planner), or why it planned nothing."""
     if perf is None or not perf.active:
-        _say(f"plan: nothing planned ({perf.note if perf else 'no planner'})")
+        say(f"plan: nothing planned ({perf.note if perf else 'no planner'})", all_ranks=True)
         return
     for choice in perf.choices:
-        _say(f"plan: {choice.name}={choice.value} ({'' if choice.planned else 'kept: '}{choice.reason})")
+        say(f"plan: {choice.name}={choice.value} ({'' if choice.planned else 'kept: '}{choice.reason})", all_ranks=True)
 
 
 CURRENT_RUN = "rocmft-current-run"  # in the temp folder: which run `rocmft status` looks at by default

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rocmft.cli.common import Workspace, _prepare, _say
+from rocmft.cli.common import Workspace, _prepare
+from rocmft.console import say
 from rocmft.errors import ConfigError, ExitCode
 
 
@@ -28,5 +29,5 @@ def run(_args) -> int:
         workspace.discard()
         raise
     for path in plan.files.values():
-        _say(f"wrote {plan.run_dir / path.relative_to(plan.staging)}")
+        say(f"wrote {plan.run_dir / path.relative_to(plan.staging)}", all_ranks=True)
     return ExitCode.OK

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from rocmft.cli.common import _say
+from rocmft.console import say
 from rocmft.errors import ExitCode
 
 
@@ -21,5 +21,5 @@ def run(args) -> int:
     from rocmft.outputs.report import write_summary
 
     run = find_run(args.run, load_settings())
-    _say(f"run summary in {write_summary(run.output_dir)}")
+    say(f"run summary in {write_summary(run.output_dir)}", all_ranks=True)
     return ExitCode.OK

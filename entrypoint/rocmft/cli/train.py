@@ -8,7 +8,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from rocmft.cli.common import CHECKS_FILE, MANIFEST_FILE, Workspace, _prepare, _run_checks, _say, current_run_pointer
+from rocmft.cli.common import CHECKS_FILE, MANIFEST_FILE, Workspace, _prepare, _run_checks, current_run_pointer
+from rocmft.console import say, warn
 from rocmft.errors import ExitCode
 from rocmft.fsutil import atomic_write_text
 from rocmft.records import RunStatus, WorkerResult
@@ -86,7 +87,7 @@ def _attempt(restarts: list[Restart]) -> tuple[int, Restart | None]:
     }
     write_manifest(manifest_path, plan, status=RunStatus.RUNNING, exit_code=None, timings=timings,
                    checks=checks_summary, worker=None, started_at=started_at, restarts=restarts)  # fmt: skip
-    _say(f"configs and manifest in {plan.run_dir}")
+    say(f"configs and manifest in {plan.run_dir}", all_ranks=True)
     try:
         atomic_write_text(current_run_pointer(), f"{plan.run_dir}\n")  # for `rocmft status` (the healthcheck)
     except OSError:
@@ -103,14 +104,14 @@ def _attempt(restarts: list[Restart]) -> tuple[int, Restart | None]:
     restart = _fp32_restart(plan, worker, restarts) if code == ExitCode.NON_FINITE_LOSS else None
     if restart is not None:
         where = restart.from_checkpoint or "step 0 (no checkpoint before the NaN)"
-        _say(f"ROCMFT_ON_NAN=fp32: restarting in real fp32 from {where}")
+        say(f"ROCMFT_ON_NAN=fp32: restarting in real fp32 from {where}", all_ranks=True)
         return code, restart
     if code == ExitCode.OK:
         losses = [entry.loss for entry in worker.losses] if worker else []
         trend = f", loss {losses[0]:.3f} → {losses[-1]:.3f}" if losses else ""
-        _say(f"training finished in {timings['train']:.0f} s{trend}; outputs in {plan.output_dir}")
+        say(f"training finished in {timings['train']:.0f} s{trend}; outputs in {plan.output_dir}", all_ranks=True)
     else:
-        _say(f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}")
+        say(f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}", all_ranks=True)
     return code, None
 
 
@@ -122,9 +123,9 @@ def _write_summary(plan) -> None:
     if plan.run_dir.name != RUN_SUBDIR:
         return
     try:
-        _say(f"run summary in {write_summary(plan.output_dir)}")
+        say(f"run summary in {write_summary(plan.output_dir)}", all_ranks=True)
     except Exception as err:  # matplotlib, a full disk: the run's outcome stands
-        _say(f"WARNING: the run summary could not be written ({type(err).__name__}: {err})")
+        warn(f"the run summary could not be written ({type(err).__name__}: {err})", all_ranks=True)
 
 
 def _fp32_restart(plan, worker: WorkerResult | None, restarts: list[Restart]) -> Restart | None:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from rocmft.console import say
 from rocmft.errors import ExitCode
 from rocmft.launch.spec import LaunchSpec
 
@@ -57,7 +58,7 @@ def graceful_stop_recorded(run_dir: Path) -> bool:
 
 
 _STOPPED_AT_ONCE = (
-    "[rocmft] stopped at once (a second signal, or a signal before training began): no checkpoint of the step in "
+    "stopped at once (a second signal, or a signal before training began): no checkpoint of the step in "
     "progress was written, and DataLoader errors above are this stop, not a crash. The next `rocmft train` with the "
     "same settings resumes from the newest complete checkpoint in OUTPUT_DIR, if there is one."
 )
@@ -90,13 +91,13 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
 
     # installed before the worker starts: a signal meanwhile killed rocmft and left the worker running alone
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    print(f"[rocmft] launching: {' '.join(command)}", flush=True)
+    say(f"launching: {' '.join(command)}", all_ranks=True)
     if launcher == "torchrun":
-        print(f"[rocmft] NUMA binding: {spec.numa['reason']}", flush=True)
+        say(f"NUMA binding: {spec.numa['reason']}", all_ranks=True)
         for note in spec.network_notes:
-            print(f"[rocmft] network: {note}", flush=True)
+            say(f"network: {note}", all_ranks=True)
         shown = ", ".join(f"{k}={v['value']} ({v['source']})" for k, v in spec.communication.items())
-        print(f"[rocmft] communication settings: {shown or 'library defaults'}", flush=True)
+        say(f"communication settings: {shown or 'library defaults'}", all_ranks=True)
     from rocmft.validate import take_kept
 
     kept = take_kept()
@@ -106,15 +107,15 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
             signal.signal(s, handler)
         if kept is not None:
             kept.cancel()
-        print(_STOPPED_AT_ONCE, flush=True)
+        say(_STOPPED_AT_ONCE, all_ranks=True)
         return ExitCode.INTERRUPTED
     if kept is not None and why_not is None:
-        print("[rocmft] the worker is the process that validated the configuration (LLaMA-Factory already "
-              "imported)", flush=True)  # fmt: skip
+        say("the worker is the process that validated the configuration (LLaMA-Factory already imported)",
+            all_ranks=True)  # fmt: skip
         proc = kept.train(run_dir, environ)
     else:
         if kept is not None:
-            print(f"[rocmft] a fresh worker process: {why_not}", flush=True)
+            say(f"a fresh worker process: {why_not}", all_ranks=True)
             kept.cancel()
         proc = subprocess.Popen(
             command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -148,7 +149,7 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
     if not graceful:
         # the worker was stopped at once: by a second signal (which also kills the DataLoader workers, whose
         # errors then fill the log), or by one that came before training began
-        print(_STOPPED_AT_ONCE, flush=True)
+        say(_STOPPED_AT_ONCE, all_ranks=True)
     return ExitCode.INTERRUPTED
 
 

@@ -1,6 +1,7 @@
 """rocmft's TrainerCallback: progress lines, the non-finite-loss and loss-spike watchdog, the graceful stop at a
 step boundary (SIGTERM/SIGINT, agreed across ranks), the parameters' dtypes, GPU memory; and the worker's record
-(rocmft.records.WorkerResult) it keeps up to date."""
+(rocmft.records.WorkerResult) it keeps up to date. Its lines are rank 0's (guarded by ``is_world_process_zero``
+and rocmft.console's rank filter)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from rocmft.console import say
 from rocmft.records import LossRecord, NonFinite, RunPolicy, RunStatus, WorkerResult, with_reason, write_worker_result
 from rocmft.worker import faults
 
@@ -155,8 +157,7 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
                 self.result = self.result.updated(status=with_reason(RunStatus.STOPPING, STOP.requested),
                                                   stopped_at_step=state.global_step)  # fmt: skip
                 if state.is_world_process_zero:
-                    print(f"[rocmft] {STOP.requested}: saving checkpoint-{state.global_step} and stopping",
-                          flush=True)  # fmt: skip
+                    say(f"{STOP.requested}: saving checkpoint-{state.global_step} and stopping")
             faults.nan_after_step(policy, state.global_step, model)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -195,12 +196,11 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
             self.result = self.result.with_loss(entry).updated(last_step=state.global_step, tokens_seen=tokens,
                                                                elapsed_s=round(elapsed, 2))  # fmt: skip
             self._save(state)
-            print(
-                f"[rocmft] step {state.global_step}/{state.max_steps} ({done:.0%}) loss {logs['loss']:.4f} "
+            say(
+                f"step {state.global_step}/{state.max_steps} ({done:.0%}) loss {logs['loss']:.4f} "
                 f"lr {logs.get('learning_rate', float('nan')):.2e} grad_norm {logs.get('grad_norm', float('nan')):.3g} "
                 f"tok/s {rate:,.0f} elapsed {_fmt_duration(elapsed)} "
-                f"eta {_fmt_duration(eta) if math.isfinite(eta) else '?'}",
-                flush=True,
+                f"eta {_fmt_duration(eta) if math.isfinite(eta) else '?'}"
             )
 
         def on_train_end(self, args, state, control, **kwargs):
@@ -214,6 +214,6 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
                 peak = self.result.peak_gpu_memory_gib
                 memory = f", peak GPU memory {peak:.2f} GiB (max_memory_allocated, rank 0)" if peak is not None else ""
                 elapsed = _fmt_duration(self.result.elapsed_s)
-                print(f"[rocmft] training loop done: {state.global_step} steps in {elapsed}{memory}", flush=True)
+                say(f"training loop done: {state.global_step} steps in {elapsed}{memory}")
 
     return RocmftCallback()

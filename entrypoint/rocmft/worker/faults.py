@@ -12,6 +12,7 @@ import os
 import signal
 import time
 
+from rocmft.console import say
 from rocmft.records import RunPolicy
 
 
@@ -28,7 +29,7 @@ def nan_after_step(policy: RunPolicy, step: int, model) -> None:
             for param in model.parameters():
                 if param.is_floating_point():
                     param.fill_(float("nan"))
-        print(f"[rocmft] TEST FAULT: weights set to NaN after step {step}", flush=True)
+        say(f"TEST FAULT: weights set to NaN after step {step}", all_ranks=True)
 
 
 def kill_in_save(step: int) -> None:
@@ -41,7 +42,7 @@ def kill_in_save(step: int) -> None:
 
     def save_or_die(self, output_dir):
         if self.state.global_step == step:
-            print(f"[rocmft] TEST FAULT: SIGKILL while writing {output_dir}", flush=True)
+            say(f"TEST FAULT: SIGKILL while writing {output_dir}", all_ranks=True)
             os.kill(os.getpid(), signal.SIGKILL)
         return save(self, output_dir)
 
@@ -58,7 +59,7 @@ def slow_final_save(seconds: float) -> None:
 
     def slow_save(self, output_dir=None, _internal_call=False):
         if self.args.should_save and not _internal_call:
-            print(f"[rocmft] TEST FAULT: writing the final model slowly ({seconds:g} s)", flush=True)
+            say(f"TEST FAULT: writing the final model slowly ({seconds:g} s)", all_ranks=True)
             time.sleep(seconds)
         return save(self, output_dir, _internal_call)
 

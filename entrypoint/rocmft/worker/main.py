@@ -9,6 +9,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from rocmft.console import say
 from rocmft.errors import ExitCode
 from rocmft.records import RunStatus, read_run_policy, with_reason, write_worker_result
 from rocmft.worker import faults, patches
@@ -53,16 +54,16 @@ def _report_disk_full(output_dir: Path, err: BaseException) -> None:
     for folder in output_dir.glob("checkpoint-*"):
         if folder.is_dir() and checkpoint_problem(folder):
             shutil.rmtree(folder, ignore_errors=True)
-            print(f"[rocmft] removed the incomplete {folder}", file=sys.stderr, flush=True)
+            say(f"removed the incomplete {folder}", stream=sys.stderr, all_ranks=True)
     free = shutil.disk_usage(output_dir).free / 2**20
     good = newest_complete(output_dir).checkpoint
-    print(
-        f"[rocmft] DISK FULL while saving into {output_dir} ({free:.1f} MiB free there): {err}. "
+    say(
+        f"DISK FULL while saving into {output_dir} ({free:.1f} MiB free there): {err}. "
         + (f"The previous checkpoint {good} is intact; " if good else "No complete checkpoint was saved; ")
         + "free space, lower SAVE_TOTAL_LIMIT or raise SAVE_STEPS, or point OUTPUT_DIR at a larger volume, then "
         "run `rocmft train` again to resume.",
-        file=sys.stderr,
-        flush=True,
+        stream=sys.stderr,
+        all_ranks=True,
     )
 
 
@@ -83,8 +84,8 @@ def main(run_dir: str) -> int:
         if not STOP.training or STOP.requested:  # before training, or a second signal: stop now
             raise Interrupted(name)
         STOP.requested = name
-        print(f"[rocmft] {name}: stopping at the end of this step with a checkpoint (again to stop now)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        say(f"{name}: stopping at the end of this step with a checkpoint (again to stop now)", stream=sys.stderr,
+            all_ranks=True)  # fmt: skip
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -111,19 +112,19 @@ def main(run_dir: str) -> int:
 
         good = last_good_checkpoint(Path(arguments["output_dir"]), callback.result.loss_dicts())
         where = f"the last good checkpoint is {good}" if good else "there is no checkpoint from before it"
-        print(
-            f"[rocmft] STOPPED ({err.cause}): {err}. The weights or the optimizer state diverged; nothing after step "
+        say(
+            f"STOPPED ({err.cause}): {err}. The weights or the optimizer state diverged; nothing after step "
             f"{err.step} is trustworthy; {where}. Try: a lower LEARNING_RATE, MAX_GRAD_NORM=1.0, or "
             "ROCMFT_PRECISION=fp32 to rule out mixed precision (ROCMFT_ON_NAN=fp32 does that by itself).",
-            file=sys.stderr,
-            flush=True,
+            stream=sys.stderr,
+            all_ranks=True,
         )
         return ExitCode.NON_FINITE_LOSS
     except Interrupted as err:
         callback.result = callback.result.updated(status=with_reason(RunStatus.INTERRUPTED, str(err)))
         if local_rank == 0:
             write_worker_result(run_path, callback.result)
-        print(f"[rocmft] interrupted by {err}", file=sys.stderr, flush=True)  # rocmft.launch says what it means
+        say(f"interrupted by {err}", stream=sys.stderr, all_ranks=True)  # rocmft.launch says what it means
         return ExitCode.INTERRUPTED
     except Exception as err:
         traceback.print_exc()
@@ -134,8 +135,8 @@ def main(run_dir: str) -> int:
             write_worker_result(run_path, callback.result)
         return ExitCode.TRAINING_FAILED
     if STOP.at_step is not None:
-        print(f"[rocmft] stopped by {STOP.requested} after step {STOP.at_step} with checkpoint-{STOP.at_step} "
-              "saved; `rocmft train` with the same settings resumes from it", file=sys.stderr, flush=True)  # fmt: skip
+        say(f"stopped by {STOP.requested} after step {STOP.at_step} with checkpoint-{STOP.at_step} saved; "
+            "`rocmft train` with the same settings resumes from it", stream=sys.stderr, all_ranks=True)  # fmt: skip
         # Under torchrun every rank exits 0 and the launcher reads the stop from the result file: torchrun SIGTERMs
         # the ranks still running as soon as one exits non-zero, and the other ranks skip the final model write
         # (LLaMA-Factory's save_model after training), so rank 0 was cut off while writing it (torch 2.11;
