@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rocmft.console import say
 from rocmft.records import LossRecord, NonFinite, RunPolicy, RunStatus, WorkerResult, with_reason, write_worker_result
-from rocmft.worker import faults
+from rocmft.worker.faults import nan_after_step
 
 
 class NonFiniteLoss(RuntimeError):
@@ -158,7 +158,7 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
                                                   stopped_at_step=state.global_step)  # fmt: skip
                 if state.is_world_process_zero:
                     say(f"{STOP.requested}: saving checkpoint-{state.global_step} and stopping")
-            faults.nan_after_step(policy, state.global_step, model)
+            nan_after_step(policy, state.global_step, model)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}
