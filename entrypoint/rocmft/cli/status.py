@@ -36,7 +36,7 @@ def run(args) -> int:
     folder. Progress is the age of worker-result.json, which the worker rewrites at every logging step.
     Reads two small files: fast enough for a healthcheck every minute.
     """
-    from rocmft.records import WorkerResult, read_worker_result, worker_result_path
+    from rocmft.records import RunStatus, WorkerResult, read_worker_result, worker_result_path
     from rocmft.render import RUN_SUBDIR
 
     if args.output_dir:
@@ -69,9 +69,9 @@ def run(args) -> int:
     step, total = result.last_step, result.max_steps
     where = f"step {step}/{total}" if step is not None else "no step logged yet"
     loss = f", loss {result.losses[-1].loss:.4f}" if result.losses else ""
-    if status != "running":
+    if status != RunStatus.RUNNING:
         print(f"{status}: {where}{loss} (exit code {manifest.get('exit_code')}; {run_dir})")
-        return ExitCode.OK if status == "finished" else ExitCode.UNHEALTHY
+        return ExitCode.OK if status == RunStatus.FINISHED else ExitCode.UNHEALTHY
     limit = args.max_idle if step is not None else args.max_start
     state = "running" if age <= limit else "stalled"
     print(f"{state}: {where}{loss}, last update {age:.0f} s ago (limit {limit:.0f} s; {run_dir})")
