@@ -6,7 +6,6 @@ apart from CUDA builds. Everything here is read, nothing is changed.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rocmft.proc import kill_group
+from rocmft.records import read_probe_line
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ class ProbeProcess:
         kill_group(self.proc)
 
     def result(self) -> dict[str, Any]:
-        """The probe's JSON, or ``{"error": str, "timed_out": bool}`` when it crashed or missed its deadline."""
+        """The probe's result (rocmft.records.read_probe_line), or ``{"error": str, "timed_out": bool}`` when it
+        crashed, printed no result line or missed its deadline."""
         if self._result is None:
             self._result = self._collect()
         return self._result
@@ -103,8 +104,8 @@ class ProbeProcess:
             tail = " | ".join(stderr.strip().splitlines()[-3:])
             return {"error": f"the probe exited {self.proc.returncode}: {tail}", "timed_out": False}
         try:
-            return json.loads(stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
+            return read_probe_line(stdout)
+        except ValueError:
             return {"error": f"the probe printed no result: {stdout[-200:]!r}", "timed_out": False}
 
 

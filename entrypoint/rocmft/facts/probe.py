@@ -2,8 +2,9 @@
 
 ``python -m rocmft.facts.probe devices``: every visible GPU's name, gfx target (``gcnArchName`` on ROCm), memory,
 bf16 support, and a matrix product in each training dtype the GPU supports (bf16, fp16, fp32) checked against a
-float64 reference; JSON on stdout. This is the only place rocmft touches a GPU before training: the entrypoint
-itself never opens a GPU context (which would hold memory on GPU 0 for the whole run).
+float64 reference. Each probe prints one JSON line on stdout, :func:`rocmft.records.probe_line` (the shapes:
+rocmft.records.DevicesProbe, AllreduceProbe, LibProbe). This is the only place rocmft touches a GPU before
+training: the entrypoint itself never opens a GPU context (which would hold memory on GPU 0 for the whole run).
 
 ``python -m rocmft.facts.probe allreduce NPROC|all MIB``: an all-reduce of MIB MiB across NPROC local GPUs (``all``:
 every visible GPU; fewer than two gives ``{"skipped": ...}``) through torch.distributed (RCCL on ROCm, NCCL on
@@ -25,7 +26,10 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rocmft.records import AllreduceProbe, DevicesProbe, LibProbe
 
 GEMM_SIZE = 1024
 # Largest allowed |gpu - reference| / max|reference| per dtype. The reference is computed in float64 from the
@@ -35,11 +39,11 @@ GEMM_SIZE = 1024
 GEMM_TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-4}
 
 
-def _devices() -> dict[str, Any]:
+def _devices() -> DevicesProbe:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in the reference comparison
-    out: dict[str, Any] = {
+    out: DevicesProbe = {
         "backend": "rocm" if torch.version.hip else ("cuda" if torch.cuda.is_available() else "cpu"),
         "torch": torch.__version__,
         "hip": torch.version.hip,
@@ -119,7 +123,7 @@ def _allreduce_rank(rank: int, world: int, port: int, mib: int, result_path: str
     dist.destroy_process_group()
 
 
-def _allreduce(world: int | str, mib: int) -> dict[str, Any]:
+def _allreduce(world: int | str, mib: int) -> AllreduceProbe:
     import tempfile
 
     import torch
@@ -148,7 +152,7 @@ def _relative_error(result, reference) -> float:
     return float((result.float() - reference.float()).abs().max() / reference.float().abs().max())
 
 
-def _bnb_probe() -> dict[str, Any]:
+def _bnb_probe() -> LibProbe:
     """A 4-bit NF4 linear layer on GPU 0 against its own dequantized weight: proves the GPU backend runs."""
     import bitsandbytes as bnb
     import torch
@@ -169,7 +173,7 @@ def _bnb_probe() -> dict[str, Any]:
             "ok": bool(torch.isfinite(y).all()) and error <= LIB_TOLERANCE}  # fmt: skip
 
 
-def _fa2_probe() -> dict[str, Any]:
+def _fa2_probe() -> LibProbe:
     """A causal flash-attention 2 forward on GPU 0 against PyTorch's scaled_dot_product_attention."""
     import flash_attn
     import torch
@@ -187,13 +191,13 @@ def _fa2_probe() -> dict[str, Any]:
             "ok": bool(torch.isfinite(out).all()) and error <= LIB_TOLERANCE}  # fmt: skip
 
 
-def _libs(names: list[str]) -> dict[str, Any]:
+def _libs(names: list[str]) -> dict[str, LibProbe]:
     """Run the named library probes (``bnb``, ``fa2``); each result is ``{ok, version, ...}`` or ``{ok: False,
     error}`` (an import error, no GPU, a kernel that raised)."""
     import torch
 
     probes = {"bnb": _bnb_probe, "fa2": _fa2_probe}
-    out: dict[str, Any] = {}
+    out: dict[str, LibProbe] = {}
     for name in names:
         if not torch.cuda.is_available():
             out[name] = {"ok": False, "error": "no GPU visible"}
@@ -206,13 +210,16 @@ def _libs(names: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """Entry of the child process; prints one JSON line."""
+    """Entry of the child process; prints one JSON line (rocmft.records.probe_line: the probe's name and its
+    result). Exits 2 on an unknown probe."""
+    from rocmft.records import probe_line
+
     if argv[0] == "devices":
-        print(json.dumps(_devices()))
+        print(probe_line(argv[0], _devices()))
     elif argv[0] == "allreduce":
-        print(json.dumps(_allreduce(argv[1], int(argv[2]))))
+        print(probe_line(argv[0], _allreduce(argv[1], int(argv[2]))))
     elif argv[0] == "libs":
-        print(json.dumps(_libs(argv[1:])))
+        print(probe_line(argv[0], _libs(argv[1:])))
     else:
         print(f"unknown probe {argv[0]}", file=sys.stderr)
         return 2

@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from rocmft.config.lfargs import is_secret_name, stack_versions
 from rocmft.facts.host import host_facts
 from rocmft.facts.image import build_record
 from rocmft.fsutil import atomic_write_json
+from rocmft.records import WorkerResult
 
 # Variables that change what a run does without being training arguments, recorded in the manifest.
 RECORDED_ENV_PREFIXES = ("ROCMFT_", "NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "GPU_", "CUDA_", "TORCH_",
@@ -39,13 +42,33 @@ def redact_env(environ: dict[str, str]) -> dict[str, str]:
     }
 
 
-# Automatic restarts of this `rocmft train` (ROCMFT_ON_NAN=fp32): cause, step, checkpoint, new precision.
-RESTARTS: list[dict[str, Any]] = []
+@dataclass(frozen=True)
+class Restart:
+    """One automatic restart of a `rocmft train` (ROCMFT_ON_NAN=fp32): its ``cause`` (a RunStatus word), the
+    optimizer step the divergence was seen at, the checkpoint it resumes from (None: step 0), and the precision
+    policy before and after."""
+
+    cause: str
+    at_step: int | None
+    from_checkpoint: str | None
+    precision_from: str
+    precision_to: str = "fp32"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The manifest's ``restarts`` entry: ``{cause, at_step, from_checkpoint, precision: {from, to}}``."""
+        return {"cause": self.cause, "at_step": self.at_step, "from_checkpoint": self.from_checkpoint,
+                "precision": {"from": self.precision_from, "to": self.precision_to}}  # fmt: skip
 
 
 def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timings: dict[str, float],
-                   checks: dict[str, Any] | None, worker: dict[str, Any] | None, started_at: str) -> Path:  # fmt: skip
-    """Write the manifest for ``plan`` atomically to ``path`` (see the module docstring)."""
+                   checks: dict[str, Any] | None, worker: WorkerResult | None, started_at: str,
+                   restarts: Sequence[Restart] = ()) -> Path:  # fmt: skip
+    """Write the manifest for ``plan`` atomically to ``path`` (see the module docstring).
+
+    ``status``: a :class:`rocmft.records.RunStatus` word; ``worker``: this node's worker record
+    (rocmft.records.read_worker_result), embedded as its JSON object; ``restarts``: the automatic restarts of
+    this `rocmft train` so far, oldest first.
+    """
     outputs = {}
     if plan.output_dir.is_dir():
         for item in sorted(plan.output_dir.iterdir()):
@@ -61,8 +84,8 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
         "precision": {
             **plan.precision.as_dict(),
-            "parameter_dtypes": (worker or {}).get("parameter_dtypes"),
-            "trainable_dtypes": (worker or {}).get("trainable_dtypes"),
+            "parameter_dtypes": worker.parameter_dtypes if worker else None,
+            "trainable_dtypes": worker.trainable_dtypes if worker else None,
         },
         "versions": stack_versions(),
         "image": build_record(),
@@ -79,8 +102,8 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "data_sets": plan.registry.entries,
         "ds_config": plan.ds_config,
         "checks": checks,
-        "worker": worker,
-        "restarts": RESTARTS,
+        "worker": worker.to_json() if worker else None,
+        "restarts": [restart.as_dict() for restart in restarts],
         "environment": redact_env(dict(os.environ)),
         "outputs": outputs,
     }

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.fsutil import atomic_write_text
+from rocmft.records import WorkerResult, read_worker_result
 
 SUMMARY_MD = "run_summary.md"
 SUMMARY_PNG = "run_summary.png"
@@ -61,14 +62,14 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
     output_dir = Path(output_dir)
     log = _read_jsonl(output_dir / "trainer_log.jsonl")
     state = _read_json(output_dir / "trainer_state.json") or {}
-    worker = _read_json(output_dir / "rocmft" / "worker-result.json") or {}
+    worker = read_worker_result(output_dir / "rocmft") or WorkerResult()
     manifest = _read_json(output_dir / "rocmft" / "manifest.json") or {}
     arguments = manifest.get("arguments") or {}
 
     train = [{"step": r["current_steps"], "loss": r["loss"], "lr": r.get("lr")} for r in log if "loss" in r]
     evals = [{"step": r["current_steps"], "eval_loss": r["eval_loss"]} for r in log if "eval_loss" in r]
     if not train:  # no LLaMA-Factory log: the worker's own record of the losses
-        train = [{"step": e["step"], "loss": e["loss"], "lr": None} for e in worker.get("losses") or []]
+        train = [{"step": e.step, "loss": e.loss, "lr": None} for e in worker.losses]
 
     throughput = []
     history = [h for h in state.get("log_history") or [] if "loss" in h and "num_input_tokens_seen" in h]
@@ -88,9 +89,9 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
         ]
 
     memory = [
-        {"step": e["step"], "allocated_gib": e.get("gpu_memory_gib"), "peak_gib": e.get("peak_gpu_memory_gib")}
-        for e in worker.get("losses") or []
-        if e.get("peak_gpu_memory_gib") is not None
+        {"step": e.step, "allocated_gib": e.gpu_memory_gib, "peak_gib": e.peak_gpu_memory_gib}
+        for e in worker.losses
+        if e.peak_gpu_memory_gib is not None
     ]
 
     final_train = [h for h in state.get("log_history") or [] if "train_runtime" in h and "train_loss" in h]
@@ -122,14 +123,14 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
         "eval_data_sets": [n.strip() for n in str(arguments.get("eval_dataset") or "").split(",") if n.strip()],
         "method": method,
         "precision": {k: (manifest.get("precision") or {}).get(k) for k in ("policy", "compute_dtype")},
-        "steps": state.get("global_step") or worker.get("last_step"),
-        "max_steps": state.get("max_steps") or worker.get("max_steps"),
+        "steps": state.get("global_step") or worker.last_step,
+        "max_steps": state.get("max_steps") or worker.max_steps,
         "final_loss": train[-1]["loss"] if train else None,
         "final_eval_loss": evals[-1]["eval_loss"] if evals else None,
-        "tokens": state.get("num_input_tokens_seen") or worker.get("tokens_seen"),
-        "train_seconds": final_train[-1]["train_runtime"] if final_train else worker.get("elapsed_s"),
-        "peak_gpu_memory_gib": worker.get("peak_gpu_memory_gib"),
-        "world_size": worker.get("world_size"),
+        "tokens": state.get("num_input_tokens_seen") or worker.tokens_seen,
+        "train_seconds": final_train[-1]["train_runtime"] if final_train else worker.elapsed_s,
+        "peak_gpu_memory_gib": worker.peak_gpu_memory_gib,
+        "world_size": worker.world_size,
         "versions": {
             k: (manifest.get("versions") or {}).get(k)
             for k in ("llamafactory", "transformers", "peft", "torch", "deepspeed")

@@ -513,18 +513,22 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
 
 
 def worker_policy(plan: Plan) -> dict[str, Any]:
-    """What the worker needs beyond train.yaml (rocmft/run.json): the forced dtype, fault injection."""
-    return {
-        "rocmft_version": __version__,
-        "precision": plan.precision.as_dict(),
-        "distributed": plan.settings.rocmft.distributed,
-        "launcher": plan.launcher,
-        "fault_nan_at_step": plan.settings.rocmft.fault_nan_at_step,
-        "fault_kill_in_save_at_step": plan.settings.rocmft.fault_kill_in_save_at_step,
-        "fault_slow_final_save_s": plan.settings.rocmft.fault_slow_final_save_s,
-        "loss_spike_factor": plan.settings.rocmft.loss_spike_factor,
-        "demo": plan.demo,
-    }
+    """What the worker needs beyond train.yaml (rocmft/run.json): the forced dtype, fault injection. The JSON
+    object of :class:`rocmft.records.RunPolicy` (its one reader is rocmft.records.read_run_policy)."""
+    from rocmft.records import RunPolicy
+
+    rocmft = plan.settings.rocmft
+    return RunPolicy(
+        rocmft_version=__version__,
+        precision=plan.precision.as_dict(),
+        distributed=rocmft.distributed,
+        launcher=plan.launcher,
+        fault_nan_at_step=rocmft.fault_nan_at_step,
+        fault_kill_in_save_at_step=rocmft.fault_kill_in_save_at_step,
+        fault_slow_final_save_s=rocmft.fault_slow_final_save_s,
+        loss_spike_factor=rocmft.loss_spike_factor,
+        demo=plan.demo,
+    ).to_json()
 
 
 __all__ = [

@@ -17,18 +17,19 @@ the child did not start with (they must be set before torch/HIP initialise), sta
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rocmft.errors import ConfigError
 from rocmft.proc import free_port
+from rocmft.records import ParseRequest, ParseResult, TrainOrder, read_parse_result
 
 if TYPE_CHECKING:  # not imported at run time: the parser child (rocmft.validate.child) imports this package and
     from rocmft.render import (
@@ -79,16 +80,16 @@ def _describe(name: str, plan: Plan) -> str:
     return f"{name} (not set; the variable is {name.upper()})"
 
 
-def validate(plan: Plan, keep: bool = False) -> dict[str, Any]:
+def validate(plan: Plan, keep: bool = False) -> ParseResult:
     """Parse ``plan.arguments`` with LLaMA-Factory's ``get_train_args`` in a child process.
 
     Paths under ``OUTPUT_DIR/rocmft`` are pointed at their staged copies for the check. With ``keep`` (a
     one-process `rocmft train`), the child stays alive after a successful parse, for :func:`take_kept`.
 
     Returns:
-        Facts the parser derived: ``world_size``, ``parallel_mode``, ``compute_dtype`` (the parser's,
-        before rocmft's precision policy), ``seconds`` (the parse), ``import_s`` (the child's LLaMA-Factory
-        import, which started with rocmft).
+        The parser's :class:`~rocmft.records.ParseResult`: ``world_size``, ``parallel_mode``, ``compute_dtype``
+        (the parser's, before rocmft's precision policy), ``seconds`` (the parse), ``import_s`` (the child's
+        LLaMA-Factory import, which started with rocmft).
 
     Raises:
         ConfigError: the parser rejected the configuration; the message names the environment variables
@@ -100,7 +101,7 @@ def validate(plan: Plan, keep: bool = False) -> dict[str, Any]:
     environ = torchrun_rank0_env({}) if plan.launcher == "torchrun" else {}
     validator = take_validator()
     try:
-        result = validator.parse({"arguments": arguments, "environ": environ}, TIMEOUT_S)
+        result = validator.parse(ParseRequest(arguments, environ), TIMEOUT_S)
     except subprocess.TimeoutExpired as err:
         validator.cancel()
         locks = stale_extension_locks()
@@ -113,7 +114,7 @@ def validate(plan: Plan, keep: bool = False) -> dict[str, Any]:
         ) from err  # fmt: skip
     global _kept
     log = validator.log()
-    if keep and plan.launcher != "torchrun" and result is not None and result["ok"]:
+    if keep and plan.launcher != "torchrun" and result is not None and result.ok:
         _kept = validator
     else:
         validator.cancel()
@@ -123,13 +124,12 @@ def validate(plan: Plan, keep: bool = False) -> dict[str, Any]:
             f"LLaMA-Factory's argument parser crashed (exit {validator.proc.returncode}):\n{tail}",
             "Check the installation with `rocmft env`.",
         )
-    if not result["ok"]:
-        message = result["error"]
+    if not result.ok:
+        message = result.error or ""
         involved = [_describe(name, plan) for name in _names_in(message)]
         detail = f"\n  involved: {', '.join(involved)}" if involved else ""
         raise ConfigError(
-            f"LLaMA-Factory {result.get('llamafactory', '')} rejected the configuration: "
-            f"{result['type']}: {message}{detail}",
+            f"LLaMA-Factory {result.llamafactory or ''} rejected the configuration: {result.type}: {message}{detail}",
             ("Change the variables named above" if involved else "Change the settings LLaMA-Factory's message names")
             + "; `rocmft render` checks again in seconds.",
         )
@@ -164,17 +164,20 @@ class Validator:
         )  # fmt: skip
         atexit.register(self.cancel)
 
-    def parse(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        """Send one ``{arguments, environ}`` request and wait for the result (None when the child died first).
+    def parse(self, request: ParseRequest | Mapping[str, Any], timeout: float) -> ParseResult | None:
+        """Send one request (a :class:`~rocmft.records.ParseRequest`, or its ``{arguments, environ}`` mapping) and
+        wait for the result (None when the child died first).
 
         Raises:
             subprocess.TimeoutExpired: no result within ``timeout`` seconds.
         """
         import time
 
+        if not isinstance(request, ParseRequest):
+            request = ParseRequest(request["arguments"], request.get("environ") or {})
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.write(request.to_line())
             self.proc.stdin.flush()
         except BrokenPipeError:
             return self.result()
@@ -207,7 +210,7 @@ class Validator:
         """Make the child the worker for ``run_dir`` with ``environ`` (secrets included, sent through its stdin,
         never a file); returns its process, whose stdout carries the worker's output."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"train": str(run_dir), "environ": environ}) + "\n")
+        self.proc.stdin.write(TrainOrder(str(run_dir), environ).to_line())
         self.proc.stdin.close()
         return self.proc
 
@@ -224,9 +227,9 @@ class Validator:
                     pass
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def result(self) -> dict[str, Any] | None:
+    def result(self) -> ParseResult | None:
         """The parse's result (None when the child died without one)."""
-        return json.loads(self.result_path.read_text()) if self.result_path.is_file() else None
+        return read_parse_result(self.result_path)
 
     def log(self) -> str:
         """What the child printed (LLaMA-Factory's and transformers' messages)."""

@@ -1,18 +1,21 @@
 """The parser child: ``python -m rocmft.validate.child RESULT LOG``, started by :class:`rocmft.validate.Validator`.
 
-It imports LLaMA-Factory at once, reads one ``{arguments, environ}`` line from stdin, runs LLaMA-Factory's
-``get_train_args`` on it and writes the result to RESULT (JSON); on a second ``{train, environ}`` line it becomes
-the worker of that run. Its own module, so that the parent side (rocmft.validate) imports nothing of the child's.
+It imports LLaMA-Factory at once, reads one ``{arguments, environ}`` line from stdin
+(:class:`rocmft.records.ParseRequest`), runs LLaMA-Factory's ``get_train_args`` on it and writes the result to
+RESULT (:class:`rocmft.records.ParseResult`); on a second ``{train, environ}`` line
+(:class:`rocmft.records.TrainOrder`) it becomes the worker of that run. Its own module, so that the parent side
+(rocmft.validate) imports nothing of the child's.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import sys
 from pathlib import Path
 from typing import Any
+
+from rocmft.records import ParseRequest, ParseResult, TrainOrder
 
 
 def _child(result_path: str, log_path: str) -> int:
@@ -28,14 +31,14 @@ def _child(result_path: str, log_path: str) -> int:
     import llamafactory.hparams  # noqa: F401  (the slow import, done while the entrypoint renders)
 
     imported = time.monotonic() - started
-    request = json.loads(sys.stdin.readline())
-    os.environ.update(request["environ"])
-    _parse(request["arguments"], result_path, imported)
+    request = ParseRequest.from_line(sys.stdin.readline())
+    os.environ.update(request.environ)
+    _parse(dict(request.arguments), result_path, imported)
     line = sys.stdin.readline()
     if not line.strip():
         return 0
-    order = json.loads(line)
-    os.environ.update(order["environ"])
+    order = TrainOrder.from_line(line)
+    os.environ.update(order.environ)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(pipe, 1)
@@ -44,40 +47,38 @@ def _child(result_path: str, log_path: str) -> int:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     # run the worker module as `python -m rocmft.worker RUN_DIR` would (the launch step names it the same way):
     # this process is a warmed-up interpreter, not a caller of the later step's code
-    sys.argv = ["rocmft.worker", order["train"]]
+    sys.argv = ["rocmft.worker", order.run_dir]
     runpy.run_module("rocmft.worker", run_name="__main__", alter_sys=True)
     return 0
 
 
 def _parse(arguments: dict[str, Any], result_path: str, import_s: float) -> None:
-    """Parse with ``get_train_args`` and write {ok, error|facts, seconds (the parse), import_s (the child's
-    LLaMA-Factory import, measured for the check-time benchmark)} as JSON to ``result_path``. Never raises."""
+    """Parse with ``get_train_args`` and write the :class:`~rocmft.records.ParseResult` (ok, error or facts,
+    seconds of the parse, import_s of the child's LLaMA-Factory import, measured for the check-time benchmark)
+    to ``result_path``. Never raises."""
     import time
     from importlib import metadata
 
     started = time.monotonic()
-    result: dict[str, Any]
+    facts: dict[str, Any]
     try:
         from llamafactory.hparams import get_train_args
 
         model_args, _data, training_args, _ft, _gen = get_train_args(arguments)
-        result = {
+        facts = {
             "ok": True,
             "world_size": training_args.world_size,
             "parallel_mode": str(training_args.parallel_mode),
             "compute_dtype": str(model_args.compute_dtype),
         }
     except BaseException as err:  # the parser raises ValueError, TypeError, SystemExit (argparse), ...
-        result = {"ok": False, "type": type(err).__name__, "error": str(err)}
+        facts = {"ok": False, "type": type(err).__name__, "error": str(err)}
     try:
-        result["llamafactory"] = metadata.version("llamafactory")
+        facts["llamafactory"] = metadata.version("llamafactory")
     except metadata.PackageNotFoundError:
         pass
-    result["seconds"] = round(time.monotonic() - started, 2)
-    result["import_s"] = round(import_s, 2)
-    from rocmft.fsutil import atomic_write_json
-
-    atomic_write_json(Path(result_path), result)  # the parent polls for the file: never a half-written one
+    seconds = round(time.monotonic() - started, 2)
+    ParseResult(**facts, seconds=seconds, import_s=round(import_s, 2)).write(Path(result_path))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,6 @@
 
 import sys
 
-from rocmft.worker import main
+from rocmft.worker.main import main
 
 raise SystemExit(main(sys.argv[1]))

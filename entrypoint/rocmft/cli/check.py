@@ -1,0 +1,27 @@
+"""``rocmft check``: render, then the health checks; writes the files and checks.json. Never trains."""
+
+from __future__ import annotations
+
+from rocmft.cli.common import Workspace, _prepare, _run_checks
+from rocmft.console import say
+from rocmft.errors import ExitCode
+
+
+def register(sub) -> None:
+    """Add ``check`` to the subcommands ``sub``."""
+    sub.add_parser("check", help="render, validate and run the health checks; never trains").set_defaults(handler=run)
+
+
+def run(_args) -> int:
+    """Render, validate, run the health checks; exit 0, or raise ConfigError (2) / ChecksFailed (3)."""
+    workspace, timings = Workspace(), {}
+    try:
+        plan = _prepare(workspace, timings)
+        _run_checks(plan, workspace, timings)
+        workspace.promote(plan.run_dir)
+    except BaseException:
+        workspace.discard()
+        raise
+    parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timings.items())
+    say(f"checks passed in {sum(timings.values()):.1f} s ({parts})", all_ranks=True)
+    return ExitCode.OK

@@ -1,0 +1,168 @@
+"""The steps the commands share: the staging workspace, settings → render → validate (:func:`_prepare`), the
+health checks (:func:`_run_checks`), and the note of the current run for ``rocmft status``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rocmft.console import say
+from rocmft.errors import ChecksFailed
+from rocmft.fsutil import make_private_dir_public
+
+CHECKS_FILE = "checks.json"
+
+
+MANIFEST_FILE = "manifest.json"
+
+
+class Workspace:
+    """Owns the staging folder and undoes everything on failure.
+
+    The staging folder is made inside OUTPUT_DIR (same file system, so the final move is a rename). When
+    OUTPUT_DIR cannot be written, it is made in the system temp folder instead and the ``output`` check
+    reports the real problem. :meth:`discard` removes the staging folder, and OUTPUT_DIR too when this
+    run created it and left it empty.
+    """
+
+    def __init__(self) -> None:
+        self.staging: Path | None = None
+        self.created: list[Path] = []
+        self.unwritable: str | None = None  # why OUTPUT_DIR could not hold the staging folder
+
+    def make_staging(self, output_dir: Path) -> Path:
+        try:
+            missing = [p for p in [output_dir, *output_dir.parents] if not p.exists()]
+            output_dir.mkdir(parents=True, exist_ok=True)
+            self.created = sorted(missing, key=lambda p: len(p.parts), reverse=True)
+            self.staging = make_private_dir_public(Path(tempfile.mkdtemp(prefix=".rocmft-staging-", dir=output_dir)))
+        except OSError as err:
+            self.unwritable = f"{type(err).__name__}: {err.strerror or err}"
+            self.staging = Path(tempfile.mkdtemp(prefix="rocmft-staging-"))
+        return self.staging
+
+    def discard(self) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+        for folder in self.created:  # deepest first; only folders this run created, only when empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+    def promote(self, run_dir: Path) -> None:
+        """Move the staged files to ``run_dir``. The record of an earlier training run there (it has a
+        manifest) is kept in ``OUTPUT_DIR/rocmft-history/<when it started>/``, never deleted."""
+        from rocmft.fsutil import replace_dir
+
+        assert self.staging is not None
+        keep = None
+        manifest = run_dir / MANIFEST_FILE
+        if manifest.is_file():
+            try:
+                started = json.loads(manifest.read_text()).get("started_at", "")
+            except (OSError, ValueError):
+                started = ""
+            stamp = (started or time.strftime("%Y-%m-%dT%H:%M:%S")).replace(":", "")
+            keep = run_dir.parent / "rocmft-history" / stamp
+            while keep.exists():
+                keep = keep.with_name(keep.name + "-1")
+            say(f"the earlier run's record moves to {keep}", all_ranks=True)
+        replace_dir(self.staging, run_dir, keep_old_as=keep)
+        self.staging = None
+
+
+def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bool = False):
+    """Settings → render → validate. Returns the plan, staged. ``keep_validator``: `rocmft train` may reuse the
+    parser's process as its worker (rocmft.validate.take_kept)."""
+    from rocmft.facts.device import facts_from_probe, injected_probes, probe_devices_raw, start_probes
+    from rocmft.validate import start_validator, validate
+
+    start_probes()  # GPU probes in child processes, running while the settings import LLaMA-Factory
+    start_validator()  # LLaMA-Factory's parser in a child process, importing meanwhile
+    from rocmft.checks import validate_skip
+    from rocmft.config.settings import load_settings
+    from rocmft.launch import prepare_launch
+    from rocmft.validate.rules import render_checked
+
+    started = time.monotonic()
+    settings = load_settings()
+    validate_skip(settings.rocmft.skip_checks)
+    timings["settings"] = time.monotonic() - started
+
+    started = time.monotonic()
+    devices = probe_devices_raw()
+    device = facts_from_probe(devices)
+    timings["device probe"] = time.monotonic() - started
+
+    started = time.monotonic()
+    plan = render_checked(settings, device, workspace.make_staging)
+    plan.probes["devices"] = devices
+    plan.probes.update(injected_probes())  # a test hook (ROCMFT_TEST_PROBES); empty unless set
+    prepare_launch(plan)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
+    timings["render"] = time.monotonic() - started
+    say(f"precision: {plan.precision.policy} ({plan.precision.reason})", all_ranks=True)
+    _say_plan(plan.perf)
+
+    started = time.monotonic()
+    validation = validate(plan, keep=keep_validator)
+    timings["validate"] = time.monotonic() - started
+    say(
+        f"LLaMA-Factory accepted the configuration (its import {validation.import_s:.1f} s, "
+        f"started with rocmft; the parse {validation.seconds:.1f} s)",
+        all_ranks=True,
+    )
+    return plan
+
+
+def _run_checks(plan, workspace: Workspace, timings: dict[str, float]) -> dict[str, Any]:
+    from rocmft.checks import failed, print_table, report, run_checks
+    from rocmft.fsutil import atomic_write_json
+
+    started = time.monotonic()
+    results = run_checks(plan, plan.settings.rocmft.skip_checks)
+    timings["checks"] = time.monotonic() - started
+    data = report(results, timings["checks"])
+    if failed(results):
+        path = None
+        if workspace.staging is not None and workspace.unwritable is None:
+            try:  # rocmft/ becomes the report alone; an earlier run's record moves to rocmft-history (promote)
+                for item in workspace.staging.iterdir():
+                    if item.is_dir():
+                        shutil.rmtree(item)
+                    else:
+                        item.unlink()
+                atomic_write_json(workspace.staging / CHECKS_FILE, data)
+                workspace.promote(plan.run_dir)
+                path = plan.run_dir / CHECKS_FILE
+            except OSError:
+                pass  # OUTPUT_DIR is not writable: the output check says so, the table is all there is
+        workspace.discard()
+        print_table(results, path)
+        names = ", ".join(r.id for r in failed(results))
+        raise ChecksFailed(f"Health checks failed: {names}.", "Fix what the table says, then run again.")
+    atomic_write_json(plan.staging / CHECKS_FILE, data)
+    print_table(results, plan.run_dir / CHECKS_FILE)
+    return data
+
+
+def _say_plan(perf) -> None:
+    """One line per planner decision (rocmft.render.planner), or why it planned nothing."""
+    if perf is None or not perf.active:
+        say(f"plan: nothing planned ({perf.note if perf else 'no planner'})", all_ranks=True)
+        return
+    for choice in perf.choices:
+        say(f"plan: {choice.name}={choice.value} ({'' if choice.planned else 'kept: '}{choice.reason})", all_ranks=True)
+
+
+CURRENT_RUN = "rocmft-current-run"  # in the temp folder: which run `rocmft status` looks at by default
+
+
+def current_run_pointer() -> Path:
+    """The file where ``rocmft train`` notes its run folder (per container: /tmp is the container's own)."""
+    return Path(tempfile.gettempdir()) / CURRENT_RUN

@@ -1,0 +1,33 @@
+"""``rocmft render``: settings → rendered files → LLaMA-Factory's parser; writes OUTPUT_DIR/rocmft/ and prints it."""
+
+from __future__ import annotations
+
+from rocmft.cli.common import Workspace, _prepare
+from rocmft.console import say
+from rocmft.errors import ConfigError, ExitCode
+
+
+def register(sub) -> None:
+    """Add ``render`` to the subcommands ``sub`` (argparse's subparsers)."""
+    render = sub.add_parser("render", help="render and validate the configs into OUTPUT_DIR/rocmft; never trains")
+    render.set_defaults(handler=run)
+
+
+def run(_args) -> int:
+    """Render and validate into OUTPUT_DIR/rocmft; exit 0, or raise ConfigError (exit 2, nothing left behind)."""
+    workspace, timings = Workspace(), {}
+    try:
+        plan = _prepare(workspace, timings)
+        if workspace.unwritable:  # `check` and `train` report this through the output check (exit 3)
+            raise ConfigError(
+                f"OUTPUT_DIR {plan.output_dir} cannot be created or written ({workspace.unwritable}; "
+                f"{plan.sources.get('output_dir')}).",
+                "Set OUTPUT_DIR to a folder this user can write (a read-write volume in the container).",
+            )
+        workspace.promote(plan.run_dir)
+    except BaseException:
+        workspace.discard()
+        raise
+    for path in plan.files.values():
+        say(f"wrote {plan.run_dir / path.relative_to(plan.staging)}", all_ranks=True)
+    return ExitCode.OK

@@ -1,0 +1,25 @@
+"""``rocmft report``: (re)write a run's summary, run_summary.md/.png, from its files (rocmft.outputs.report;
+``train`` writes it too)."""
+
+from __future__ import annotations
+
+from rocmft.console import say
+from rocmft.errors import ExitCode
+
+
+def register(sub) -> None:
+    """Add ``report`` and its argument to the subcommands ``sub``."""
+    report = sub.add_parser("report", help="write run_summary.md/.png (loss, eval loss, lr, tokens/s, GPU memory)")
+    report.add_argument("run", nargs="?", help="the run's OUTPUT_DIR (default: the run of these settings)")
+    report.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    """Write run_summary.md/.png for the run (argument, else the run of these settings)."""
+    from rocmft.config.settings import load_settings
+    from rocmft.outputs.export import find_run
+    from rocmft.outputs.report import write_summary
+
+    run = find_run(args.run, load_settings())
+    say(f"run summary in {write_summary(run.output_dir)}", all_ranks=True)
+    return ExitCode.OK

@@ -1,0 +1,151 @@
+"""``rocmft train``: render, validate, check, then the worker; writes the manifest, the weights, the logs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from rocmft.cli.common import CHECKS_FILE, MANIFEST_FILE, Workspace, _prepare, _run_checks, current_run_pointer
+from rocmft.console import say, warn
+from rocmft.errors import ExitCode
+from rocmft.fsutil import atomic_write_text
+from rocmft.records import RunStatus, WorkerResult
+
+if TYPE_CHECKING:
+    from rocmft.outputs.manifest import Restart
+
+
+def register(sub) -> None:
+    """Add ``train`` to the subcommands ``sub``."""
+    sub.add_parser("train", help="render, validate, check, then train").set_defaults(handler=run)
+
+
+def run(_args) -> int:
+    """Render, validate, check, train; the worker's exit code (rocmft.errors.ExitCode), after at most one
+    automatic restart in real fp32 on a non-finite loss (ROCMFT_ON_NAN=fp32).
+
+    Each attempt is the whole flow again with the restarts so far and the variables they set
+    (ROCMFT_PRECISION=fp32, ROCMFT_RESUME=<checkpoint>) in the process environment for that attempt only: the
+    settings, the parser child (whose environment must equal the worker's to become it), the launch and the
+    manifest's environment record all read them there.
+    """
+    restarts: list[Restart] = []
+    overrides: dict[str, str] = {}
+    while True:
+        with _environment(overrides):
+            code, restart = _attempt(restarts)
+        if restart is None:
+            return code
+        restarts.append(restart)
+        overrides = {**overrides, **restart_environment(restart)}
+
+
+def restart_environment(restart: Restart) -> dict[str, str]:
+    """The variables a restart sets: ROCMFT_PRECISION=fp32, ROCMFT_RESUME=its checkpoint (``never``: step 0)."""
+    return {"ROCMFT_PRECISION": restart.precision_to, "ROCMFT_RESUME": restart.from_checkpoint or "never"}
+
+
+@contextlib.contextmanager
+def _environment(overrides: dict[str, str]) -> Iterator[None]:
+    """``overrides`` in os.environ while the block runs; the earlier values (or their absence) restored after."""
+    before = {name: os.environ.get(name) for name in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _attempt(restarts: list[Restart]) -> tuple[int, Restart | None]:
+    """One pass of render → validate → check → train. Returns the worker's exit code and the restart to make
+    (None: this attempt's outcome is the command's)."""
+    from rocmft.launch import run_worker
+    from rocmft.outputs.manifest import now, write_manifest
+    from rocmft.records import read_worker_result, run_status
+
+    started_at = now()
+    workspace, timings = Workspace(), {}
+    try:
+        plan = _prepare(workspace, timings, keep_validator=True)
+        checks = _run_checks(plan, workspace, timings)
+        workspace.promote(plan.run_dir)
+    except BaseException:
+        workspace.discard()
+        raise
+    manifest_path = plan.run_dir / MANIFEST_FILE
+    checks_summary = {
+        "status": checks["status"],
+        "seconds": checks["seconds"],
+        "report": str(plan.run_dir / CHECKS_FILE),
+    }
+    write_manifest(manifest_path, plan, status=RunStatus.RUNNING, exit_code=None, timings=timings,
+                   checks=checks_summary, worker=None, started_at=started_at, restarts=restarts)  # fmt: skip
+    say(f"configs and manifest in {plan.run_dir}", all_ranks=True)
+    try:
+        atomic_write_text(current_run_pointer(), f"{plan.run_dir}\n")  # for `rocmft status` (the healthcheck)
+    except OSError:
+        pass  # a read-only temp folder costs only the default of `rocmft status`
+
+    began = time.monotonic()
+    code = run_worker(plan, plan.settings.secrets)
+    timings["train"] = time.monotonic() - began
+    worker = read_worker_result(plan.run_dir)
+    status = run_status(code)
+    write_manifest(manifest_path, plan, status=status, exit_code=int(code), timings=timings, checks=checks_summary,
+                   worker=worker, started_at=started_at, restarts=restarts)  # fmt: skip
+    _write_summary(plan)
+    restart = _fp32_restart(plan, worker, restarts) if code == ExitCode.NON_FINITE_LOSS else None
+    if restart is not None:
+        where = restart.from_checkpoint or "step 0 (no checkpoint before the NaN)"
+        say(f"ROCMFT_ON_NAN=fp32: restarting in real fp32 from {where}", all_ranks=True)
+        return code, restart
+    if code == ExitCode.OK:
+        losses = [entry.loss for entry in worker.losses] if worker else []
+        trend = f", loss {losses[0]:.3f} → {losses[-1]:.3f}" if losses else ""
+        say(f"training finished in {timings['train']:.0f} s{trend}; outputs in {plan.output_dir}", all_ranks=True)
+    else:
+        say(f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}", all_ranks=True)
+    return code, None
+
+
+def _write_summary(plan) -> None:
+    """run_summary.md/.png in OUTPUT_DIR (node 0 only); a failure costs only the summary, never the run's code."""
+    from rocmft.outputs.report import write_summary
+    from rocmft.render import RUN_SUBDIR
+
+    if plan.run_dir.name != RUN_SUBDIR:
+        return
+    try:
+        say(f"run summary in {write_summary(plan.output_dir)}", all_ranks=True)
+    except Exception as err:  # matplotlib, a full disk: the run's outcome stands
+        warn(f"the run summary could not be written ({type(err).__name__}: {err})", all_ranks=True)
+
+
+def _fp32_restart(plan, worker: WorkerResult | None, restarts: list[Restart]) -> Restart | None:
+    """ROCMFT_ON_NAN=fp32: the restart to make after a non-finite loss, from the newest complete checkpoint saved
+    before the last finite logged loss, in real fp32 (rocmft.render.precision); None when the policy is not
+    fp32-on-NaN, the run already was fp32, or this cause already restarted once."""
+    from rocmft.render.resume import last_good_checkpoint
+
+    worker = worker or WorkerResult()
+    cause = worker.non_finite.cause if worker.non_finite else RunStatus.NON_FINITE_LOSS.value
+    if plan.settings.rocmft.on_nan != "fp32" or plan.precision.policy == "fp32":
+        return None
+    if any(r.cause == cause for r in restarts):  # at most one automatic restart per cause
+        return None
+    checkpoint = last_good_checkpoint(plan.output_dir, worker.loss_dicts())
+    from rocmft.outputs.manifest import Restart
+
+    return Restart(
+        cause=cause,
+        at_step=worker.non_finite.step if worker.non_finite else None,
+        from_checkpoint=str(checkpoint) if checkpoint else None,
+        precision_from=plan.precision.policy,
+    )

@@ -1,0 +1,190 @@
+"""The launch, decided: a pure builder of how the worker starts (accelerate's ``prepare_*_cmd_env`` is the model).
+
+:func:`build_launch_spec` reads the plan, the environment it is given, the host layout under ``root`` and the image's
+arch profile, and returns a frozen :class:`LaunchSpec` (command, the variables it adds, each communication
+variable with its source, the NUMA binding); it starts nothing and changes nothing. rocmft.launch.run starts it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocmft.errors import ConfigError
+from rocmft.facts.image import ARCH_PROFILE, read_profile
+from rocmft.facts.job import nnodes, node_rank
+from rocmft.proc import free_port
+from rocmft.render import Plan, processes_per_node
+
+LOG_DIR = "logs"
+
+# The variables that steer RCCL/NCCL, HIP and the collectives: printed and recorded with their source.
+COMMUNICATION_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "GPU_MAX_", "TORCH_NCCL_", "GLOO_", "ROCR_")
+
+NO_BINDING = {"enabled": False, "reason": "one process, or no GPU PCI addresses"}
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How the worker starts (the manifest's ``launch`` record, :meth:`as_record`).
+
+    Attributes:
+        command: the command line (``python -m rocmft.worker RUN_DIR``, or torchrun's).
+        environment: the variables the launch adds to the entrypoint's environment (PYTHONUNBUFFERED,
+            FORCE_TORCHRUN, network and full-node settings); the user's own values are never replaced.
+        numa: the NUMA binding plan's record (rocmft.facts.topology.BindingPlan.as_dict), or
+            ``{"enabled": False, "reason"}``.
+        network_notes: what the network detection found, one line each.
+        communication: each effective RCCL/NCCL/HIP variable -> ``{"value", "source"}``
+            (:func:`communication_environment`).
+    """
+
+    command: tuple[str, ...]
+    environment: Mapping[str, str] = field(default_factory=dict)
+    numa: Mapping[str, Any] = field(default_factory=lambda: dict(NO_BINDING))
+    network_notes: tuple[str, ...] = ()
+    communication: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def as_record(self) -> dict[str, Any]:
+        """``{"command", "environment", "numa", "network_notes", "communication"}``, JSON-ready (lists, dicts)."""
+        return {
+            "command": list(self.command),
+            "environment": dict(self.environment),
+            "numa": dict(self.numa),
+            "network_notes": list(self.network_notes),
+            "communication": {name: dict(entry) for name, entry in self.communication.items()},
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> LaunchSpec:
+        """The spec of a launch record (:meth:`as_record`'s shape; plan.launch)."""
+        return cls(tuple(record["command"]), dict(record["environment"]), dict(record["numa"]),
+                   tuple(record.get("network_notes") or ()), dict(record.get("communication") or {}))  # fmt: skip
+
+    def process_environment(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The worker's whole environment: ``environ`` with :attr:`environment` added."""
+        return {**environ, **self.environment}
+
+
+def full_node_environment(per_node: int, environ: dict[str, str], profile: Path = ARCH_PROFILE) -> dict[str, str]:
+    """The profile's settings for a node whose GPUs are all in use: each ``FULL_NODE_<NAME>=<value>`` line of the
+    image's docker/arch/<ARCH>.env as NAME=value, when this node runs ``FULL_NODE_GPUS`` processes and the user
+    has not set NAME; else nothing. gfx942's ``NCCL_MIN_NCHANNELS=112`` is tuned for the 8-GPU Infinity Fabric
+    mesh (AMD's MI300X RCCL tuning notes) and only costs memory on fewer GPUs.
+
+    Args:
+        per_node: processes (GPUs) this node's launch starts.
+        environ: the environment the launch starts from (a user's value wins).
+    """
+    values = read_profile(profile) if profile.is_file() else {}
+    if per_node < 1 or per_node != int(values.get("FULL_NODE_GPUS") or 0):
+        return {}
+    settings = {k.removeprefix("FULL_NODE_"): v for k, v in values.items() if k.startswith("FULL_NODE_")}
+    return {name: value for name, value in settings.items() if name != "GPUS" and name not in environ}
+
+
+def communication_environment(environ: dict[str, str], added: dict[str, str],
+                              profile: Path = ARCH_PROFILE) -> dict[str, dict[str, str]]:  # fmt: skip
+    """The effective RCCL/NCCL/HIP variables of the launch, each with where it came from.
+
+    Sources: ``arch profile`` (a ``RUNTIME_<NAME>`` line of the image's docker/arch/<ARCH>.env, which
+    container-entry.sh exports unless the user set the name), ``arch profile, full node`` (a ``FULL_NODE_<NAME>``
+    line, :func:`full_node_environment`), ``rocmft`` (the rest of ``added``: network detection for multi-node
+    runs), or ``user`` (anything else: the user's value always wins over the profile's).
+    """
+    values = read_profile(profile) if profile.is_file() else {}
+    defaults = {k.removeprefix("RUNTIME_"): v for k, v in values.items() if k.startswith("RUNTIME_")}
+    full_node = {k.removeprefix("FULL_NODE_"): v for k, v in values.items() if k.startswith("FULL_NODE_")}
+    effective = {}
+    for name in sorted({**environ, **added}):
+        if not name.startswith(COMMUNICATION_PREFIXES) or name.endswith("_VISIBLE_DEVICES"):
+            continue
+        value = added.get(name, environ.get(name, ""))
+        if name in added:
+            source = "arch profile, full node" if full_node.get(name) == value else "rocmft"
+        else:
+            source = "arch profile" if defaults.get(name) == value else "user"
+        effective[name] = {"value": value, "source": source}
+    return effective
+
+
+def build_launch_spec(plan: Plan, environ: Mapping[str, str] | None = None, root: Path = Path("/"),
+                      numactl: bool | None = None, allowed_cpus: set[int] | None = None) -> LaunchSpec:  # fmt: skip
+    """Decide how the worker starts for ``plan``; no side effects.
+
+    The NUMA binding plan follows ROCMFT_NUMA_BIND (rocmft.facts.topology.binding_plan) for the local ranks' GPUs,
+    by PCI address from the device probe; the network variables are added for multi-node runs only
+    (rocmft.facts.topology.network_environment).
+
+    Args:
+        plan: the rendered run (its device probe gives the GPUs' PCI addresses).
+        environ: the environment the launch starts from (default os.environ); NNODES and NODE_RANK are read by
+            rocmft.facts.job from os.environ.
+        root: where /sys and /proc are (tests pass a recorded host layout).
+        numactl: whether numactl is installed (torch binds through it); None looks on PATH.
+        allowed_cpus: the CPUs this process may use; None reads os.sched_getaffinity (the container's cpuset).
+
+    Raises:
+        ConfigError: ROCMFT_NUMA_BIND=on where binding cannot work, a bad NNODES/NODE_RANK.
+    """
+    from rocmft.facts.topology import binding_plan, network_environment
+
+    environ = dict(os.environ if environ is None else environ)
+    added = {"PYTHONUNBUFFERED": "1"}
+    numa = None
+    network_notes: list[str] = []
+    if plan.launcher == "torchrun":
+        added["FORCE_TORCHRUN"] = "1"  # LLaMA-Factory requires it for DeepSpeed
+        network = network_environment(environ, nnodes(), root)
+        added.update(network.env())
+        added.update(full_node_environment(processes_per_node(plan), environ))
+        network_notes = network.notes
+        gpus = (plan.probes.get("devices") or {}).get("gpus", [])[: processes_per_node(plan)]
+        addresses = [g.get("pci") for g in gpus]
+        if all(addresses) and addresses:
+            numa = binding_plan(addresses, plan.settings.rocmft.numa_bind, root, allowed_cpus, numactl)
+        elif plan.settings.rocmft.numa_bind == "on":
+            raise ConfigError("ROCMFT_NUMA_BIND=on, but the GPUs' PCI addresses are unknown (no GPU, or an old "
+                              "torch).", "Set ROCMFT_NUMA_BIND=auto or off.")  # fmt: skip
+    return LaunchSpec(
+        command=tuple(worker_command(plan, numa.torchrun_args() if numa else [], environ)),
+        environment=added,
+        numa=numa.as_dict() if numa else dict(NO_BINDING),
+        network_notes=tuple(network_notes),
+        communication=communication_environment(environ, added),
+    )
+
+
+def worker_command(plan: Plan, numa_args: list[str] | None = None,
+                   environ: Mapping[str, str] | None = None) -> list[str]:  # fmt: skip
+    """The command line that starts the worker(s) for ``plan``.
+
+    One process: ``python -m rocmft.worker RUN_DIR``. Otherwise torchrun (``python -m torch.distributed.run``)
+    with LLaMA-Factory's launcher conventions: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT from the
+    environment, processes per node from :func:`processes_per_node`, each local rank's output also in
+    ``RUN_DIR/logs`` (``--log-dir``, ``--tee 3``), and ``numa_args`` (``--numa-binding node``) when binding.
+    ``environ``: where MASTER_ADDR and MASTER_PORT are read (default os.environ; a free port when unset).
+    """
+    environ = os.environ if environ is None else environ
+    worker = ["-m", "rocmft.worker", str(plan.run_dir)]
+    if plan.launcher != "torchrun":
+        return [sys.executable, *worker]
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(nnodes()),
+        "--node_rank", str(node_rank()),
+        "--nproc_per_node", str(processes_per_node(plan)),
+        "--master_addr", environ.get("MASTER_ADDR", "127.0.0.1"),
+        "--master_port", environ.get("MASTER_PORT", str(free_port())),
+        "--log-dir", str(plan.run_dir / LOG_DIR), "--tee", "3",
+        *(numa_args or []),
+        *worker,
+    ]  # fmt: skip
+
+
+__all__ = ["COMMUNICATION_PREFIXES", "LOG_DIR", "LaunchSpec", "build_launch_spec", "communication_environment",
+           "full_node_environment", "worker_command"]  # fmt: skip

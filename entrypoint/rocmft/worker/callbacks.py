@@ -1,0 +1,219 @@
+"""rocmft's TrainerCallback: progress lines, the non-finite-loss and loss-spike watchdog, the graceful stop at a
+step boundary (SIGTERM/SIGINT, agreed across ranks), the parameters' dtypes, GPU memory; and the worker's record
+(rocmft.records.WorkerResult) it keeps up to date. Its lines are rank 0's (guarded by ``is_world_process_zero``
+and rocmft.console's rank filter)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from pathlib import Path
+
+from rocmft.console import say
+from rocmft.records import LossRecord, NonFinite, RunPolicy, RunStatus, WorkerResult, with_reason, write_worker_result
+from rocmft.worker.faults import nan_after_step
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training diverged at ``step``: the logged loss or gradient norm is NaN/Inf (``cause`` "non-finite loss"),
+    or the loss jumped above ROCMFT_LOSS_SPIKE_FACTOR × its recent median (``cause`` "loss spike")."""
+
+    def __init__(self, step: int, key: str, value: float, median: float | None = None) -> None:
+        self.cause = RunStatus.LOSS_SPIKE if median is not None else RunStatus.NON_FINITE_LOSS
+        detail = f" ({value / median:.1f}x the median {median:.4g} of the last logged losses)" if median else ""
+        super().__init__(f"{key} is {value} at step {step}{detail}")
+        self.step, self.key, self.value, self.median = step, key, value, median
+
+
+SPIKE_WINDOW = 20  # logged losses the median is taken over
+
+
+SPIKE_MIN_HISTORY = 5  # no spike judgement before this many logged losses (the first steps fall fast)
+
+
+# A spike must also be 1 nat (cross-entropy units) above the median: near-zero losses of a memorizing run
+# (0.01 -> 0.15) are relatively large jumps but harmless, while divergence adds whole nats.
+SPIKE_MIN_JUMP = 1.0
+
+
+def loss_spike(recent: list[float], loss: float, factor: float) -> float | None:
+    """The median of ``recent`` when ``loss`` is above ``factor`` × that median (a spike), else None.
+
+    ``recent``: the last logged losses (up to SPIKE_WINDOW); fewer than SPIKE_MIN_HISTORY, a factor of 0 or a
+    non-positive median never count, and the loss must also exceed the median by SPIKE_MIN_JUMP. A diverging
+    run's loss jumps by whole nats within a few steps; ordinary noise stays within a small factor of the median.
+    """
+    import statistics
+
+    if factor <= 0 or len(recent) < SPIKE_MIN_HISTORY:
+        return None
+    median = statistics.median(recent[-SPIKE_WINDOW:])
+    spike = median > 0 and loss > factor * median and loss - median >= SPIKE_MIN_JUMP
+    return median if spike else None
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived (BaseException, so library code catching Exception lets it through)."""
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class _StopRequest:
+    """SIGTERM/SIGINT during training: stop at the next step boundary with a checkpoint (see :func:`main`)."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None  # the signal's name
+        self.training = False  # set at train begin: before it, a signal stops at once
+        self.at_step: int | None = None
+
+
+STOP = _StopRequest()
+
+
+def _stop_everywhere(requested: str | None, args) -> bool:
+    """Whether any rank was asked to stop: one all-reduce (MAX) of a flag per optimizer step, so that every
+    rank stops at the same step and saves the same checkpoint (a rank that stops alone hangs the others)."""
+    import torch.distributed as dist
+
+    flag = 1.0 if requested else 0.0
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        import torch
+
+        tensor = torch.tensor([flag], device=args.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        flag = float(tensor.item())
+        if flag and not STOP.requested:
+            STOP.requested = "SIGTERM on another rank"
+    return flag > 0
+
+
+def rocmft_callback(policy: RunPolicy, run_dir: Path):
+    """Build the TrainerCallback (imported lazily: transformers takes seconds to import) for the run in
+    ``run_dir`` under ``policy``; its ``result`` is the node's :class:`~rocmft.records.WorkerResult`."""
+    import torch
+    from transformers import TrainerCallback
+
+    class RocmftCallback(TrainerCallback):
+        """Progress lines, the non-finite watchdog, the dtype record and the test-only NaN fault.
+
+        * one line per logging step on rank 0: step, loss, learning rate, grad norm, tokens/s (from the
+          trainer's non-padding token count), elapsed, ETA;
+        * a NaN/Inf loss or grad norm in a log raises :class:`NonFiniteLoss` (exit 5) — the template
+          turns off transformers' ``logging_nan_inf_filter``, which would otherwise hide NaN losses;
+        * at train start, the dtypes of the parameters are recorded, and a ``fp32`` policy whose
+          parameters are not all float32 stops the run (the policy must never silently not apply);
+        * ``fault_nan_at_step`` (ROCMFT_FAULT_NAN_AT_STEP, tests only; rocmft.worker.faults) fills the weights
+          with NaN after that optimizer step, so the following loss is non-finite for real;
+        * on a GPU, ``peak_gpu_memory_gib`` (``torch.cuda.max_memory_allocated()`` of this rank, GiB) is
+          recorded at each log and at the end, and printed in the final line (rank 0's in the result
+          file); it is what :mod:`rocmft.render.memfit` estimates.
+        """
+
+        def __init__(self) -> None:
+            self.result = WorkerResult.start()
+            self.recent: list[float] = []  # the last logged losses, on every rank, for the spike watchdog
+            self.started = time.monotonic()
+            self.last_time = self.started
+            self.last_tokens = 0
+
+        def _save(self, state) -> None:
+            # each node's local rank 0 writes its node's record (RUN_DIR is per node: rocmft-node<N>), so a node
+            # that stopped because another rank was signalled can say so (rocmft.launch.run_worker reads it)
+            if state.is_local_process_zero:
+                write_worker_result(run_dir, self.result)
+
+        def _record_peak(self) -> None:
+            if torch.cuda.is_available():
+                peak = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+                self.result = self.result.updated(peak_gpu_memory_gib=peak)
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            STOP.training = True
+            dtypes = Counter(str(p.dtype).replace("torch.", "") for p in model.parameters()) if model else Counter()
+            trainable = Counter(
+                str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad
+            ) if model else Counter()  # fmt: skip
+            self.result = self.result.updated(
+                parameter_dtypes=dict(dtypes), trainable_dtypes=dict(trainable), max_steps=state.max_steps,
+                world_size=args.world_size,
+            )  # fmt: skip
+            if policy.precision_policy == "fp32" and set(dtypes) - {"float32"}:
+                raise RuntimeError(
+                    f"precision policy fp32 is not in effect: parameters are {dict(dtypes)}. "
+                    "This is a rocmft bug (LLaMA-Factory changed how it picks the dtype); please report it."
+                )
+            self._save(state)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if _stop_everywhere(STOP.requested, args):
+                # graceful stop: every rank saves this step's checkpoint, then training ends (rocmft exits 143)
+                control.should_save = True
+                control.should_training_stop = True
+                STOP.at_step = state.global_step
+                self.result = self.result.updated(status=with_reason(RunStatus.STOPPING, STOP.requested),
+                                                  stopped_at_step=state.global_step)  # fmt: skip
+                if state.is_world_process_zero:
+                    say(f"{STOP.requested}: saving checkpoint-{state.global_step} and stopping")
+            nan_after_step(policy, state.global_step, model)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            for key in ("loss", "grad_norm"):
+                value = logs.get(key)
+                if isinstance(value, (int, float)) and not math.isfinite(value):
+                    self.result = self.result.updated(
+                        status=RunStatus.NON_FINITE_LOSS, non_finite=NonFinite(state.global_step, key, str(value))
+                    )
+                    self._save(state)
+                    raise NonFiniteLoss(state.global_step, key, value)
+            loss = logs.get("loss")
+            if isinstance(loss, (int, float)):
+                median = loss_spike(self.recent, loss, policy.loss_spike_factor or 0)
+                if median is not None:
+                    self.result = self.result.updated(status=RunStatus.LOSS_SPIKE, non_finite=NonFinite(
+                        state.global_step, "loss", str(loss), median, RunStatus.LOSS_SPIKE.value))  # fmt: skip
+                    self._save(state)
+                    raise NonFiniteLoss(state.global_step, "loss", loss, median)
+                self.recent = [*self.recent, loss][-SPIKE_WINDOW:]
+            if "loss" not in logs or not state.is_world_process_zero:
+                return
+            now = time.monotonic()
+            tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+            rate = (tokens - self.last_tokens) / max(now - self.last_time, 1e-9) if tokens else float("nan")
+            self.last_time, self.last_tokens = now, tokens
+            elapsed = now - self.started
+            done = state.global_step / max(state.max_steps, 1)
+            eta = elapsed / done - elapsed if done > 0 else float("nan")
+            self._record_peak()
+            entry = LossRecord(state.global_step, logs["loss"])
+            if torch.cuda.is_available():  # for the run summary's memory curve (rocmft.outputs.report)
+                entry = LossRecord(state.global_step, logs["loss"], round(torch.cuda.memory_allocated() / 2**30, 3),
+                                   self.result.peak_gpu_memory_gib)  # fmt: skip
+            self.result = self.result.with_loss(entry).updated(last_step=state.global_step, tokens_seen=tokens,
+                                                               elapsed_s=round(elapsed, 2))  # fmt: skip
+            self._save(state)
+            say(
+                f"step {state.global_step}/{state.max_steps} ({done:.0%}) loss {logs['loss']:.4f} "
+                f"lr {logs.get('learning_rate', float('nan')):.2e} grad_norm {logs.get('grad_norm', float('nan')):.3g} "
+                f"tok/s {rate:,.0f} elapsed {_fmt_duration(elapsed)} "
+                f"eta {_fmt_duration(eta) if math.isfinite(eta) else '?'}"
+            )
+
+        def on_train_end(self, args, state, control, **kwargs):
+            stopped = STOP.at_step is not None
+            status = with_reason(RunStatus.INTERRUPTED, STOP.requested) if stopped else RunStatus.FINISHED
+            self.result = self.result.updated(status=status, last_step=state.global_step,
+                                              elapsed_s=round(time.monotonic() - self.started, 2))  # fmt: skip
+            self._record_peak()
+            self._save(state)
+            if state.is_world_process_zero:
+                peak = self.result.peak_gpu_memory_gib
+                memory = f", peak GPU memory {peak:.2f} GiB (max_memory_allocated, rank 0)" if peak is not None else ""
+                elapsed = _fmt_duration(self.result.elapsed_s)
+                say(f"training loop done: {state.global_step} steps in {elapsed}{memory}")
+
+    return RocmftCallback()

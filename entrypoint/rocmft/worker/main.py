@@ -1,0 +1,145 @@
+"""The worker's main: signals, the run's files, the patches and faults, LLaMA-Factory's ``run_exp`` with rocmft's
+callback, and what each way of ending means (exit code, record, message). See rocmft.worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from rocmft.console import say
+from rocmft.errors import ExitCode
+from rocmft.records import RunStatus, read_run_policy, with_reason, write_worker_result
+from rocmft.worker import faults, patches
+from rocmft.worker.callbacks import STOP, Interrupted, NonFiniteLoss, rocmft_callback
+
+
+def _disk_full(err: BaseException, output_dir: Path) -> bool:
+    """Whether ``err`` came from the output file system filling up.
+
+    Direct evidence: an OSError ENOSPC in the exception chain (safetensors, json) or "No space left" in a message.
+    torch.save reports a full disk only as a C++ stream error ("basic_ios::clear: iostream error", "unexpected
+    pos", seen on a full tmpfs), so the file system is also asked: less free space left there than the newest
+    complete checkpoint takes (or under 16 MiB without one) means the save could not fit.
+    """
+    import errno
+    import shutil
+
+    from rocmft.render.resume import newest_complete
+
+    seen, cause = 0, err
+    while cause is not None and seen < 10:
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            return True
+        if "No space left" in str(cause):
+            return True
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    if not isinstance(err, (OSError, RuntimeError)) or not output_dir.is_dir():
+        return False
+    free = shutil.disk_usage(output_dir).free
+    good = newest_complete(output_dir).checkpoint
+    needed = sum(f.stat().st_size for f in good.rglob("*") if f.is_file()) if good else 16 * 2**20
+    return free < needed
+
+
+def _report_disk_full(output_dir: Path, err: BaseException) -> None:
+    """The storage message: what filled up, which checkpoint is intact, what to do. The checkpoint being written
+    (no trainer_state.json yet) is removed: it can never be loaded, and it holds the space the next try needs."""
+    import shutil
+
+    from rocmft.render.resume import checkpoint_problem, newest_complete
+
+    for folder in output_dir.glob("checkpoint-*"):
+        if folder.is_dir() and checkpoint_problem(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            say(f"removed the incomplete {folder}", stream=sys.stderr, all_ranks=True)
+    free = shutil.disk_usage(output_dir).free / 2**20
+    good = newest_complete(output_dir).checkpoint
+    say(
+        f"DISK FULL while saving into {output_dir} ({free:.1f} MiB free there): {err}. "
+        + (f"The previous checkpoint {good} is intact; " if good else "No complete checkpoint was saved; ")
+        + "free space, lower SAVE_TOTAL_LIMIT or raise SAVE_STEPS, or point OUTPUT_DIR at a larger volume, then "
+        "run `rocmft train` again to resume.",
+        stream=sys.stderr,
+        all_ranks=True,
+    )
+
+
+def _secret_arguments() -> dict[str, str]:
+    from rocmft.config.lfargs import env_arguments
+
+    return {a.name: os.environ[env] for env, a in env_arguments().items() if a.secret and env in os.environ}
+
+
+def main(run_dir: str) -> int:
+    """Train from RUN_DIR/train.yaml and RUN_DIR/run.json; return the exit code."""
+    run_path = Path(run_dir)
+    policy = read_run_policy(run_path)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # local rank 0 writes this node's RUN_DIR record
+
+    def on_signal(signum, _frame):
+        name = signal.Signals(signum).name
+        if not STOP.training or STOP.requested:  # before training, or a second signal: stop now
+            raise Interrupted(name)
+        STOP.requested = name
+        say(f"{name}: stopping at the end of this step with a checkpoint (again to stop now)", stream=sys.stderr,
+            all_ranks=True)  # fmt: skip
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    from omegaconf import OmegaConf
+
+    arguments = OmegaConf.to_container(OmegaConf.load(run_path / "train.yaml"), resolve=True)
+    arguments.update(_secret_arguments())
+    if policy.precision_policy == "fp32":
+        patches.force_compute_dtype("float32")
+    if policy.fault_kill_in_save_at_step:
+        faults.kill_in_save(policy.fault_kill_in_save_at_step)
+    if policy.fault_slow_final_save_s:
+        faults.slow_final_save(policy.fault_slow_final_save_s)
+    patches.count_tokens_under_4d_masks()
+
+    from llamafactory.train.tuner import run_exp
+
+    callback = rocmft_callback(policy, run_path)
+    try:
+        run_exp(args=arguments, callbacks=[callback])
+    except NonFiniteLoss as err:
+        from rocmft.render.resume import last_good_checkpoint
+
+        good = last_good_checkpoint(Path(arguments["output_dir"]), callback.result.loss_dicts())
+        where = f"the last good checkpoint is {good}" if good else "there is no checkpoint from before it"
+        say(
+            f"STOPPED ({err.cause}): {err}. The weights or the optimizer state diverged; nothing after step "
+            f"{err.step} is trustworthy; {where}. Try: a lower LEARNING_RATE, MAX_GRAD_NORM=1.0, or "
+            "ROCMFT_PRECISION=fp32 to rule out mixed precision (ROCMFT_ON_NAN=fp32 does that by itself).",
+            stream=sys.stderr,
+            all_ranks=True,
+        )
+        return ExitCode.NON_FINITE_LOSS
+    except Interrupted as err:
+        callback.result = callback.result.updated(status=with_reason(RunStatus.INTERRUPTED, str(err)))
+        if local_rank == 0:
+            write_worker_result(run_path, callback.result)
+        say(f"interrupted by {err}", stream=sys.stderr, all_ranks=True)  # rocmft.launch says what it means
+        return ExitCode.INTERRUPTED
+    except Exception as err:
+        traceback.print_exc()
+        if _disk_full(err, Path(arguments["output_dir"])):
+            _report_disk_full(Path(arguments["output_dir"]), err)
+        callback.result = callback.result.updated(status=RunStatus.FAILED, error=f"{type(err).__name__}: {err}")
+        if local_rank == 0:
+            write_worker_result(run_path, callback.result)
+        return ExitCode.TRAINING_FAILED
+    if STOP.at_step is not None:
+        say(f"stopped by {STOP.requested} after step {STOP.at_step} with checkpoint-{STOP.at_step} saved; "
+            "`rocmft train` with the same settings resumes from it", stream=sys.stderr, all_ranks=True)  # fmt: skip
+        # Under torchrun every rank exits 0 and the launcher reads the stop from the result file: torchrun SIGTERMs
+        # the ranks still running as soon as one exits non-zero, and the other ranks skip the final model write
+        # (LLaMA-Factory's save_model after training), so rank 0 was cut off while writing it (torch 2.11;
+        # tests/test_resilience.py reproduces it with ROCMFT_FAULT_SLOW_FINAL_SAVE_S).
+        return ExitCode.OK if "TORCHELASTIC_RUN_ID" in os.environ else ExitCode.INTERRUPTED
+    return ExitCode.OK

@@ -1,0 +1,105 @@
+"""Framework monkeypatches: what LLaMA-Factory and transformers do not offer, each written for one pinned version
+(pyproject.toml; DESIGN.md, "Pinned stack") and guarded by it (:func:`_applies`).
+
+On the pinned version a patch applies as it always did. On another version it applies only if the function it
+wraps is still there, with a warning (rank 0) naming the patch and both versions; without that function it is
+left out with a warning and the run goes on as the installed version behaves. That is the safe side for both
+patches here: the fp32 policy is verified at train start (rocmft.worker.callbacks: parameters not all float32 stop
+the run), and a token count left to transformers costs only the tokens/s figure.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from rocmft.console import warn
+
+# The versions each patch was written for (pyproject.toml's pins).
+LLAMAFACTORY = "0.9.5"
+TRANSFORMERS = "5.6.0"
+
+
+def _applies(patch: str, package: str, written_for: str, targets: dict[str, object]) -> bool:
+    """Whether to apply ``patch``, written for ``package`` ``written_for``, wrapping ``targets`` (name -> the
+    object that must have it, e.g. ``{"get_train_args": tuner}``); see the module docstring."""
+    try:
+        installed = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        installed = "(not installed)"
+    if installed == written_for:
+        return True
+    missing = [name for name, owner in targets.items() if not hasattr(owner, name)]
+    if missing:
+        warn(f"{patch} not applied: written for {package} {written_for}, and {package} {installed} has no "
+             f"{', '.join(missing)}")  # fmt: skip
+        return False
+    warn(f"{patch}: written for {package} {written_for}, applied to {package} {installed} (the functions it wraps "
+         "are there; if this run misbehaves, pin the written-for version)")  # fmt: skip
+    return True
+
+
+def force_compute_dtype(dtype_name: str) -> None:
+    """Make LLaMA-Factory load and train the weights in ``dtype_name`` (used for the fp32 policy).
+
+    LLaMA-Factory 0.9.5 has no training argument for the weights' dtype (DESIGN.md): ``get_train_args``
+    sets ``model_args.compute_dtype`` only for bf16/fp16, and its loader calls ``from_pretrained`` with
+    ``torch_dtype="auto"``, which transformers 5 resolves from the config, i.e. the checkpoint's own
+    dtype — a bf16 checkpoint loads in bf16 whatever the flags say (measured: a LoRA run of a bf16
+    checkpoint with bf16 and fp16 off had 26 bf16 base tensors). So two names are wrapped, both bound
+    at module level where LLaMA-Factory calls them:
+
+    * ``llamafactory.train.tuner.get_train_args``: set ``model_args.compute_dtype`` after parsing
+      (autocast, upcasting and quantization read it);
+    * ``llamafactory.model.loader.patch_config``: set ``config.dtype`` so that ``"auto"`` resolves to it.
+
+    The dtypes actually used are verified by the worker's callback at train start, so a future
+    LLaMA-Factory that bypasses these cannot make "fp32" silently not fp32.
+    """
+    import torch
+    from llamafactory.model import loader
+    from llamafactory.train import tuner
+
+    if not _applies("the fp32 weights patch", "llamafactory", LLAMAFACTORY,
+                    {"get_train_args": tuner, "patch_config": loader}):  # fmt: skip
+        return
+    dtype = getattr(torch, dtype_name)
+    parse, patch_config = tuner.get_train_args, loader.patch_config
+
+    def get_train_args_with_dtype(args=None):
+        model_args, data_args, training_args, finetuning_args, generating_args = parse(args)
+        model_args.compute_dtype = dtype
+        return model_args, data_args, training_args, finetuning_args, generating_args
+
+    def patch_config_with_dtype(config, *args, **kwargs):
+        patch_config(config, *args, **kwargs)
+        config.dtype = dtype
+
+    tuner.get_train_args = get_train_args_with_dtype
+    loader.patch_config = patch_config_with_dtype
+
+
+def count_tokens_under_4d_masks() -> None:
+    """Count non-padding tokens right when the attention mask is 4-D (LLaMA-Factory's neat packing under SDPA or
+    eager attention: ``prepare_4d_attention_mask`` in llamafactory/data/collator.py).
+
+    transformers 5.6's ``Trainer._track_num_input_tokens`` counts ``attention_mask.sum()`` for
+    ``include_num_input_tokens_seen: non_padding``; a 4-D mask holds 0 where attention is allowed and the dtype's
+    minimum elsewhere, so that sum is 0 or negative (measured on an H200: ``num_input_tokens_seen`` stayed 0 for a
+    whole neat-packed run, and tokens/s read nan). A position is a real token exactly when it may attend to itself,
+    so the count is the number of zeros on the mask's diagonal. Other masks are left to transformers.
+    """
+    import torch
+    from transformers import Trainer
+
+    if not _applies("the 4-D mask token count", "transformers", TRANSFORMERS, {"_track_num_input_tokens": Trainer}):
+        return
+    track = Trainer._track_num_input_tokens
+
+    def track_with_4d_masks(self, inputs):
+        mask = inputs.get("attention_mask") if hasattr(inputs, "get") else None
+        if self.args.include_num_input_tokens_seen != "non_padding" or mask is None or mask.dim() != 4:
+            return track(self, inputs)
+        tokens = (mask.diagonal(dim1=-2, dim2=-1) == 0).sum().to(device=self.args.device, dtype=torch.int64)
+        self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
+
+    Trainer._track_num_input_tokens = track_with_4d_masks
