@@ -91,14 +91,18 @@ class ModelDir:
         return self.path / "config.json"
 
     @cached_property
-    def _config(self) -> Any:
-        return json.loads(self.config_path.read_text(encoding="utf-8"))
+    def _config(self) -> dict[str, Any]:
+        loaded = json.loads(self.config_path.read_text(encoding="utf-8"))
+        if not isinstance(loaded, dict):  # every reader treats it as unreadable (a list here was a traceback)
+            raise ValueError(f"{self.config_path} holds a JSON {type(loaded).__name__}, not an object")
+        return loaded
 
-    def config_json(self) -> Any:
-        """config.json as parsed (usually a dict, but whatever the JSON holds).
+    def config_json(self) -> dict[str, Any]:
+        """config.json as parsed: a JSON object.
 
         Raises:
-            OSError: no such file or unreadable; ValueError: not JSON (json.JSONDecodeError, UnicodeDecodeError).
+            OSError: no such file or unreadable; ValueError: not JSON (json.JSONDecodeError, UnicodeDecodeError),
+                or JSON that is not an object.
         """
         return self._config
 
@@ -112,11 +116,7 @@ class ModelDir:
 
     def quantization_method(self) -> str | None:
         """``quantization_config.quant_method`` of config.json (``gptq``, ``awq``...: a checkpoint quantized after
-        training, where transformers records it); None when unquantized, missing or unreadable.
-
-        Raises:
-            AttributeError: config.json holds JSON that is not an object (as the rule reading it always did).
-        """
+        training, where transformers records it); None when unquantized, missing or unreadable."""
         try:
             loaded = self.config_json()
         except (OSError, ValueError):
@@ -124,11 +124,7 @@ class ModelDir:
         return (loaded.get("quantization_config") or {}).get("quant_method")
 
     def max_position_embeddings(self) -> int | None:
-        """The context length in config.json (``max_position_embeddings``), None when absent or unreadable.
-
-        Raises:
-            AttributeError: config.json holds JSON that is not an object (callers have always let this through).
-        """
+        """The context length in config.json (``max_position_embeddings``), None when absent or unreadable."""
         try:
             value = self.config_json().get("max_position_embeddings")
         except (OSError, ValueError):
