@@ -97,3 +97,15 @@ def test_output_into_the_model_folder_is_refused_and_writes_nothing_there(run_ro
     result = run_rocmft("check", env={"MODEL_NAME_OR_PATH": str(model), "OUTPUT_DIR": str(model)})
     assert result.returncode == ExitCode.CONFIG_ERROR and "overwrite the base model" in result.stdout
     assert sorted(p.name for p in model.iterdir()) == before
+
+
+def test_a_config_json_that_is_not_an_object_reads_as_unreadable(tmp_path):
+    """config.json holding a JSON list made the context-length rule raise AttributeError (a traceback from
+    `rocmft render`); every reader now treats it as an unreadable config, which the model check reports."""
+    from rocmft.facts.modeldir import ModelDir
+
+    (tmp_path / "config.json").write_text("[1, 2]")
+    model = ModelDir(tmp_path)
+    with pytest.raises(ValueError, match="not an object"):
+        model.config_json()
+    assert model.config() is None and model.max_position_embeddings() is None and model.quantization_method() is None
