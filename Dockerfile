@@ -112,6 +112,8 @@ LABEL org.opencontainers.image.title="rocmft" \
 COPY pyproject.toml README.md /tmp/rocmft-src/
 COPY entrypoint /tmp/rocmft-src/entrypoint
 COPY templates /tmp/rocmft-src/templates
+# every profile ships in the package (rocmft.profiles: the planner reads a GPU's flash-attention backend there)
+COPY docker/arch /tmp/rocmft-src/docker/arch
 COPY entrypoint/container-entry.sh /usr/local/bin/rocmft-entry
 COPY docker/arch/${ARCH}.env /etc/rocmft/arch.env
 COPY docker/steps/rocmft.sh /opt/rocmft/build/
