@@ -85,3 +85,14 @@ def test_the_ground_floor_imports_only_the_ground_floor():
     for module, targets in graph().items():
         if floor(module) == -1:
             assert all(floor(t) == -1 for t in targets), f"{module} imports {sorted(targets)}"
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    """pyproject.toml lists the packages by hand (the package lives under entrypoint/, the templates and profiles
+    elsewhere): a folder missing from the list is missing from the image (`No module named rocmft.validate.rules`
+    in the cpu image was how this was found)."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(init) for init in PACKAGE.rglob("__init__.py")}
+    assert folders - listed == set()
