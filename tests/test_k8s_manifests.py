@@ -4,7 +4,8 @@ Every document of every manifest is checked against the schema of its kind: the 
 (kubeflow/trainer v1.9.4 for PyTorchJob, v2.3.0 for TrainJob and TrainingRuntime) and the Kubernetes 1.37 strict
 schemas (ConfigMap, PersistentVolumeClaim; the metadata of every document; each pod template inside the jobs), as
 the API server would before storing them. A failure names the file, the document and the path. No cluster can run
-here, and kubeconform (the usual tool) is neither on PyPI nor in Debian: the jsonschema library does the checking.
+here, and kubeconform (the usual tool) is in none of the package lists these machines reach (PyPI, npm, Debian):
+the jsonschema library does the checking.
 """
 
 from __future__ import annotations
