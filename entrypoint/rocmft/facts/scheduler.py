@@ -13,11 +13,12 @@ nodes, which one this is, where the rendezvous is, and the launch mode. Engines 
 * **Slurm batch shell** (``SLURM_JOB_ID`` without a step): one process; with more than one node allocated it is
   refused, since the other nodes would never start (the job script must use ``srun``).
 * **Kubernetes** (``KUBERNETES_SERVICE_HOST``): Kubeflow's torch runtimes export ``PET_NNODES``, ``PET_NODE_RANK``,
-  ``PET_NPROC_PER_NODE``, ``PET_MASTER_ADDR``/``PORT`` (TrainJob, and PyTorchJob with ``nprocPerNode``); the
-  training operator v1 without them exports ``WORLD_SIZE`` (the pods) and ``RANK`` (the pod: master 0, worker
-  i → i + 1) beside ``MASTER_ADDR``/``PORT`` (kubeflow/training-operator pkg/controller.v1/pytorch/envvar.go
-  @1417bbc3). An Indexed Job's ``JOB_COMPLETION_INDEX`` is the node rank when nothing else gives one. One pod per
-  node, rocmft starts torchrun in it (``node`` mode).
+  ``PET_NPROC_PER_NODE``, ``PET_MASTER_ADDR``/``PORT`` (TrainJob, kubeflow/trainer v2.3.0 torch.go, where the node
+  rank comes from the job-completion index; PyTorchJob since training-operator v1.7, v1.9.4 envvar.go, which also
+  sets ``WORLD_SIZE`` = pods × nprocPerNode and ``RANK`` = the pod's index); a PyTorchJob before v1.7 exports only
+  ``WORLD_SIZE`` (the pods) and ``RANK`` beside ``MASTER_ADDR``/``PORT``. An Indexed Job's ``JOB_COMPLETION_INDEX``
+  is the node rank when nothing else gives one; an elastic PyTorchJob (no rank) is refused. One pod per node,
+  rocmft starts torchrun in it (``node`` mode). :func:`_kubernetes` cites each file at its commit.
 * **By hand** (``NNODES``/``NODE_RANK``/``MASTER_ADDR``/``MASTER_PORT``, LLaMA-Factory's launcher variables, as
   compose.multinode.yaml sets them), else one node.
 
