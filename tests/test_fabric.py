@@ -224,6 +224,17 @@ def test_injected_slingshot_the_users_values_win(tmp_path, plugins):
     assert "NCCL_NET" not in other.variables and not set(SLINGSHOT_SETTINGS) & set(other.variables)
 
 
+def test_injected_slingshot_without_a_default_route_asks_only_for_gloos_interface(tmp_path, plugins):
+    root = slingshot_host(tmp_path)
+    (root / "proc/net/route").write_text(ROUTE.splitlines()[0] + "\n")  # the header only: no default route
+    net = network_environment({"LD_LIBRARY_PATH": ld_path(plugins["good"]), "NCCL_NET": "OFI"}, 2, root)
+    assert net.env() == {"NCCL_SOCKET_IFNAME": "=hsn0,hsn1"}  # "OFI" is not the stand-in's name: nothing else
+    assert net.notes[0] == (
+        "no IPv4 default route in proc/net/route: set GLOO_SOCKET_IFNAME to the interface that reaches the other nodes"
+    )
+    assert "NCCL_NET=OFI is yours: kept" in net.notes
+
+
 def test_injected_slingshot_single_node_is_untouched(tmp_path, plugins):
     net = network_environment({"LD_LIBRARY_PATH": ld_path(plugins["good"])}, 1, slingshot_host(tmp_path))
     assert net.variables == {}

@@ -730,10 +730,12 @@ def network_environment(environ: Mapping[str, str], nnodes: int, root: Path = Pa
         elif iface is not None:
             result.variables["NCCL_SOCKET_IFNAME"] = (f"={iface}", f"the default route's interface ({source})")
     if iface is None:
-        if not (_user_set(environ, "NCCL_SOCKET_IFNAME") and _user_set(environ, "GLOO_SOCKET_IFNAME")):
+        unset = [n for n in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+                 if not _user_set(environ, n) and n not in result.variables]  # fmt: skip
+        if unset:
             result.notes.append(
-                f"no IPv4 default route in {source}: set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the "
-                "interface that reaches the other nodes"
+                f"no IPv4 default route in {source}: set {' and '.join(unset)} to the "
+                f"interface{'s' if len(unset) > 1 else ''} that reach{'' if len(unset) > 1 else 'es'} the other nodes"
             )
         keep("GLOO_SOCKET_IFNAME")
     elif not keep("GLOO_SOCKET_IFNAME"):
@@ -773,9 +775,10 @@ def _slingshot_transport(environ: Mapping[str, str], fabric: SlingshotFabric, re
     plugin = net_plugin(environ)
     user_net = environ.get("NCCL_NET", "").strip() if _user_set(environ, "NCCL_NET") else None
     if not plugin.loads:
+        unset = "NCCL_NET left unset" if user_net is None else f"your NCCL_NET={user_net} names no loaded network"
         result.notes.append(
             f"Slingshot NIC ({fabric.summary()}) but {plugin.describe()}: RCCL falls back to TCP sockets over "
-            f"{','.join(fabric.interfaces) or 'the socket interface'}; NCCL_NET not set (see the fabric check)"
+            f"{','.join(fabric.interfaces) or 'the socket interface'}; {unset} (see the fabric check)"
         )
         keep("NCCL_NET")
         return False
