@@ -57,6 +57,15 @@ def graceful_stop_recorded(run_dir: Path) -> bool:
     return result is not None and result.stopped_at_step is not None
 
 
+def _block_stop_signals() -> None:
+    """In torchrun's process, before exec: SIGTERM and SIGINT blocked (the mask survives exec, and Python's
+    signal.signal does not unblock). A scheduler signals every process of the step (Slurm's scancel --signal and
+    preemption, through proctrack), and torchrun answers a SIGTERM by shutting its ranks down, SIGKILL 30 s later
+    (torch.distributed.elastic's PContext.close), whatever a checkpoint still needs; rocmft signals the ranks itself
+    (:func:`graceful_stop_targets`), and each rank unblocks them (rocmft.worker.main)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+
 _STOPPED_AT_ONCE = (
     "stopped at once (a second signal, or a signal before training began): no checkpoint of the step in "
     "progress was written, and DataLoader errors above are this stop, not a crash. The next `rocmft train` with the "
@@ -120,7 +129,7 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
             kept.cancel()
         proc = subprocess.Popen(
             command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_block_stop_signals if launcher == "torchrun" else None,
         )  # fmt: skip
     started.append(proc)
     if interrupted:  # arrived while it started: before training, so it stops at once
