@@ -141,10 +141,13 @@ def test_render_puts_the_command_line_over_the_yaml_and_the_environment(run_rocm
 
 
 @pytest.mark.train
-def test_train_with_a_yaml_and_overrides_trains_and_records_the_command_line(run_rocmft, tmp_path):
+def test_train_with_a_yaml_and_overrides_trains_and_records_the_command_line(run_rocmft, tmp_path, tiny_model):
     """`rocmft train my.yaml max_steps=2 ...` trains (the built-in tiny model) for the command line's 2 steps, not
     the environment's 30 or the YAML's 50; the manifest's sources say so; the worker is still the parser's process
-    (the overrides travel in the rendered arguments, not the environment, which stays the worker's)."""
+    (the overrides travel in the rendered arguments, not the environment, which stays the worker's).
+
+    ``tiny_model`` builds the cache first: building it inside `rocmft train` sets TORCHINDUCTOR_CACHE_DIR in that
+    process (torch's inductor cache_dir() writes os.environ), and the parser's process is then not reused."""
     config = _yaml(tmp_path, "max_steps: 50\nlogging_steps: 1\nlearning_rate: 1.0e-3\n")
     output = tmp_path / "run"
     result = run_rocmft("train", str(config), "max_steps=2", f"output_dir={output}",
@@ -158,7 +161,8 @@ def test_train_with_a_yaml_and_overrides_trains_and_records_the_command_line(run
     assert manifest["argument_sources"]["output_dir"] == f"command line (output_dir={output})"
     assert manifest["argument_sources"]["learning_rate"] == f"the command line's CONFIG ({config})"
     assert manifest["settings"]["rocmft"]["config"] == str(config)
-    assert "the worker is the process that validated the configuration" in result.stdout
+    launch = [line for line in result.stdout.splitlines() if "worker" in line]
+    assert "the worker is the process that validated the configuration" in result.stdout, launch
     assert SECRET not in all_text_under(output) and SECRET not in result.stdout
 
 

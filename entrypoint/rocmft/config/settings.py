@@ -77,7 +77,8 @@ class RocmftSettings(BaseSettings):
     )
     config: Path | None = Field(
         None,
-        description="A LLaMA-Factory training YAML to start from; environment variables override its keys.",
+        description="A LLaMA-Factory training YAML to start from, as `rocmft train CONFIG.yaml` gives it (both set: "
+        "they must name the same file); environment variables and the command line's key=value override its keys.",
     )
     skip_checks: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated ids of health checks to skip (see `rocmft check`)."
