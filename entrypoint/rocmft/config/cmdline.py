@@ -15,7 +15,8 @@ Where rocmft refuses what LLaMA-Factory would take (each a :class:`~rocmft.error
   almost always an unset shell variable, ``learning_rate=$LR``; ``learning_rate=null`` still says null);
 * a secret (``hf_hub_token=...``, by name, :func:`rocmft.config.lfargs.is_secret_name`): a command line is visible
   to every user in ``ps`` and lands in shell histories and job logs;
-* a first argument without ``=`` that is not a ``.yaml``/``.yml``/``.json`` file name.
+* a first argument without ``=`` that is not a ``.yaml``/``.yml``/``.json`` file name (a first argument with ``=``
+  is an override, so a YAML whose path holds ``=`` goes in ROCMFT_CONFIG instead).
 
 Whether each key is an argument of the installed LLaMA-Factory, and each value of its type, is checked with the
 environment's and ROCMFT_CONFIG's rules by :func:`rocmft.config.settings.load_settings`.
