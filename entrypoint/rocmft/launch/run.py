@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rocmft.console import say
 from rocmft.errors import ExitCode
+from rocmft.facts.caches import cache_note
 from rocmft.launch.spec import LaunchSpec
 
 LOG_FILE = "train.log"
@@ -92,6 +93,8 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
     # installed before the worker starts: a signal meanwhile killed rocmft and left the worker running alone
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     say(f"launching: {' '.join(command)}", all_ranks=True)
+    if note := cache_note(spec.environment):
+        say(note, all_ranks=True)
     if launcher == "torchrun":
         say(f"NUMA binding: {spec.numa['reason']}", all_ranks=True)
         for note in spec.network_notes:
