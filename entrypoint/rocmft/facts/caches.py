@@ -44,8 +44,9 @@ NODE_LOCAL_CACHES: dict[str, tuple[str, str]] = {
     ),
     "TORCHINDUCTOR_CACHE_DIR": (
         "inductor",
-        "torch.compile's Inductor cache (default /tmp/torchinductor_<user>; under Apptainer --containall /tmp is a "
-        "small in-memory session folder); kept with the other compile caches",
+        "torch.compile's Inductor cache, kept with the other compile caches (torch's own default, "
+        "/tmp/torchinductor_<user>, is node-local already, and torch writes it into os.environ when first asked "
+        "(torch/_inductor/runtime/cache_dir_utils.py), so it is often set, and then kept, before the launch)",
     ),
     "HF_DATASETS_CACHE": (
         "datasets",
