@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rocmft.console import say
 from rocmft.errors import ExitCode
+from rocmft.facts.caches import cache_note
 from rocmft.launch.spec import LaunchSpec
 
 LOG_FILE = "train.log"
@@ -102,6 +103,8 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     say(f"job: {spec.job.get('description', 'one node')}", all_ranks=True)
     say(f"launching: {' '.join(command)}", all_ranks=True)
+    if note := cache_note(spec.environment):
+        say(note, all_ranks=True)
     if launcher != "python":
         say(f"NUMA binding: {spec.numa['reason']}", all_ranks=True)
         for note in spec.network_notes:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.errors import ConfigError
+from rocmft.facts.caches import cache_environment
 from rocmft.facts.image import ARCH_PROFILE, read_profile
 from rocmft.facts.scheduler import JobLayout, job_layout
 from rocmft.proc import free_port
@@ -147,6 +148,7 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str] | None = None, root
     environ = dict(os.environ if environ is None else environ)
     layout = job_layout(environ)
     added = {"PYTHONUNBUFFERED": "1"}
+    added.update(cache_environment(environ))  # node-local caches under Apptainer/Slurm (rocmft.facts.caches)
     numa = None
     network_notes: list[str] = []
     reasons: dict[str, str] = {}
