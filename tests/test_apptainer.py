@@ -3,8 +3,8 @@
 
 This machine has no apptainer (Debian packages it only in sid, for glibc >= 2.38), so `make sif` builds the SIF in
 the helper image of docker/apptainer/helper-image.sh, and the run happens in that same helper image: a Docker
-container (``--privileged``, for the user namespace and FUSE mount apptainer makes) in which a non-root user runs
-``apptainer run``. On a host with apptainer, both use it directly.
+container (with what HELPER_RUN lists, for the user namespace and FUSE mount apptainer makes) in which a non-root user
+runs ``apptainer run``. On a host with apptainer, both use it directly.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def sha256(path: Path) -> str:
 def cpu_sif(request, tmp_path_factory) -> Path:
     """`make sif ARCH=cpu` of the docker tests' cpu image (built once per session by the cpu_image fixture), or
     the SIF named by SIF_UNDER_TEST, one `make sif ARCH=cpu` already made of this checkout's cpu image (the build
-    took 34 min on a busy 2-core machine)."""
+    reads the 6.9 GB image once: minutes on a 2-core machine, docs/clusters.md)."""
     if os.environ.get("SIF_UNDER_TEST"):
         return Path(os.environ["SIF_UNDER_TEST"])
     request.getfixturevalue("cpu_image")

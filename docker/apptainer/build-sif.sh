@@ -1,10 +1,33 @@
 #!/usr/bin/env bash
 # Turn a Docker image into an Apptainer/Singularity image (SIF): `make sif ARCH=<arch>` runs this.
 #   usage: docker/apptainer/build-sif.sh IMAGE OUTPUT.sif
-# The image goes through `docker save` (a docker-archive: source, so no registry and no Docker socket inside
-# the build). With apptainer on this host it builds here; without, in the helper image of
-# docker/apptainer/helper-image.sh (Debian sid's apptainer), as root inside that container, and the SIF is then
-# handed to the invoking user. The SIF appears only when complete (built beside OUTPUT, then renamed).
+# With apptainer and mksquashfs on this host it runs them here; without, in the helper image of
+# docker/apptainer/helper-image.sh (Debian sid's apptainer), as root inside that container; the SIF is handed to the
+# invoking user and appears only when complete (built beside OUTPUT, then renamed).
+#
+# Why not `apptainer build out.sif docker-archive:image.tar`: that path (Apptainer's OCI conveyor) first gzips every
+# layer into an OCI layout, then unpacks them, then runs mksquashfs: 34 min for the 6.9 GB cpu image on a 2-core
+# machine, where mksquashfs alone took 2 min (docs/clusters.md). Here the image's root file system is read once:
+#   1. Apptainer's own OCI conversion runs on a config-only image (the image's configuration, one empty layer;
+#      seconds): the SIF it makes ("mini") holds what that conversion writes from the configuration, exactly as for
+#      the real image: /.singularity.d/{runscript,env/10-docker2singularity.sh,labels.json} and the base
+#      environment (actions, env/*.sh, the /singularity, /.run, /.exec, ... links), plus its SIF objects (the
+#      definition, oci-config.json that `apptainer run --oci` reads, inspect-metadata.json). Source:
+#      internal/pkg/build/sources/conveyorPacker_oci.go (Pack: insertBaseEnv, insertRunScript, insertEnv,
+#      insertOCIConfig, insertOCILabels) and base_environment.go, and internal/pkg/build/assemblers/sif.go, at
+#      apptainer v1.4.5.
+#   2. `docker export` of a created (never started) container streams the image's flattened root file system as one
+#      tar, followed by a tar of the mini root's Apptainer entries, into `mksquashfs - -tar -ignore-zeros` (tar input:
+#      squashfs-tools >= 4.6), so nothing is unpacked on disk. The export has Docker's init layer on top of the
+#      image (what `docker run` sees too): mksquashfs drops its /.dockerenv and gives its empty /etc/hosts and
+#      /etc/resolv.conf mode 0644, as Apptainer's makeFiles does (apptainer binds its own over both at run time).
+#      Left as Docker's: /etc/hostname (empty), /dev/console (an empty file; apptainer mounts its own /dev over
+#      /dev) and /etc/mtab (a link to /proc/mounts). Compared with a SIF that `apptainer build docker-archive:` made
+#      of the same image (unsquashfs -lln, 82,326 entries): those are the only differences in name, type, mode,
+#      owner and size, besides the build date in labels.json.
+#   3. The mini SIF's file system partition is replaced by this one (`apptainer sif del` / `sif add`, the same
+#      descriptor: squashfs, primary system partition, group 1, the image's architecture).
+# The root directory keeps the mode Apptainer's OCI build gives it (0700, its build folder's: seen in a SIF it made).
 #
 # Compression (SIF_MKSQUASHFS_ARGS): zstd at level 3 by default. Apptainer's default is mksquashfs' gzip, which
 # on a 2-core build machine was the slowest step; zstd at a low level compresses several times faster than gzip at
@@ -24,23 +47,77 @@ docker image inspect "$image" >/dev/null 2>&1 || {
 }
 out_dir=$(dirname "$output")
 [ -d "$out_dir" ] && [ -w "$out_dir" ] || { say "ERROR: cannot write $output: $out_dir is not a writable folder"; exit 2; }
-# the work folder is beside the output, on its file system: the archive and the unpacked root need about twice the
-# image's size there, and the finished SIF is renamed into place, never copied
+# the work folder is beside the output, on its file system: the squashfs and the SIF (each about half the image's
+# size) are there, and the finished SIF is renamed into place, never copied
 work=$(mktemp -d "$out_dir/.rocmft-sif.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+container=
+cleanup() {
+  [ -z "$container" ] || docker rm "$container" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
 started=$(date +%s)
-say "docker save $image"
-docker save -o "$work/image.tar" "$image"
-if command -v apptainer >/dev/null 2>&1; then
-  say "apptainer build ($(apptainer --version), on this host; mksquashfs $squashfs_args)"
-  APPTAINER_TMPDIR="$work" apptainer build --force --mksquashfs-args "$squashfs_args" \
-    "$work/image.sif" "docker-archive:$work/image.tar"
+
+# SIF architecture codes: `apptainer sif add --help` (--partarch)
+architecture=$(docker image inspect --format '{{.Architecture}}' "$image")
+case "$architecture" in
+  amd64) partarch=2 ;;
+  arm64) partarch=4 ;;
+  *) say "ERROR: $image is for $architecture; only amd64 and arm64 are handled here"; exit 2 ;;
+esac
+
+# 1. the config-only image as a docker-archive (the `docker save` layout: manifest.json, the configuration, one
+# layer): an empty tar as the layer, the image's configuration (`docker image inspect` .Config: the keys of the OCI
+# image configuration) around it
+mkdir "$work/mini"
+tar -c -f "$work/mini/layer.tar" -T /dev/null
+layer_sha=$(sha256sum "$work/mini/layer.tar" | cut -d' ' -f1)
+printf '{"architecture":"%s","os":"%s","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+  "$architecture" "$(docker image inspect --format '{{.Os}}' "$image")" \
+  "$(docker image inspect --format '{{json .Config}}' "$image")" "$layer_sha" >"$work/mini/config.json"
+printf '[{"Config":"config.json","RepoTags":null,"Layers":["layer.tar"]}]' >"$work/mini/manifest.json"
+tar -C "$work/mini" -c -f "$work/image.tar" manifest.json config.json layer.tar
+rm -rf "$work/mini"
+
+# in_apptainer SCRIPT ARGS...: sh -c SCRIPT with the work folder at $W, stdin passed on; here or in the helper image
+if command -v apptainer >/dev/null 2>&1 && command -v mksquashfs >/dev/null 2>&1; then
+  where="on this host"
+  in_apptainer() { W=$work APPTAINER_TMPDIR=$work APPTAINER_CACHEDIR=$work/cache sh -c "$@"; }
 else
   helper=$("$here/helper-image.sh")
-  say "apptainer build in $helper (no apptainer on this host; mksquashfs $squashfs_args)"
-  docker run --rm -v "$work:/work" -e APPTAINER_TMPDIR=/work -e APPTAINER_CACHEDIR=/work/cache \
-    --entrypoint sh "$helper" -c 'apptainer build --force --mksquashfs-args "$1" /work/image.sif \
-      docker-archive:/work/image.tar && chown "$2" /work/image.sif' sh "$squashfs_args" "$(id -u):$(id -g)"
+  where="in $helper"
+  in_apptainer() {
+    docker run --rm -i -v "$work:/work" -e W=/work -e APPTAINER_TMPDIR=/work -e APPTAINER_CACHEDIR=/work/cache \
+      --entrypoint sh "$helper" -c "$@"
+  }
 fi
+say "Apptainer's OCI conversion of $image's configuration ($where)"
+# the mini SIF's partition is its last descriptor (assemblers/sif.go adds it after the definition and the JSON objects)
+# shellcheck disable=SC2016  # expanded by the inner shell
+in_apptainer 'set -e
+  apptainer -q build "$W/image.sif" "docker-archive:$W/image.tar"
+  part=$(apptainer sif list "$W/image.sif" | awk "/FS \\(Squashfs/ {print \$1}")
+  apptainer sif dump "$part" "$W/image.sif" >"$W/mini.sqfs"
+  apptainer sif del "$part" "$W/image.sif"
+  unsquashfs -q -d "$W/mini" "$W/mini.sqfs" >/dev/null
+  tar -C "$W/mini" -c -f "$W/apptainer.tar" .singularity.d singularity .run .exec .shell .test environment
+  rm -rf "$W/mini" "$W/mini.sqfs" "$W/image.tar" "$W/cache"'
+
+say "docker export $image | mksquashfs ($squashfs_args)"
+# never started: the command only satisfies `docker create` for images without one
+container=$(docker create --entrypoint /never-run "$image")
+# (-e takes every argument after it as a name to exclude: it comes last)
+# shellcheck disable=SC2016  # expanded by the inner shell
+{ docker export "$container"; cat "$work/apptainer.tar"; } | in_apptainer '
+  mksquashfs - "$W/image.sqfs" -tar -ignore-zeros -noappend -quiet -no-progress $1 -root-mode 700 \
+    -p "etc/hosts m 0644 0 0" -p "etc/resolv.conf m 0644 0 0" -wildcards -e .dockerenv' sh "$squashfs_args"
+docker rm "$container" >/dev/null
+container=
+
+# shellcheck disable=SC2016  # expanded by the inner shell
+in_apptainer 'set -e
+  apptainer sif add --datatype 4 --parttype 2 --partfs 1 --partarch "$1" --groupid 1 "$W/image.sif" "$W/image.sqfs"
+  rm -f "$W/image.sqfs"
+  chown "$2" "$W/image.sif"' sh "$partarch" "$(id -u):$(id -g)"
 mv -f "$work/image.sif" "$output"
 say "built $output from $image: $(du -h "$output" | cut -f1), $(($(date +%s) - started)) s"
