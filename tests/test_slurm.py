@@ -1,0 +1,233 @@
+"""deploy/slurm/train.sbatch submitted with a real ``sbatch`` to a real Slurm cluster: the two-node cluster on this
+host that ``make slurm-ready`` starts (deploy/slurm/local-cluster.sh), or any cluster ``sinfo`` answers for with
+two idle nodes. Each job runs the built-in default (tiny model, demo data) on the CPU with gloo, without a
+container (ROCMFT_CONTAINER=none, this checkout's .venv on PATH), as a site install would.
+
+Both launch modes of the same template: node mode (``--ntasks-per-node=1``: rocmft starts torchrun on each node)
+and task mode (``--ntasks-per-node=2``: four ranks started by srun, no torchrun); and a stop with
+``scancel --signal=TERM`` followed by ``scontrol requeue``, which must resume from the stop's checkpoint to the
+uninterrupted run's loss. A failing test prints the job's batch log and every task's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, _clean_environment
+from rocmft.errors import ExitCode
+
+pytestmark = [pytest.mark.slurm, pytest.mark.train]
+
+TEMPLATE = REPO / "deploy" / "slurm" / "train.sbatch"
+# Slurm's job states after which a job runs no more (man squeue, JOB STATE CODES); a requeued job goes back to
+# PENDING, so a test that requeues waits again.
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+         "DEADLINE"}  # fmt: skip
+# How long one job may take before the test fails: measured 3.6 min for a node-mode job of 10 steps on this
+# 2-core machine while other test suites ran beside it (the two LLaMA-Factory imports took 54 s each); twice that.
+JOB_TIMEOUT_S = 480
+# The settings of the node-mode run and the stopped-and-resumed one (the same, so their losses compare): enough
+# steps that a stop requested after step 3 arrives before the run ends (a CPU step of the tiny model takes ~0.2 s).
+NODE_RUN = {"MAX_STEPS": "60", "LOGGING_STEPS": "1"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    """Skips unless ``sinfo`` answers with at least two responding nodes (make slurm-ready starts them here)."""
+    if not shutil.which("sbatch") or not shutil.which("sinfo"):
+        pytest.skip("no Slurm here (sbatch/sinfo not on PATH): `make slurm-ready` starts the local two-node cluster")
+    try:
+        nodes = subprocess.run(["sinfo", "--noheader", "--responding", "--Node", "--format=%N"], capture_output=True,
+                               text=True, timeout=30)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.skip("sinfo did not answer in 30 s: no slurmctld is running (`make slurm-ready`)")
+    if nodes.returncode != 0 or len(set(nodes.stdout.split())) < 2:
+        answer = (nodes.stderr or nodes.stdout)[-300:]
+        pytest.skip(f"no Slurm cluster with two responding nodes answers sinfo ({answer!r}): `make slurm-ready` "
+                    "starts the local one (as root)")  # fmt: skip
+
+
+@dataclass
+class Job:
+    """A submitted job: its id, the folder its logs and OUTPUT_DIR are in."""
+
+    id: str
+    folder: Path
+
+    @property
+    def output(self) -> Path:
+        return self.folder / "out"
+
+    def task_logs(self) -> list[Path]:
+        return sorted((self.folder / "logs").glob(f"*-{self.id}-node*-task*.out"))
+
+    def logs(self, tail: int = 6000) -> str:
+        """The batch shell's log and each task's log (their last ``tail`` characters), for failure messages."""
+        parts = []
+        for path in [*sorted(self.folder.glob(f"batch-{self.id}.out")), *self.task_logs()]:
+            parts.append(f"----- {path.name}\n{path.read_text(errors='replace')[-tail:]}")
+        return "\n".join(parts) or f"(no logs in {self.folder})"
+
+    def show(self) -> dict[str, str]:
+        """``scontrol show job`` as a dict (JobState, ExitCode, Restarts, ...)."""
+        text = subprocess.run(["scontrol", "show", "job", "--oneliner", self.id], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+        return dict(item.split("=", 1) for item in text.split() if "=" in item)
+
+    def wait(self, timeout: float = JOB_TIMEOUT_S) -> dict[str, str]:
+        """Polls ``scontrol show job`` until the job has ended; fails the test (cancelling it) after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.show()
+            if info["JobState"] in ENDED:
+                return info
+            time.sleep(2)
+        subprocess.run(["scancel", self.id], check=False)
+        pytest.fail(f"Slurm job {self.id} did not end within {timeout:.0f} s ({info['JobState']}):\n{self.logs()}")
+
+    def wait_for_text(self, text: str, timeout: float = JOB_TIMEOUT_S) -> None:
+        """Waits until a task log holds ``text``; fails the test (cancelling the job) after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in path.read_text(errors="replace") for path in self.task_logs()):
+                return
+            if self.show()["JobState"] in ENDED:
+                pytest.fail(f"job {self.id} ended before a task printed {text!r}:\n{self.logs()}")
+            time.sleep(0.5)
+        subprocess.run(["scancel", self.id], check=False)
+        pytest.fail(f"no task of job {self.id} printed {text!r} within {timeout:.0f} s:\n{self.logs()}")
+
+
+def submit(folder: Path, cache_dir: Path, ntasks_per_node: int, env: dict[str, str] | None = None) -> Job:
+    """``sbatch`` the template on two nodes with ``ntasks_per_node`` tasks each (one CPU per task, no GPU),
+    OUTPUT_DIR and every log in ``folder``, the session's rocmft cache, rocmft from this checkout."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tmp").mkdir(exist_ok=True)
+    environ = _clean_environment()
+    environ.update({
+        "PATH": f"{REPO / '.venv' / 'bin'}{os.pathsep}{environ.get('PATH', '')}",
+        "PYTHONPATH": str(REPO / "entrypoint"),  # this checkout's rocmft, also in a worktree of another's .venv
+        "ROCMFT_CONTAINER": "none", "CONFIG": "", "TASK_LOG": str(folder / "logs" / "%x-%j-node%n-task%t.out"),
+        "OUTPUT_DIR": str(folder / "out"), "ROCMFT_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1", "TMPDIR": str(folder / "tmp"),
+        # the CPU with gloo: the GPU count check is skipped, as a CPU-only user would (tests/test_resilience.py)
+        "ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_SKIP_CHECKS": "gpu-runtime",
+        # one thread per rank and one tokenizing process: the machine has 2 cores for up to 4 ranks
+        "OMP_NUM_THREADS": "1", "PREPROCESSING_NUM_WORKERS": "1",
+    })  # fmt: skip
+    environ.update(env or {})
+    command = ["sbatch", "--parsable", f"--chdir={folder}", f"--output={folder}/batch-%j.out",
+               f"--job-name=rocmft-test-{ntasks_per_node}", "--nodes=2", f"--ntasks-per-node={ntasks_per_node}",
+               "--cpus-per-task=1", "--gpus-per-node=0", "--time=20", str(TEMPLATE)]  # fmt: skip
+    submitted = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    return Job(submitted.stdout.strip().split(";")[0], folder)
+
+
+def final_loss(output: Path) -> tuple[int, float]:
+    """(step, loss) of the last logged loss in trainer_state.json."""
+    history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+    last = [h for h in history if "loss" in h][-1]
+    return last["step"], last["loss"]
+
+
+def assert_one_run_record(job: Job, mode: str, world_size: int) -> dict:
+    """The assertions both modes share: node 0 (rank 0) alone wrote the run's outputs and its record says
+    Slurm, two nodes, ``mode``; node 1's record folder has no summary and no weights. Returns the manifest."""
+    output, logs = job.output, job.logs()
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    layout = manifest["job"]
+    assert (layout["engine"], layout["nnodes"], layout["mode"], layout["job_id"]) == ("slurm", 2, mode, job.id), (
+        layout, logs)  # fmt: skip
+    if mode == "task":
+        assert layout["world_size"] == world_size and layout["rank"] == 0, (layout, logs)
+    assert manifest["status"] == "finished", (manifest["status"], logs)
+    assert (output / "run_summary.md").is_file(), logs
+    assert list(output.glob("*.safetensors")), logs  # the built-in default's weights (a full fine-tune)
+    others = sorted(p for p in output.glob("rocmft-*") if p.name != "rocmft-history")
+    for record in others:  # node N's run record: no outputs of its own
+        assert not list(record.rglob("run_summary.md")) and not list(record.rglob("*.safetensors")), (record, logs)
+    return manifest
+
+
+def assert_each_task_ran(job: Job, tasks: int) -> None:
+    """One log per task (%n node, %t task in srun's --output), each showing a run that began and ended."""
+    task_logs = job.task_logs()
+    assert len(task_logs) == tasks, ([p.name for p in task_logs], job.logs())
+    for path in task_logs:
+        text = path.read_text(errors="replace")
+        assert f"Slurm job {job.id}" in text, (path.name, text[-3000:])  # the layout line each rocmft prints
+        assert "training finished" in text or "[rocmft] step" in text, (path.name, text[-3000:])
+
+
+@pytest.fixture(scope="module")
+def node_mode_job(cluster, tmp_path_factory, cache_dir, tiny_model) -> tuple[Job, dict[str, str], float]:
+    """The node-mode job (two nodes, one task each), run once: (job, its final scontrol record, wall seconds).
+    ``tiny_model`` builds the model in the cache before the job, so the two nodes do not both build it."""
+    started = time.monotonic()
+    job = submit(tmp_path_factory.mktemp("slurm-node"), cache_dir, 1, NODE_RUN)
+    info = job.wait()
+    return job, info, time.monotonic() - started
+
+
+def test_node_mode_two_nodes_one_task_each_runs_one_run_from_node_0(node_mode_job):
+    job, info, seconds = node_mode_job
+    print(f"node-mode job {job.id}: {seconds:.0f} s")
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, job.logs())
+    assert_one_run_record(job, "node", world_size=2)
+    assert_each_task_ran(job, 2)
+
+
+def test_task_mode_two_nodes_two_tasks_each_runs_four_ranks_without_torchrun(cluster, tmp_path, cache_dir, tiny_model):
+    started = time.monotonic()
+    job = submit(tmp_path / "task", cache_dir, 2, {"MAX_STEPS": "10"})
+    info = job.wait()
+    print(f"task-mode job {job.id}: {time.monotonic() - started:.0f} s")
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, job.logs())
+    assert_one_run_record(job, "task", world_size=4)
+    assert_each_task_ran(job, 4)
+    assert "torch.distributed.run" not in job.logs(tail=10**9)  # srun started the ranks, not torchrun
+
+
+def test_scancel_term_stops_with_a_checkpoint_and_the_requeued_job_resumes_to_the_same_loss(
+    node_mode_job, tmp_path, cache_dir
+):
+    """``scancel --signal=TERM`` signals the tasks (not the batch shell: man scancel), each rocmft stops at its
+    next optimizer step with a checkpoint; ``scontrol requeue`` of the ended job runs the script again under the
+    same id (and OUTPUT_DIR), which resumes from that checkpoint and ends at the uninterrupted node-mode run's
+    loss (same settings; fp32 on the CPU, so 1e-5 relative as in tests/test_resilience.py).
+
+    Slurm makes a requeued job wait about 120 s (its EligibleTime, seen on the local cluster); the test sets its
+    begin time to now (``scontrol update StartTime=now``), as an operator may, instead of waiting."""
+    whole, whole_info, _ = node_mode_job
+    assert whole_info["JobState"] == "COMPLETED", whole.logs()
+    started = time.monotonic()
+    job = submit(tmp_path / "stop", cache_dir, 1, NODE_RUN)
+    job.wait_for_text("[rocmft] step 3/")
+    subprocess.run(["scancel", "--signal=TERM", job.id], check=True)
+    info = job.wait()
+    assert info["ExitCode"] == f"{ExitCode.INTERRUPTED}:0", (info, job.logs())
+    stopped_at = json.loads((job.output / "rocmft" / "worker-result.json").read_text())["stopped_at_step"]
+    checkpoint = job.output / f"checkpoint-{stopped_at}"
+    for name in ("trainer_state.json", "model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"):
+        assert (checkpoint / name).is_file(), (name, sorted(p.name for p in checkpoint.glob("*")), job.logs())
+    assert json.loads((job.output / "rocmft" / "manifest.json").read_text())["status"] == "interrupted"
+
+    requeued = subprocess.run(["scontrol", "requeue", job.id], capture_output=True, text=True)
+    assert requeued.returncode == 0, f"scontrol requeue {job.id} of the ended job refused: {requeued.stderr}"
+    subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)
+    again = job.wait()
+    print(f"stop and requeue, job {job.id}: {time.monotonic() - started:.0f} s")
+    assert (again["JobState"], again["ExitCode"], again["Restarts"]) == ("COMPLETED", "0:0", "1"), (again, job.logs())
+    assert f"resuming from {checkpoint}" in job.logs(tail=10**9), job.logs()
+    step, loss = final_loss(job.output)
+    whole_step, whole_loss = final_loss(whole.output)
+    assert step == whole_step and loss == pytest.approx(whole_loss, rel=1e-5), job.logs()
