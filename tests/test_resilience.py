@@ -88,8 +88,8 @@ def test_sigterm_with_dataloader_workers_still_stops_with_a_checkpoint(start_roc
     assert stopped_at >= 3 and (output / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file(), text[-3000:]
 
 
-def test_sigterm_under_torchrun_stops_both_ranks_with_one_complete_checkpoint(
-    start_rocmft, tmp_path, tiny_model, demo_data
+def test_sigterm_under_torchrun_stops_both_ranks_with_one_complete_checkpoint_and_resumes(
+    run_rocmft, start_rocmft, tmp_path, tiny_model, demo_data
 ):
     """Two ranks through torchrun on the CPU (gloo; the GPU count check is skipped, as a CPU-only user would),
     each with DataLoader workers. torchrun SIGTERMs the ranks still running as soon as one exits non-zero, and
@@ -98,9 +98,11 @@ def test_sigterm_under_torchrun_stops_both_ranks_with_one_complete_checkpoint(
     (rocmft.launch.graceful_stop_recorded). Rank 0's final write is made 5 s slow
     (ROCMFT_FAULT_SLOW_FINAL_SAVE_S), as a large model's is; the tiny model's is over before rank 1 has exited.
 
-    Resuming is not exercised here: transformers 5.6 loads the optimizer state of a multi-process run with
-    ``map_location=args.device``, which is ``cpu:0`` on the CPU, and torch.load rejects that ("don't know how
-    to restore data location ... cpu:0"). On GPUs the device is ``cuda:N``; one-process resume is tested above."""
+    Then the same command resumes both ranks from that checkpoint and finishes: transformers 5.6 loads a
+    multi-process run's optimizer state with ``map_location=args.device``, ``cpu:0`` on the CPU, which torch.load
+    rejected ("don't know how to restore data location ... cpu:0") until rocmft.worker.patches
+    .resume_optimizer_on_cpu_ranks. The same final loss as an uninterrupted run is asserted across two Slurm nodes
+    (tests/test_slurm.py)."""
     output = tmp_path / "ddp"
     env = {
         "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
@@ -123,6 +125,11 @@ def test_sigterm_under_torchrun_stops_both_ranks_with_one_complete_checkpoint(
                  "rng_state_1.pth"):  # fmt: skip
         assert (checkpoint / name).is_file(), (name, sorted(p.name for p in checkpoint.iterdir()))
     assert json.loads((output / "rocmft" / "manifest.json").read_text())["status"] == "interrupted"
+
+    again = run_rocmft("train", env=env)
+    assert again.returncode == ExitCode.OK, again.stdout[-3000:]
+    assert f"resuming from {checkpoint}" in again.stdout, again.stdout[-3000:]
+    assert final_loss(output)[0] == 12
 
 
 def test_a_stop_that_cannot_wait_for_a_step_says_nothing_of_it_was_saved(start_rocmft, tmp_path):

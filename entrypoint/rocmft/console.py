@@ -15,8 +15,19 @@ PREFIX = "[rocmft] "
 
 
 def is_first_rank(environ: dict[str, str] | os._Environ = os.environ) -> bool:
-    """Whether this process is rank 0 of its job (``RANK`` unset or ``0``: torchrun sets it for every rank)."""
-    return environ.get("RANK", "0").strip() in ("", "0")
+    """Whether this process prints the lines every rank would print identically.
+
+    A worker (torchrun sets ``LOCAL_RANK`` and ``RANK`` for every rank, and so does rocmft's task-mode launch):
+    rank 0. One of several Slurm tasks on a node (``SLURM_STEP_NUM_TASKS`` > ``SLURM_STEP_NUM_NODES``): the node's
+    first task (``SLURM_LOCALID`` 0), so each node prints its own checks once. Else (one process, or one
+    entrypoint per node: a PyTorchJob pod's ``RANK`` is the pod's index, not a process rank): yes.
+    """
+    if "LOCAL_RANK" in environ:
+        return environ.get("RANK", "0").strip() in ("", "0")
+    tasks, nodes = environ.get("SLURM_STEP_NUM_TASKS", ""), environ.get("SLURM_STEP_NUM_NODES", "")
+    if tasks.isdigit() and nodes.isdigit() and int(tasks) > int(nodes):
+        return environ.get("SLURM_LOCALID", "0").strip() in ("", "0")
+    return True
 
 
 def say(message: str, *, stream: TextIO | None = None, all_ranks: bool = False) -> None:

@@ -228,7 +228,11 @@ def shm(plan) -> Outcome:
     if not Path("/dev/shm").is_dir():
         return Outcome(SKIP, "no /dev/shm", "This system has no /dev/shm.")
     size = plan.probes.get("shm_bytes") or psutil.disk_usage("/dev/shm").total
-    ranks = processes_per_node(plan) if plan.launcher == "torchrun" else 0
+    from rocmft.facts.scheduler import job_layout
+
+    # the processes of this node that communicate: torchrun's, or the scheduler's tasks on this node
+    launched = {"torchrun": processes_per_node(plan), "task": job_layout().local_world_size or 1}
+    ranks = launched.get(plan.launcher, 0)
     workers = int(plan.arguments.get("dataloader_num_workers") or 0) * max(ranks, 1)
     need = ranks * SHM_PER_RANK + workers * SHM_PER_WORKER
     value = f"{size / 2**30:.2f} GiB, need {need / 2**30:.2f} GiB"

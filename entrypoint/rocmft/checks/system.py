@@ -205,7 +205,7 @@ def memory_fit(plan) -> Outcome:
     torch.cuda.max_memory_allocated on Qwen2-7B-shaped LoRA runs, BENCHMARKS.md), against the free memory
     of the emptiest-looking local GPU the run uses. Fails with up to three changes that would fit.
     FSDP full sharding is estimated as ZeRO-3 (both partition parameters, gradients and optimizer states)."""
-    from rocmft.facts.job import nnodes
+    from rocmft.facts.job import world_size
     from rocmft.render import processes_per_node
     from rocmft.render.memfit import estimate, fixes, read_model_shape, spec_from_arguments
 
@@ -220,7 +220,7 @@ def memory_fit(plan) -> Outcome:
     if settings.distributed == "fsdp":
         zero = 3
     offload = settings.offload if settings.distributed == "deepspeed" else "none"
-    world = processes_per_node(plan) * nnodes()
+    world = world_size(plan.settings, plan.device, plan.launcher)
     shape = read_model_shape(model_dir)
     spec = spec_from_arguments(plan.arguments, compute_dtype=plan.precision.compute_dtype, zero_stage=zero,
                                offload=offload, world_size=world)  # fmt: skip

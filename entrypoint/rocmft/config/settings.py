@@ -276,12 +276,13 @@ FOREIGN_PREFIXES = (
     "GPU_", "AMD_", "MIOPEN_", "HIPBLASLT_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTHON", "PIP_", "VIRTUAL_",
     "LC_", "XDG_", "SSH_", "DOCKER_", "COMPOSE_", "KUBERNETES_", "SLURM_", "WANDB_", "SWANLAB_", "MLFLOW_",
     "ACCELERATE_", "DS_", "DEEPSPEED_", "LLAMAFACTORY_", "USE_", "GITHUB_", "CI_", "TERM", "LS_", "GIT_",
+    "PET_", "APPTAINER", "SINGULARITY", "MUNGE_", "PMI_", "PMIX_", "OMPI_", "TRITON_", "TORCHINDUCTOR_",
 )  # fmt: skip
 FOREIGN_NAMES = {
     "PATH", "HOME", "USER", "SHELL", "PWD", "OLDPWD", "HOSTNAME", "LANG", "LANGUAGE", "TZ", "SHLVL", "MAIL",
     "LOGNAME", "EDITOR", "PAGER", "DISPLAY", "TMPDIR", "CI", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
     "NODE_RANK", "NNODES", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
-    "FORCE_TORCHRUN", "ALLOW_EXTRA_ARGS", "DISABLE_VERSION_CHECK", "OUT", "_",
+    "FORCE_TORCHRUN", "ALLOW_EXTRA_ARGS", "DISABLE_VERSION_CHECK", "OUT", "_", "JOB_COMPLETION_INDEX",
 }  # fmt: skip
 # How close (difflib ratio, 0..1) a variable name must come to an argument name to be taken for a typo.
 # 0.8 catches INCLUDE_TOKENS_PER_SECOND (0.83 to include_effective_tokens_per_second), LEARNING_RTE

@@ -89,8 +89,10 @@ class JobLayout:
         return self.rank == 0 if self.mode == "task" else self.node_rank == 0
 
     def as_record(self) -> dict[str, Any]:
-        """The manifest's ``job`` record: every field, JSON-ready."""
+        """The manifest's ``job`` record: every field, ``is_first`` (:attr:`is_first_node`) and ``description``
+        (:meth:`describe`), JSON-ready."""
         return {
+            "description": self.describe(), "is_first": self.is_first_node,
             "engine": self.engine, "mode": self.mode, "nnodes": self.nnodes, "node_rank": self.node_rank,
             "master_addr": self.master_addr, "master_port": self.master_port, "rank": self.rank,
             "local_rank": self.local_rank, "world_size": self.world_size, "local_world_size": self.local_world_size,

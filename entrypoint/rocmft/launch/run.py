@@ -65,7 +65,7 @@ _STOPPED_AT_ONCE = (
 
 
 def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[str, str]) -> int:
-    """Run the worker as ``spec`` says for the run in ``run_dir`` (``launcher``: ``python`` or ``torchrun``) and
+    """Run the worker as ``spec`` says for the run in ``run_dir`` (``launcher``: rocmft.facts.job.LAUNCHERS) and
     return its exit code (an :class:`~rocmft.errors.ExitCode` value); ``secrets`` (name -> value) are redacted
     from what is shown and saved in ``run_dir/train.log``."""
     command = list(spec.command)
@@ -91,8 +91,9 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
 
     # installed before the worker starts: a signal meanwhile killed rocmft and left the worker running alone
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    say(f"job: {spec.job.get('description', 'one node')}", all_ranks=True)
     say(f"launching: {' '.join(command)}", all_ranks=True)
-    if launcher == "torchrun":
+    if launcher != "python":
         say(f"NUMA binding: {spec.numa['reason']}", all_ranks=True)
         for note in spec.network_notes:
             say(f"network: {note}", all_ranks=True)
@@ -141,6 +142,12 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
             signal.signal(s, handler)
     graceful = graceful_stop_recorded(run_dir)
     if code == ExitCode.OK and graceful:
+        if not spec.job.get("is_first") and spec.job.get("engine") == "slurm":
+            # srun --kill-on-bad-exit (deploy/slurm/train.sbatch) ends the whole step when one task exits non-zero:
+            # a 143 here would kill node 0 while it still writes the final model after the stop. Node 0 reports it.
+            say("stopped with a checkpoint; exit 0 so that srun lets the first node finish writing (it exits 143)",
+                all_ranks=True)  # fmt: skip
+            return ExitCode.OK
         return ExitCode.INTERRUPTED  # torchrun's ranks exit 0 after a graceful stop (rocmft.worker.main)
     if code in (ExitCode.OK, ExitCode.NON_FINITE_LOSS):
         return ExitCode(code)

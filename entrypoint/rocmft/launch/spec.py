@@ -16,7 +16,7 @@ from typing import Any
 
 from rocmft.errors import ConfigError
 from rocmft.facts.image import ARCH_PROFILE, read_profile
-from rocmft.facts.job import nnodes, node_rank
+from rocmft.facts.scheduler import JobLayout, job_layout
 from rocmft.proc import free_port
 from rocmft.render import Plan, processes_per_node
 
@@ -41,6 +41,8 @@ class LaunchSpec:
         network_notes: what the network detection found, one line each.
         communication: each effective RCCL/NCCL/HIP variable -> ``{"value", "source"}``
             (:func:`communication_environment`).
+        job: the job layout's record (rocmft.facts.scheduler.JobLayout.as_record): engine, launch mode, nodes,
+            this process's place, the rendezvous, each with its source.
     """
 
     command: tuple[str, ...]
@@ -48,22 +50,25 @@ class LaunchSpec:
     numa: Mapping[str, Any] = field(default_factory=lambda: dict(NO_BINDING))
     network_notes: tuple[str, ...] = ()
     communication: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    job: Mapping[str, Any] = field(default_factory=lambda: JobLayout().as_record())
 
     def as_record(self) -> dict[str, Any]:
-        """``{"command", "environment", "numa", "network_notes", "communication"}``, JSON-ready (lists, dicts)."""
+        """``{"command", "environment", "numa", "network_notes", "communication", "job"}``, JSON-ready."""
         return {
             "command": list(self.command),
             "environment": dict(self.environment),
             "numa": dict(self.numa),
             "network_notes": list(self.network_notes),
             "communication": {name: dict(entry) for name, entry in self.communication.items()},
+            "job": dict(self.job),
         }
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> LaunchSpec:
         """The spec of a launch record (:meth:`as_record`'s shape; plan.launch)."""
         return cls(tuple(record["command"]), dict(record["environment"]), dict(record["numa"]),
-                   tuple(record.get("network_notes") or ()), dict(record.get("communication") or {}))  # fmt: skip
+                   tuple(record.get("network_notes") or ()), dict(record.get("communication") or {}),
+                   dict(record.get("job") or JobLayout().as_record()))  # fmt: skip
 
     def process_environment(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The worker's whole environment: ``environ`` with :attr:`environment` added."""
@@ -116,30 +121,39 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str] | None = None, root
                       numactl: bool | None = None, allowed_cpus: set[int] | None = None) -> LaunchSpec:  # fmt: skip
     """Decide how the worker starts for ``plan``; no side effects.
 
-    The NUMA binding plan follows ROCMFT_NUMA_BIND (rocmft.facts.topology.binding_plan) for the local ranks' GPUs,
-    by PCI address from the device probe; the network variables are added for multi-node runs only
-    (rocmft.facts.topology.network_environment).
+    Launch modes (rocmft.facts.scheduler): ``python`` (one process), ``torchrun`` (rocmft starts the node's ranks),
+    ``task`` (the scheduler started this process as one rank: the worker runs directly, with what torchrun would
+    have set, :func:`task_environment`). The NUMA binding plan follows ROCMFT_NUMA_BIND
+    (rocmft.facts.topology.binding_plan) for the local ranks' GPUs, by PCI address from the device probe; the
+    network variables are added for multi-node runs only (rocmft.facts.topology.network_environment).
 
     Args:
         plan: the rendered run (its device probe gives the GPUs' PCI addresses).
-        environ: the environment the launch starts from (default os.environ); NNODES and NODE_RANK are read by
-            rocmft.facts.job from os.environ.
+        environ: the environment the launch starts from (default os.environ), where the job layout is read
+            (rocmft.facts.scheduler.job_layout).
         root: where /sys and /proc are (tests pass a recorded host layout).
         numactl: whether numactl is installed (torch binds through it); None looks on PATH.
         allowed_cpus: the CPUs this process may use; None reads os.sched_getaffinity (the container's cpuset).
 
     Raises:
-        ConfigError: ROCMFT_NUMA_BIND=on where binding cannot work, a bad NNODES/NODE_RANK.
+        ConfigError: ROCMFT_NUMA_BIND=on where binding cannot work, a bad job layout (NNODES/NODE_RANK, a
+            scheduler variable).
     """
     from rocmft.facts.topology import binding_plan, network_environment
 
     environ = dict(os.environ if environ is None else environ)
+    layout = job_layout(environ)
     added = {"PYTHONUNBUFFERED": "1"}
     numa = None
     network_notes: list[str] = []
+    if plan.launcher == "task":
+        added.update(task_environment(layout, plan.device.count))
+        network = network_environment(environ, layout.nnodes, root)
+        added.update(network.env())
+        network_notes = [*network.notes, *_task_notes(layout, plan.device.count)]
     if plan.launcher == "torchrun":
         added["FORCE_TORCHRUN"] = "1"  # LLaMA-Factory requires it for DeepSpeed
-        network = network_environment(environ, nnodes(), root)
+        network = network_environment(environ, layout.nnodes, root)
         added.update(network.env())
         added.update(full_node_environment(processes_per_node(plan), environ))
         network_notes = network.notes
@@ -156,30 +170,50 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str] | None = None, root
         numa=numa.as_dict() if numa else dict(NO_BINDING),
         network_notes=tuple(network_notes),
         communication=communication_environment(environ, added),
+        job=layout.as_record(),
     )
+
+
+def task_environment(layout: JobLayout, visible_gpus: int) -> dict[str, str]:
+    """Task mode: what torchrun would have set for this rank (:meth:`JobLayout.worker_environment`), with
+    LOCAL_RANK pointing at a GPU this process can see. Slurm's ``--gpus-per-task=1``/``--gpu-bind`` leave each task
+    one GPU (ROCR_VISIBLE_DEVICES narrowed by Slurm's gres plugin; OLCF's Frontier guide binds that way), so its
+    index is 0 whatever SLURM_LOCALID is; with the node's GPUs all visible it is the local rank."""
+    env = layout.worker_environment()
+    if env and visible_gpus <= int(env["LOCAL_RANK"]):
+        env["LOCAL_RANK"] = "0"
+    return env
+
+
+def _task_notes(layout: JobLayout, visible_gpus: int) -> list[str]:
+    if visible_gpus and visible_gpus <= (layout.local_rank or 0):
+        return [f"task {layout.rank} sees {visible_gpus} GPU(s) (the scheduler bound them): it uses GPU 0 of those"]
+    return []
 
 
 def worker_command(plan: Plan, numa_args: list[str] | None = None,
                    environ: Mapping[str, str] | None = None) -> list[str]:  # fmt: skip
     """The command line that starts the worker(s) for ``plan``.
 
-    One process: ``python -m rocmft.worker RUN_DIR``. Otherwise torchrun (``python -m torch.distributed.run``)
-    with LLaMA-Factory's launcher conventions: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT from the
-    environment, processes per node from :func:`processes_per_node`, each local rank's output also in
+    One process, or one task of a scheduler's one-process-per-GPU launch: ``python -m rocmft.worker RUN_DIR``.
+    Otherwise torchrun (``python -m torch.distributed.run``) with the job layout's nodes, node rank and rendezvous
+    (rocmft.facts.scheduler: Slurm, Kubeflow, or NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT by hand), processes per
+    node from :func:`processes_per_node`, each local rank's output also in
     ``RUN_DIR/logs`` (``--log-dir``, ``--tee 3``), and ``numa_args`` (``--numa-binding node``) when binding.
-    ``environ``: where MASTER_ADDR and MASTER_PORT are read (default os.environ; a free port when unset).
+    ``environ``: where the job layout is read (default os.environ; a free port when no rendezvous is given).
     """
     environ = os.environ if environ is None else environ
+    layout = job_layout(environ)
     worker = ["-m", "rocmft.worker", str(plan.run_dir)]
     if plan.launcher != "torchrun":
         return [sys.executable, *worker]
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", str(nnodes()),
-        "--node_rank", str(node_rank()),
+        "--nnodes", str(layout.nnodes),
+        "--node_rank", str(layout.node_rank),
         "--nproc_per_node", str(processes_per_node(plan)),
-        "--master_addr", environ.get("MASTER_ADDR", "127.0.0.1"),
-        "--master_port", environ.get("MASTER_PORT", str(free_port())),
+        "--master_addr", layout.master_addr or "127.0.0.1",
+        "--master_port", str(layout.master_port or free_port()),
         "--log-dir", str(plan.run_dir / LOG_DIR), "--tee", "3",
         *(numa_args or []),
         *worker,

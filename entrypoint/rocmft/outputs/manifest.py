@@ -25,7 +25,8 @@ from rocmft.records import WorkerResult
 # Variables that change what a run does without being training arguments, recorded in the manifest.
 RECORDED_ENV_PREFIXES = ("ROCMFT_", "NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "GPU_", "CUDA_", "TORCH_",
                          "PYTORCH_", "HF_", "OMP_", "FORCE_TORCHRUN", "NNODES", "NODE_RANK", "NPROC_PER_NODE",
-                         "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")  # fmt: skip
+                         "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "SLURM_", "PET_",
+                         "JOB_COMPLETION_INDEX", "KUBERNETES_SERVICE_HOST", "APPTAINER_", "SINGULARITY_")  # fmt: skip
 
 
 def now() -> str:
@@ -93,6 +94,7 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "device": plan.device.as_dict(),
         "gpu_probes": {k: v for k, v in plan.probes.items() if k != "image"},
         "launcher": plan.launcher,
+        "job": (plan.launch or {}).get("job"),
         "launch": plan.launch,
         "demo": plan.demo,
         "settings": plan.settings.redacted(),

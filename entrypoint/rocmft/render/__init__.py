@@ -31,8 +31,9 @@ from rocmft.config.settings import Settings
 from rocmft.console import say, warn
 from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
-from rocmft.facts.job import asked_processes, local_processes, nnodes, node_rank
+from rocmft.facts.job import asked_processes, local_processes, world_size
 from rocmft.facts.modeldir import ModelDir
+from rocmft.facts.scheduler import job_layout
 from rocmft.fsutil import atomic_write_json, atomic_write_text
 from rocmft.render import planner
 from rocmft.render.datasets import Registry, build_registry, split_names
@@ -57,10 +58,13 @@ FSDP_CONFIG = {
 
 
 def run_subdir() -> str:
-    """``rocmft`` on node 0; ``rocmft-node<k>`` on the other nodes of a multi-node run, so that node 0 alone
-    writes OUTPUT_DIR/rocmft and the weights, while each other node keeps its own record beside it."""
-    rank = node_rank()
-    return RUN_SUBDIR if rank == 0 else f"{RUN_SUBDIR}-node{rank}"
+    """``rocmft`` on node 0 (in task mode: for rank 0); ``rocmft-node<k>`` on the other nodes of a multi-node run
+    (``rocmft-rank<r>`` for the other tasks), so that node 0 alone writes OUTPUT_DIR/rocmft and the weights, while
+    each other process that rocmft runs keeps its own record beside it."""
+    layout = job_layout()
+    if layout.is_first_node:
+        return RUN_SUBDIR
+    return f"{RUN_SUBDIR}-rank{layout.rank}" if layout.mode == "task" else f"{RUN_SUBDIR}-node{layout.node_rank}"
 
 
 @dataclass
@@ -79,7 +83,8 @@ class Plan:
         registry: the data sets.
         ds_config: the rendered DeepSpeed config, when ROCMFT_DISTRIBUTED=deepspeed.
         demo: whether this is the built-in default (tiny model, demo data).
-        launcher: ``"python"`` (one process) or ``"torchrun"``.
+        launcher: ``"python"`` (one process), ``"torchrun"``, or ``"task"`` (one rank of a scheduler's
+            one-process-per-GPU launch; rocmft.facts.job.LAUNCHERS).
         files: name -> staged path of each rendered file.
         probes: facts the GPU checks measured (device probe, all-reduce, the image's build record), kept
             for the manifest; tests put probe data here instead of running a probe.
@@ -237,7 +242,8 @@ class Rendered:
         text: the rendered train.yaml.
         resume: ROCMFT_RESUME's choice (rocmft.render.resume.choose).
         resumable: whether OUTPUT_DIR has checkpoints (used or not): the resume note is printed then.
-        world_size: NNODES × processes per node.
+        world_size: processes in the job (rocmft.facts.job.world_size: NNODES × processes per node, or the
+            scheduler's task count).
     """
 
     settings: Settings
@@ -322,7 +328,8 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
         fixed_sources["fsdp"] = fixed_sources["fsdp_config"] = "ROCMFT_DISTRIBUTED=fsdp"
     torchrun = (rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1
                 or asked_processes(settings) > 1)  # fmt: skip
-    launcher = "torchrun" if torchrun else "python"
+    # a scheduler that started one process per GPU (Slurm's task layout) is the launch: no torchrun on top
+    launcher = "task" if job_layout().mode == "task" else "torchrun" if torchrun else "python"
     return _Fixed(values=fixed, sources=fixed_sources, ds_config=ds_config, launcher=launcher)
 
 
@@ -396,14 +403,14 @@ def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging
     rendered_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
     text, arguments = _train_yaml(env, layered, fixed, rendered_at)
-    world_size = local_processes(settings, device, fixed.launcher) * nnodes()
+    world = world_size(settings, device, fixed.launcher)
     # the planner replaces template defaults (never the user's values) with ones chosen for the GPU
-    perf = _plan_performance(settings, arguments, device, precision, fixed.ds_config, world_size, demo, registry)
+    perf = _plan_performance(settings, arguments, device, precision, fixed.ds_config, world, demo, registry)
     layered, sources, changed = planner.apply(perf, layered, sources)
     if changed:
         text, arguments = _train_yaml(env, layered, fixed, rendered_at)
     # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
-    resume = _resume(settings, arguments, where.output_dir, where.run_dir, world_size)
+    resume = _resume(settings, arguments, where.output_dir, where.run_dir, world)
     resumable = resume.checkpoint is not None or bool(checkpoints(where.output_dir))  # checkpoints there, used or not
     fixed = _resumed(settings, fixed, resume, resumable)
     if resumable:
@@ -425,7 +432,7 @@ def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging
         text=text,
         resume=resume,
         resumable=resumable,
-        world_size=world_size,
+        world_size=world,
     )
 
 

@@ -98,7 +98,7 @@ def validate(plan: Plan, keep: bool = False) -> ParseResult:
     arguments = dict(plan.arguments)
     if isinstance(arguments.get("deepspeed"), str):  # the ds_config is still in the staging folder
         arguments["deepspeed"] = str(plan.staged(arguments["deepspeed"]))
-    environ = torchrun_rank0_env({}) if plan.launcher == "torchrun" else {}
+    environ = torchrun_rank0_env({}) if plan.launcher != "python" else {}  # never the job's own rendezvous
     validator = take_validator()
     try:
         result = validator.parse(ParseRequest(arguments, environ), TIMEOUT_S)
@@ -114,7 +114,7 @@ def validate(plan: Plan, keep: bool = False) -> ParseResult:
         ) from err  # fmt: skip
     global _kept
     log = validator.log()
-    if keep and plan.launcher != "torchrun" and result is not None and result.ok:
+    if keep and plan.launcher == "python" and result is not None and result.ok:
         _kept = validator
     else:
         validator.cancel()

@@ -6,6 +6,7 @@ and rocmft.console's rank filter)."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -13,6 +14,11 @@ from pathlib import Path
 from rocmft.console import say
 from rocmft.records import LossRecord, NonFinite, RunPolicy, RunStatus, WorkerResult, with_reason, write_worker_result
 from rocmft.worker.faults import nan_after_step
+
+
+def under_torchrun() -> bool:
+    """Whether torchrun started this process (it sets TORCHELASTIC_RUN_ID for every rank: torch.distributed.run)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 class NonFiniteLoss(RuntimeError):
@@ -122,8 +128,9 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
 
         def _save(self, state) -> None:
             # each node's local rank 0 writes its node's record (RUN_DIR is per node: rocmft-node<N>), so a node
-            # that stopped because another rank was signalled can say so (rocmft.launch.run_worker reads it)
-            if state.is_local_process_zero:
+            # that stopped because another rank was signalled can say so (rocmft.launch.run_worker reads it);
+            # without torchrun (one process, or one scheduler task: RUN_DIR rocmft-rank<R>) the process always does
+            if state.is_local_process_zero or not under_torchrun():
                 write_worker_result(run_dir, self.result)
 
         def _record_peak(self) -> None:

@@ -13,7 +13,7 @@ from rocmft.console import say
 from rocmft.errors import ExitCode
 from rocmft.records import RunStatus, read_run_policy, with_reason, write_worker_result
 from rocmft.worker import faults, patches
-from rocmft.worker.callbacks import STOP, Interrupted, NonFiniteLoss, rocmft_callback
+from rocmft.worker.callbacks import STOP, Interrupted, NonFiniteLoss, rocmft_callback, under_torchrun
 
 
 def _disk_full(err: BaseException, output_dir: Path) -> bool:
@@ -77,7 +77,8 @@ def main(run_dir: str) -> int:
     """Train from RUN_DIR/train.yaml and RUN_DIR/run.json; return the exit code."""
     run_path = Path(run_dir)
     policy = read_run_policy(run_path)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # local rank 0 writes this node's RUN_DIR record
+    # torchrun's local rank 0 writes this node's RUN_DIR record; without torchrun the process writes its own
+    writes_record = int(os.environ.get("LOCAL_RANK", "0")) == 0 or not under_torchrun()
 
     def on_signal(signum, _frame):
         name = signal.Signals(signum).name
@@ -101,6 +102,7 @@ def main(run_dir: str) -> int:
     if policy.fault_slow_final_save_s:
         faults.slow_final_save(policy.fault_slow_final_save_s)
     patches.count_tokens_under_4d_masks()
+    patches.resume_optimizer_on_cpu_ranks()
 
     from llamafactory.train.tuner import run_exp
 
@@ -122,7 +124,7 @@ def main(run_dir: str) -> int:
         return ExitCode.NON_FINITE_LOSS
     except Interrupted as err:
         callback.result = callback.result.updated(status=with_reason(RunStatus.INTERRUPTED, str(err)))
-        if local_rank == 0:
+        if writes_record:
             write_worker_result(run_path, callback.result)
         say(f"interrupted by {err}", stream=sys.stderr, all_ranks=True)  # rocmft.launch says what it means
         return ExitCode.INTERRUPTED
@@ -131,7 +133,7 @@ def main(run_dir: str) -> int:
         if _disk_full(err, Path(arguments["output_dir"])):
             _report_disk_full(Path(arguments["output_dir"]), err)
         callback.result = callback.result.updated(status=RunStatus.FAILED, error=f"{type(err).__name__}: {err}")
-        if local_rank == 0:
+        if writes_record:
             write_worker_result(run_path, callback.result)
         return ExitCode.TRAINING_FAILED
     if STOP.at_step is not None:
@@ -141,5 +143,7 @@ def main(run_dir: str) -> int:
         # the ranks still running as soon as one exits non-zero, and the other ranks skip the final model write
         # (LLaMA-Factory's save_model after training), so rank 0 was cut off while writing it (torch 2.11;
         # tests/test_resilience.py reproduces it with ROCMFT_FAULT_SLOW_FINAL_SAVE_S).
-        return ExitCode.OK if "TORCHELASTIC_RUN_ID" in os.environ else ExitCode.INTERRUPTED
+        # The same holds for a scheduler's tasks (srun --kill-on-bad-exit ends the step on a non-zero exit).
+        distributed = under_torchrun() or int(os.environ.get("WORLD_SIZE") or 1) > 1
+        return ExitCode.OK if distributed else ExitCode.INTERRUPTED
     return ExitCode.OK

@@ -103,3 +103,38 @@ def count_tokens_under_4d_masks() -> None:
         self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
 
     Trainer._track_num_input_tokens = track_with_4d_masks
+
+
+def resume_optimizer_on_cpu_ranks() -> None:
+    """Let a multi-process run on the CPU (gloo: a CPU-only multi-node job, CI's two-node Slurm cluster) resume.
+
+    transformers 5.6's ``Trainer._load_optimizer_and_scheduler`` loads optimizer.pt with ``map_location=
+    self.args.device`` when ``world_size > 1``; on the CPU that device is ``cpu:0`` (accelerate 1.11
+    ``PartialState.set_device``: ``torch.device("cpu", local_process_index % torch.cpu.device_count())``), and
+    torch 2.11 refuses it: "don't know how to restore data location of torch.storage.UntypedStorage (tagged with
+    cpu:0)" (reproduced: ``torch.load(f, map_location=torch.device("cpu", 0))``). While that method runs on a CPU
+    device, a ``cpu:N`` map_location is read as ``cpu`` — the same memory. GPU runs are untouched.
+    """
+    import torch
+    from transformers import Trainer
+
+    if not _applies("the CPU multi-process resume", "transformers", TRANSFORMERS,
+                    {"_load_optimizer_and_scheduler": Trainer}):  # fmt: skip
+        return
+    load_states, torch_load = Trainer._load_optimizer_and_scheduler, torch.load
+
+    def load_on_cpu(*args, map_location=None, **kwargs):
+        if isinstance(map_location, torch.device) and map_location.type == "cpu":
+            map_location = "cpu"
+        return torch_load(*args, map_location=map_location, **kwargs)
+
+    def load_states_on_cpu_ranks(self, checkpoint):
+        if self.args.device.type != "cpu" or self.args.world_size <= 1:
+            return load_states(self, checkpoint)
+        torch.load = load_on_cpu  # only for this call: the worker is one thread here (before training starts)
+        try:
+            return load_states(self, checkpoint)
+        finally:
+            torch.load = torch_load
+
+    Trainer._load_optimizer_and_scheduler = load_states_on_cpu_ranks

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.errors import ConfigError
-from rocmft.facts.job import nnodes, node_rank
+from rocmft.facts.scheduler import job_layout
 from rocmft.render import Plan, Rendered, processes_per_node
 from rocmft.validate.rules import Inputs, rule
 from rocmft.values import truthy
@@ -234,21 +234,24 @@ def ds_offload(ds: dict[str, Any], path: Path) -> None:
 
 @rule("launch", 10)
 def world_size(plan: Plan) -> None:
-    """Refuse a hand-set WORLD_SIZE that disagrees with NNODES × processes per node, and a NODE_RANK outside
-    NNODES (torchrun would wait forever for ranks that never come).
+    """Refuse a job shape that cannot start: a hand-set WORLD_SIZE that disagrees with NNODES × processes per node
+    (torchrun would wait forever for ranks that never come), or a multi-node run of one process per node without
+    torchrun. The scheduler's own layout (rocmft.facts.scheduler) is checked where it is read.
 
     Raises:
         ConfigError: naming the variables and their values.
     """
-    nodes, rank = nnodes(), node_rank()
-    per_node = processes_per_node(plan)
-    if rank >= nodes:
-        raise ConfigError(f"NODE_RANK={rank} but NNODES={nodes}: node ranks run from 0 to {nodes - 1}.",
-                          "Give each node a distinct NODE_RANK below NNODES.")  # fmt: skip
+    layout = job_layout()
+    if plan.launcher == "task":
+        return  # the scheduler started every rank: its layout is the job
+    nodes, per_node = layout.nnodes, processes_per_node(plan)
     if nodes > 1 and plan.launcher != "torchrun":
-        raise ConfigError(f"NNODES={nodes} needs a torchrun launch, but this run is one process.",
-                          "Set ROCMFT_DISTRIBUTED=ddp, deepspeed or fsdp for a multi-node run.")  # fmt: skip
-    given = os.environ.get("WORLD_SIZE", "").strip()
+        where = ", ".join(f"{k} from {v}" for k, v in layout.sources.items() if k in ("nnodes", "node_rank"))
+        raise ConfigError(f"This job has {nodes} nodes ({where}), which needs a torchrun launch on each, but this "
+                          "run is one process.", "Set ROCMFT_DISTRIBUTED=ddp, deepspeed or fsdp for a multi-node "
+                          "run.")  # fmt: skip
+    # the training operator v1 sets WORLD_SIZE to the pods (rocmft.facts.scheduler reads it as the node count)
+    given = os.environ.get("WORLD_SIZE", "").strip() if layout.engine != "kubernetes" else ""
     if given and given != str(nodes * per_node):
         raise ConfigError(
             f"WORLD_SIZE={given} disagrees with NNODES={nodes} x {per_node} processes per node = {nodes * per_node}.",
