@@ -141,7 +141,8 @@ def final_loss(output: Path) -> tuple[int, float]:
 
 def assert_one_run_record(job: Job, mode: str, world_size: int) -> dict:
     """The assertions both modes share: node 0 (rank 0) alone wrote the run's outputs and its record says
-    Slurm, two nodes, ``mode``; node 1's record folder has no summary and no weights. Returns the manifest."""
+    Slurm, two nodes, ``mode``, ``world_size`` ranks trained together; the other record folders
+    (``rocmft-node1``, ``rocmft-rank<r>``) hold no summary and no weights. Returns the manifest."""
     output, logs = job.output, job.logs()
     manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
     layout = manifest["job"]
@@ -150,6 +151,8 @@ def assert_one_run_record(job: Job, mode: str, world_size: int) -> dict:
     if mode == "task":
         assert layout["world_size"] == world_size and layout["rank"] == 0, (layout, logs)
     assert manifest["status"] == "finished", (manifest["status"], logs)
+    # the worker's own record of the ranks that trained together: one run across both nodes, not two runs
+    assert manifest["worker"]["world_size"] == world_size, (manifest["worker"], logs)
     assert (output / "run_summary.md").is_file(), logs
     assert list(output.glob("*.safetensors")), logs  # the built-in default's weights (a full fine-tune)
     others = sorted(p for p in output.glob("rocmft-*") if p.name != "rocmft-history")
@@ -158,14 +161,19 @@ def assert_one_run_record(job: Job, mode: str, world_size: int) -> dict:
     return manifest
 
 
-def assert_each_task_ran(job: Job, tasks: int) -> None:
-    """One log per task (%n node, %t task in srun's --output), each showing a run that began and ended."""
+def assert_each_task_ran(job: Job, mode: str, tasks: int) -> None:
+    """One log per task (%n node, %t task in srun's --output), each from a rocmft that placed itself where the
+    file name says (its printed job layout) and trained."""
+    import re
+
     task_logs = job.task_logs()
     assert len(task_logs) == tasks, ([p.name for p in task_logs], job.logs())
     for path in task_logs:
+        node, task = re.search(r"-node(\d+)-task(\d+)\.out$", path.name).groups()
         text = path.read_text(errors="replace")
-        assert f"Slurm job {job.id}" in text, (path.name, text[-3000:])  # the layout line each rocmft prints
-        assert "training finished" in text or "[rocmft] step" in text, (path.name, text[-3000:])
+        place = f"this is node {node};" if mode == "node" else f"this is rank {task} (local"
+        assert f"[rocmft] job: Slurm job {job.id}" in text and place in text, (path.name, place, text[-3000:])
+        assert "[rocmft] training finished in" in text, (path.name, text[-3000:])
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +191,7 @@ def test_node_mode_two_nodes_one_task_each_runs_one_run_from_node_0(node_mode_jo
     print(f"node-mode job {job.id}: {seconds:.0f} s")
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, job.logs())
     assert_one_run_record(job, "node", world_size=2)
-    assert_each_task_ran(job, 2)
+    assert_each_task_ran(job, "node", 2)
 
 
 def test_task_mode_two_nodes_two_tasks_each_runs_four_ranks_without_torchrun(cluster, tmp_path, cache_dir, tiny_model):
@@ -193,7 +201,7 @@ def test_task_mode_two_nodes_two_tasks_each_runs_four_ranks_without_torchrun(clu
     print(f"task-mode job {job.id}: {time.monotonic() - started:.0f} s")
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, job.logs())
     assert_one_run_record(job, "task", world_size=4)
-    assert_each_task_ran(job, 4)
+    assert_each_task_ran(job, "task", 4)
     assert "torch.distributed.run" not in job.logs(tail=10**9)  # srun started the ranks, not torchrun
 
 

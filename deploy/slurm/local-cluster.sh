@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A two-node Slurm cluster on this one host, for CI and for trying deploy/slurm/train.sbatch without a cluster.
 #
-#   deploy/slurm/local-cluster.sh start    install (apt) when missing, configure, start, wait until both nodes are idle
+#   deploy/slurm/local-cluster.sh start    install (apt) when missing, configure, start, wait until both nodes answer
 #   deploy/slurm/local-cluster.sh status   sinfo and the daemons' pids
 #   deploy/slurm/local-cluster.sh stop     stop slurmd n1/n2, slurmctld and the munged this script started
 #
@@ -154,11 +154,13 @@ start() {
   for i in "${!NODES[@]}"; do
     pid_alive "$ROOT/run/slurmd-${NODES[i]}.pid" || slurmd -N "${NODES[i]}"
   done
-  local deadline=$((SECONDS + WAIT_S)) idle down
+  local deadline=$((SECONDS + WAIT_S)) up down
   while ((SECONDS < deadline)); do
-    idle=$(sinfo --noheader --responding --states=idle --Node --format=%N 2>/dev/null | sort -u | tr '\n' ' ')
-    if [[ $idle == "n1 n2 " ]]; then
-      say "ready: n1 and n2 idle ($CONF, state and logs in $ROOT)"
+    # idle on a fresh start; allocated/mixed/completing when `start` runs again while jobs run (idempotent)
+    up=$(sinfo --noheader --responding --states=idle,allocated,mixed,completing --Node --format=%N 2>/dev/null \
+      | sort -u | tr '\n' ' ')
+    if [[ $up == "n1 n2 " ]]; then
+      say "ready: n1 and n2 up ($CONF, state and logs in $ROOT)"
       return
     fi
     # a node slurmctld set down (its slurmd was stopped, or did not answer in time) is resumed by hand
@@ -166,7 +168,7 @@ start() {
     [[ -z $down ]] || scontrol update nodename="$down" state=resume || true
     sleep 1
   done
-  say "n1 and n2 are not both idle after ${WAIT_S}s:" >&2
+  say "n1 and n2 are not both up after ${WAIT_S}s:" >&2
   sinfo --Node --long >&2 || true
   show_logs >&2
   exit 1
