@@ -4,9 +4,10 @@ two idle nodes. Each job runs the built-in default (tiny model, demo data) on th
 container (ROCMFT_CONTAINER=none, this checkout's .venv on PATH), as a site install would.
 
 Both launch modes of the same template: node mode (``--ntasks-per-node=1``: rocmft starts torchrun on each node)
-and task mode (``--ntasks-per-node=2``: four ranks started by srun, no torchrun); and a stop with
+and task mode (``--ntasks-per-node=2``: four ranks started by srun, no torchrun); and in each mode a stop with
 ``scancel --signal=TERM`` followed by ``scontrol requeue``, which must resume from the stop's checkpoint to the
-uninterrupted run's loss. A failing test prints the job's batch log and every task's log.
+uninterrupted run's loss (node mode: an expected failure today, see NODE_MODE_STOP). A failing test prints the
+job's batch log and every task's log.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
 # How long one job may take before the test fails: measured 3.6 min for a node-mode job of 10 steps on this
 # 2-core machine while other test suites ran beside it (the two LLaMA-Factory imports took 54 s each); twice that.
 JOB_TIMEOUT_S = 480
-# The settings of the node-mode run and the stopped-and-resumed one (the same, so their losses compare): enough
-# steps that a stop requested after step 3 arrives before the run ends (a CPU step of the tiny model takes ~0.2 s).
-NODE_RUN = {"MAX_STEPS": "60", "LOGGING_STEPS": "1"}
+# The settings of every job (the uninterrupted runs and the stopped-and-resumed ones are the same, so their losses
+# compare): enough steps that a stop requested after step 3 arrives before the run ends (a CPU step of the tiny
+# model took 0.2-0.3 s here in both modes).
+RUN = {"MAX_STEPS": "60", "LOGGING_STEPS": "1"}
+TASKS_PER_NODE = {"node": 1, "task": 2}
 
 
 @pytest.fixture(scope="module")
@@ -176,56 +179,81 @@ def assert_each_task_ran(job: Job, mode: str, tasks: int) -> None:
         assert "[rocmft] training finished in" in text, (path.name, text[-3000:])
 
 
-@pytest.fixture(scope="module")
-def node_mode_job(cluster, tmp_path_factory, cache_dir, tiny_model) -> tuple[Job, dict[str, str], float]:
-    """The node-mode job (two nodes, one task each), run once: (job, its final scontrol record, wall seconds).
-    ``tiny_model`` builds the model in the cache before the job, so the two nodes do not both build it."""
+def run_whole(tmp_path_factory, cache_dir, mode: str) -> tuple[Job, dict[str, str], float]:
+    """The uninterrupted job of ``mode`` (node: two nodes, one task each; task: two tasks each), run once per
+    module: (job, its final scontrol record, wall seconds)."""
     started = time.monotonic()
-    job = submit(tmp_path_factory.mktemp("slurm-node"), cache_dir, 1, NODE_RUN)
+    job = submit(tmp_path_factory.mktemp(f"slurm-{mode}"), cache_dir, TASKS_PER_NODE[mode], RUN)
     info = job.wait()
     return job, info, time.monotonic() - started
 
 
-def test_node_mode_two_nodes_one_task_each_runs_one_run_from_node_0(node_mode_job):
-    job, info, seconds = node_mode_job
+@pytest.fixture(scope="module")
+def whole_runs(cluster, tmp_path_factory, cache_dir, tiny_model) -> dict:
+    """mode -> the uninterrupted job of that mode, submitted on first use. ``tiny_model`` builds the model in
+    the cache before any job, so that the nodes do not both build it."""
+    runs: dict = {}
+
+    def get(mode: str) -> tuple[Job, dict[str, str], float]:
+        if mode not in runs:
+            runs[mode] = run_whole(tmp_path_factory, cache_dir, mode)
+        return runs[mode]
+
+    return get
+
+
+def test_node_mode_two_nodes_one_task_each_runs_one_run_from_node_0(whole_runs):
+    job, info, seconds = whole_runs("node")
     print(f"node-mode job {job.id}: {seconds:.0f} s")
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, job.logs())
     assert_one_run_record(job, "node", world_size=2)
     assert_each_task_ran(job, "node", 2)
 
 
-def test_task_mode_two_nodes_two_tasks_each_runs_four_ranks_without_torchrun(cluster, tmp_path, cache_dir, tiny_model):
-    started = time.monotonic()
-    job = submit(tmp_path / "task", cache_dir, 2, {"MAX_STEPS": "10"})
-    info = job.wait()
-    print(f"task-mode job {job.id}: {time.monotonic() - started:.0f} s")
+def test_task_mode_two_nodes_two_tasks_each_runs_four_ranks_without_torchrun(whole_runs):
+    job, info, seconds = whole_runs("task")
+    print(f"task-mode job {job.id}: {seconds:.0f} s")
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, job.logs())
     assert_one_run_record(job, "task", world_size=4)
     assert_each_task_ran(job, "task", 4)
     assert "torch.distributed.run" not in job.logs(tail=10**9)  # srun started the ranks, not torchrun
 
 
+# Measured on the local cluster (job 8, 2026-12-01): Slurm signals every process of the step, not only the task
+# (slurmstepd: "*** STEP 8.0 ON n1 CANCELLED ***"; it signals the step's whole process container), so in node
+# mode torchrun got SIGTERM itself ("Received 15 death signal, shutting down workers") and sent the worker a
+# second one: "[rocmft] stopped at once (a second signal ...)", no checkpoint. Task mode (no torchrun) stopped
+# with its checkpoint in the same situation (job 10). Strict, so that the fix shows here.
+NODE_MODE_STOP = pytest.mark.xfail(
+    strict=True, reason="under Slurm the stop signal reaches torchrun too, which stops the worker with a second "
+    "SIGTERM before its checkpoint (rocmft.launch starts torchrun in node mode)")  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", [pytest.param("node", marks=NODE_MODE_STOP), "task"])
 def test_scancel_term_stops_with_a_checkpoint_and_the_requeued_job_resumes_to_the_same_loss(
-    node_mode_job, tmp_path, cache_dir
+    whole_runs, tmp_path, cache_dir, mode
 ):
-    """``scancel --signal=TERM`` signals the tasks (not the batch shell: man scancel), each rocmft stops at its
+    """``scancel --signal=TERM`` signals the steps (not the batch shell: man scancel), each rocmft stops at its
     next optimizer step with a checkpoint; ``scontrol requeue`` of the ended job runs the script again under the
-    same id (and OUTPUT_DIR), which resumes from that checkpoint and ends at the uninterrupted node-mode run's
-    loss (same settings; fp32 on the CPU, so 1e-5 relative as in tests/test_resilience.py).
+    same id (and OUTPUT_DIR), which resumes from that checkpoint and ends at the uninterrupted run's loss (same
+    mode and settings; fp32 on the CPU, so 1e-5 relative as in tests/test_resilience.py).
 
     Slurm makes a requeued job wait about 120 s (its EligibleTime, seen on the local cluster); the test sets its
     begin time to now (``scontrol update StartTime=now``), as an operator may, instead of waiting."""
-    whole, whole_info, _ = node_mode_job
+    whole, whole_info, _ = whole_runs(mode)
     assert whole_info["JobState"] == "COMPLETED", whole.logs()
     started = time.monotonic()
-    job = submit(tmp_path / "stop", cache_dir, 1, NODE_RUN)
+    job = submit(tmp_path / "stop", cache_dir, TASKS_PER_NODE[mode], RUN)
     job.wait_for_text("[rocmft] step 3/")
     subprocess.run(["scancel", "--signal=TERM", job.id], check=True)
     info = job.wait()
     assert info["ExitCode"] == f"{ExitCode.INTERRUPTED}:0", (info, job.logs())
-    stopped_at = json.loads((job.output / "rocmft" / "worker-result.json").read_text())["stopped_at_step"]
-    checkpoint = job.output / f"checkpoint-{stopped_at}"
-    for name in ("trainer_state.json", "model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"):
+    result = json.loads((job.output / "rocmft" / "worker-result.json").read_text())
+    assert result.get("stopped_at_step"), (result.get("status"), job.logs())  # stopped at a step, with a checkpoint
+    checkpoint = job.output / f"checkpoint-{result['stopped_at_step']}"
+    ranks = TASKS_PER_NODE[mode] * 2 if mode == "task" else 2
+    for name in ("trainer_state.json", "model.safetensors", "optimizer.pt", *(f"rng_state_{r}.pth" for r in
+                 range(ranks))):  # fmt: skip
         assert (checkpoint / name).is_file(), (name, sorted(p.name for p in checkpoint.glob("*")), job.logs())
     assert json.loads((job.output / "rocmft" / "manifest.json").read_text())["status"] == "interrupted"
 
@@ -233,7 +261,7 @@ def test_scancel_term_stops_with_a_checkpoint_and_the_requeued_job_resumes_to_th
     assert requeued.returncode == 0, f"scontrol requeue {job.id} of the ended job refused: {requeued.stderr}"
     subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)
     again = job.wait()
-    print(f"stop and requeue, job {job.id}: {time.monotonic() - started:.0f} s")
+    print(f"{mode}-mode stop and requeue, job {job.id}: {time.monotonic() - started:.0f} s")
     assert (again["JobState"], again["ExitCode"], again["Restarts"]) == ("COMPLETED", "0:0", "1"), (again, job.logs())
     assert f"resuming from {checkpoint}" in job.logs(tail=10**9), job.logs()
     step, loss = final_loss(job.output)
