@@ -150,17 +150,17 @@ def assert_one_run_record(job: Job, mode: str, world_size: int) -> dict:
     manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
     layout = manifest["job"]
     assert (layout["engine"], layout["nnodes"], layout["mode"], layout["job_id"]) == ("slurm", 2, mode, job.id), (
-        layout, logs)  # fmt: skip
+        f"{layout}\n{logs}")  # fmt: skip
     if mode == "task":
-        assert layout["world_size"] == world_size and layout["rank"] == 0, (layout, logs)
-    assert manifest["status"] == "finished", (manifest["status"], logs)
+        assert layout["world_size"] == world_size and layout["rank"] == 0, f"{layout}\n{logs}"
+    assert manifest["status"] == "finished", f"{manifest['status']}\n{logs}"
     # the worker's own record of the ranks that trained together: one run across both nodes, not two runs
-    assert manifest["worker"]["world_size"] == world_size, (manifest["worker"], logs)
+    assert manifest["worker"]["world_size"] == world_size, f"{manifest['worker']}\n{logs}"
     assert (output / "run_summary.md").is_file(), logs
     assert list(output.glob("*.safetensors")), logs  # the built-in default's weights (a full fine-tune)
     others = sorted(p for p in output.glob("rocmft-*") if p.name != "rocmft-history")
     for record in others:  # node N's run record: no outputs of its own
-        assert not list(record.rglob("run_summary.md")) and not list(record.rglob("*.safetensors")), (record, logs)
+        assert not list(record.rglob("run_summary.md")) and not list(record.rglob("*.safetensors")), f"{record}\n{logs}"
     return manifest
 
 
@@ -170,13 +170,15 @@ def assert_each_task_ran(job: Job, mode: str, tasks: int) -> None:
     import re
 
     task_logs = job.task_logs()
-    assert len(task_logs) == tasks, ([p.name for p in task_logs], job.logs())
+    assert len(task_logs) == tasks, f"{[p.name for p in task_logs]}\n{job.logs()}"
     for path in task_logs:
         node, task = re.search(r"-node(\d+)-task(\d+)\.out$", path.name).groups()
         text = path.read_text(errors="replace")
         place = f"this is node {node};" if mode == "node" else f"this is rank {task} (local"
-        assert f"[rocmft] job: Slurm job {job.id}" in text and place in text, (path.name, place, text[-3000:])
-        assert "[rocmft] training finished in" in text, (path.name, text[-3000:])
+        assert f"[rocmft] job: Slurm job {job.id}" in text and place in text, (
+            f"{path.name}: no {place!r}\n{text[-3000:]}"
+        )
+        assert "[rocmft] training finished in" in text, f"{path.name}\n{text[-3000:]}"
 
 
 def run_whole(tmp_path_factory, cache_dir, mode: str) -> tuple[Job, dict[str, str], float]:
@@ -205,7 +207,7 @@ def whole_runs(cluster, tmp_path_factory, cache_dir, tiny_model) -> dict:
 def test_node_mode_two_nodes_one_task_each_runs_one_run_from_node_0(whole_runs):
     job, info, seconds = whole_runs("node")
     print(f"node-mode job {job.id}: {seconds:.0f} s")
-    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, job.logs())
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), f"{info}\n{job.logs()}"
     assert_one_run_record(job, "node", world_size=2)
     assert_each_task_ran(job, "node", 2)
 
@@ -213,7 +215,7 @@ def test_node_mode_two_nodes_one_task_each_runs_one_run_from_node_0(whole_runs):
 def test_task_mode_two_nodes_two_tasks_each_runs_four_ranks_without_torchrun(whole_runs):
     job, info, seconds = whole_runs("task")
     print(f"task-mode job {job.id}: {seconds:.0f} s")
-    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, job.logs())
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), f"{info}\n{job.logs()}"
     assert_one_run_record(job, "task", world_size=4)
     assert_each_task_ran(job, "task", 4)
     assert "torch.distributed.run" not in job.logs(tail=10**9)  # srun started the ranks, not torchrun
@@ -247,14 +249,15 @@ def test_scancel_term_stops_with_a_checkpoint_and_the_requeued_job_resumes_to_th
     job.wait_for_text("[rocmft] step 3/")
     subprocess.run(["scancel", "--signal=TERM", job.id], check=True)
     info = job.wait()
-    assert info["ExitCode"] == f"{ExitCode.INTERRUPTED}:0", (info, job.logs())
+    assert info["ExitCode"] == f"{ExitCode.INTERRUPTED}:0", f"{info}\n{job.logs()}"
     result = json.loads((job.output / "rocmft" / "worker-result.json").read_text())
-    assert result.get("stopped_at_step"), (result.get("status"), job.logs())  # stopped at a step, with a checkpoint
+    # stopped at a step, with a checkpoint
+    assert result.get("stopped_at_step"), f"worker status {result.get('status')}\n{job.logs()}"
     checkpoint = job.output / f"checkpoint-{result['stopped_at_step']}"
     ranks = TASKS_PER_NODE[mode] * 2 if mode == "task" else 2
     for name in ("trainer_state.json", "model.safetensors", "optimizer.pt", *(f"rng_state_{r}.pth" for r in
                  range(ranks))):  # fmt: skip
-        assert (checkpoint / name).is_file(), (name, sorted(p.name for p in checkpoint.glob("*")), job.logs())
+        assert (checkpoint / name).is_file(), f"{name}: {sorted(p.name for p in checkpoint.glob('*'))}\n{job.logs()}"
     assert json.loads((job.output / "rocmft" / "manifest.json").read_text())["status"] == "interrupted"
 
     requeued = subprocess.run(["scontrol", "requeue", job.id], capture_output=True, text=True)
@@ -262,7 +265,9 @@ def test_scancel_term_stops_with_a_checkpoint_and_the_requeued_job_resumes_to_th
     subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)
     again = job.wait()
     print(f"{mode}-mode stop and requeue, job {job.id}: {time.monotonic() - started:.0f} s")
-    assert (again["JobState"], again["ExitCode"], again["Restarts"]) == ("COMPLETED", "0:0", "1"), (again, job.logs())
+    assert (again["JobState"], again["ExitCode"], again["Restarts"]) == ("COMPLETED", "0:0", "1"), (
+        f"{again}\n{job.logs()}"
+    )
     assert f"resuming from {checkpoint}" in job.logs(tail=10**9), job.logs()
     step, loss = final_loss(job.output)
     whole_step, whole_loss = final_loss(whole.output)
