@@ -162,6 +162,14 @@ smoke: ## build the cpu image and run the built-in default through `docker compo
 	@test -O saves/rocmft-demo/rocmft/manifest.json || { echo "smoke: outputs are not owned by $$(id -un)"; exit 1; }
 	@grep -q '"status": "finished"' saves/rocmft-demo/rocmft/manifest.json && echo "smoke: passed (saves/rocmft-demo)"
 
+# An Apptainer/Singularity image of ARCH's image (docker/apptainer/build-sif.sh; docs/clusters.md): apptainer on this
+# host if it has one, else Debian sid's in a helper image (docker/apptainer/helper-image.sh)
+SIF          ?= rocmft-$(ARCH).sif
+.PHONY: sif
+sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singularity image: SIF=rocmft-<arch>.sif
+	bash docker/ensure-docker.sh
+	bash docker/apptainer/build-sif.sh '$(IMAGE)' '$(SIF)'
+
 test: docker-ready slurm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker build and run (~20 min cold)
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -169,8 +177,9 @@ lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the G
 	$(BIN)/ruff check entrypoint tests bench docker
 	$(BIN)/ruff format --check entrypoint tests bench docker
 	$(BIN)/hadolint --config docker/hadolint.yaml Dockerfile
-	$(BIN)/shellcheck -x -P SCRIPTDIR docker/steps/*.sh docker/rehearsal/*.sh docker/ensure-docker.sh entrypoint/container-entry.sh \
-	  deploy/slurm/local-cluster.sh deploy/slurm/train.sbatch
+	$(BIN)/shellcheck -x -P SCRIPTDIR docker/steps/*.sh docker/rehearsal/*.sh docker/ensure-docker.sh entrypoint/container-entry.sh
+	$(BIN)/shellcheck -x -P SCRIPTDIR docker/apptainer/*.sh
+	$(BIN)/shellcheck -x -P SCRIPTDIR deploy/slurm/local-cluster.sh deploy/slurm/train.sbatch
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(BIN)/zizmor --offline --quiet .github/workflows/
 	@if docker compose version >/dev/null 2>&1; then \

@@ -203,3 +203,23 @@ def make(*args: str, cwd: Path = REPO, timeout: int = 3600) -> subprocess.Comple
 def checkout_copy(tmp_path) -> CheckoutCopy:
     """A copy of the checkout to change and build in (see :class:`CheckoutCopy`)."""
     return CheckoutCopy(tmp_path / "checkout")
+
+
+# ---- the cpu image, for the Docker tests (test_docker.py) and the Apptainer tests (test_apptainer.py) ----------
+@pytest.fixture(scope="session")
+def docker_client():
+    docker = pytest.importorskip("docker")
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as err:
+        pytest.fail(f"no Docker engine here ({err}); `make docker-ready` provisions one")
+    return client
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_client):
+    """`make image ARCH=cpu` (from scratch on a new machine: ~4 min; cached layers otherwise)."""
+    result = subprocess.run(["make", "image", "ARCH=cpu"], cwd=REPO, capture_output=True, text=True, timeout=3600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return docker_client.images.get("rocmft:cpu")

@@ -16,25 +16,6 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture(scope="session")
-def docker_client():
-    docker = pytest.importorskip("docker")
-    try:
-        client = docker.from_env()
-        client.ping()
-    except Exception as err:
-        pytest.fail(f"no Docker engine here ({err}); `make docker-ready` provisions one")
-    return client
-
-
-@pytest.fixture(scope="session")
-def cpu_image(docker_client):
-    """`make image ARCH=cpu` (from scratch on a new machine: ~4 min; cached layers otherwise)."""
-    result = subprocess.run(["make", "image", "ARCH=cpu"], cwd=REPO, capture_output=True, text=True, timeout=3600)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return docker_client.images.get("rocmft:cpu")
-
-
 @pytest.fixture
 def compose(tmp_path):
     """Run `docker compose` on the repository's compose files with tmp_path as the project folder

@@ -107,6 +107,9 @@ def test_communication_settings_name_their_source(tmp_path):
         "NCCL_MIN_NCHANNELS": {"value": "112", "source": "arch profile"},
         "NCCL_SOCKET_IFNAME": {"value": "=eth0", "source": "rocmft"},
     }
+    why = {"NCCL_SOCKET_IFNAME": "the default route's interface"}
+    found = communication_environment(environ, {"NCCL_SOCKET_IFNAME": "=eth0"}, profile, reasons=why)
+    assert found["NCCL_SOCKET_IFNAME"]["source"] == "rocmft: the default route's interface"
 
 
 def test_full_node_settings_apply_only_when_every_gpu_of_the_node_runs():

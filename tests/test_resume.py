@@ -87,3 +87,19 @@ def test_loss_spike_rule():
     assert loss_spike(steady[:4], 25.0, 10.0) is None  # too little history
     assert loss_spike(steady, 25.0, 0) is None  # off
     assert loss_spike([0.01, 0.012, 0.011, 0.009, 0.01], 0.2, 10.0) is None  # memorizing: 20x but only 0.19 nats
+
+
+def test_a_changed_world_size_is_explained_and_zero_checkpoints_say_how_to_convert(tmp_path):
+    """The ZeRO file layout is DeepSpeed 0.18.4's (runtime/engine.py: ``{bf16_}zero_pp_rank_{dp_rank}`` +
+    ``_mp_rank_00_optim_states.pt`` under ``global_step<N>``); the files here are empty stand-ins of that layout."""
+    from rocmft.render.resume import world_size_note
+
+    plain = tmp_path / "checkpoint-4"
+    plain.mkdir()
+    assert world_size_note(plain, 2, 2) == ""
+    assert "effective batch" in world_size_note(plain, 2, 4) and "ds_to_universal" not in world_size_note(plain, 2, 4)
+    zero = tmp_path / "checkpoint-8"
+    (zero / "global_step8").mkdir(parents=True)
+    (zero / "global_step8" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").touch()
+    note = world_size_note(zero, 2, 4)
+    assert "partitioned over 2 ranks" in note and "ds_to_universal.py" in note and "load_universal" in note

@@ -334,3 +334,45 @@ def disk(plan) -> Outcome:
     return Outcome(
         PASS, value, f"{estimate['params']:,} parameters; {estimate['checkpoints_kept']} checkpoints kept.", data=data
     )
+
+
+# ---------------------------------------------------------------------------------------------------------
+def hf_cache_paths() -> dict[str, str]:
+    """The Hugging Face folders this process uses, as huggingface_hub resolves them from the environment
+    (``huggingface_hub.constants``: HF_HOME, and HF_HUB_CACHE, which defaults to HF_HOME/hub)."""
+    from huggingface_hub import constants
+
+    return {"HF_HOME": constants.HF_HOME, "HF_HUB_CACHE": constants.HF_HUB_CACHE}
+
+
+@check("hf-cache-locks", "Hugging Face cache on a file system whose locks lock", timeout_s=10)
+def hf_cache_locks(plan) -> Outcome:
+    """Warns when HF_HOME or the hub cache (HF_HUB_CACHE) lies on NFS, Lustre, GPFS, BeeGFS or CIFS/SMB
+    (rocmft.facts.caches.NETWORK_FILESYSTEMS): file locks there do not exclude other processes, so processes that
+    download into one cache at once can corrupt it (huggingface/huggingface_hub PR #4228). The file system is the
+    mount with the longest mount point containing the resolved path (rocmft.facts.caches.mount_of over
+    psutil.disk_partitions(all=True)). Tests put ``{"hf_paths": ..., "partitions": ...}`` in plan.probes["hf_cache"]
+    (an injected mount table)."""
+    from rocmft.facts.caches import mount_of
+
+    probe = plan.probes.get("hf_cache") or {}
+    paths = probe.get("hf_paths") or hf_cache_paths()
+    mounts = {name: mount_of(path, probe.get("partitions")) for name, path in paths.items()}
+    data = {name: {"path": str(paths[name]), "fstype": m and m.fstype, "mountpoint": m and m.mountpoint}
+            for name, m in mounts.items()}  # fmt: skip
+    shared = [name for name, m in mounts.items() if m is not None and m.network]
+    if not shared:
+        kinds = ", ".join(f"{name} on {m.fstype}" if m else f"{name}: mount unknown" for name, m in mounts.items())
+        return Outcome(PASS, kinds, "File locks work on these file systems.", data=data)
+    first = mounts[shared[0]]
+    assert first is not None
+    return Outcome(
+        WARN, f"{shared[0]} on {first.fstype}",
+        f"{', '.join(f'{n}={paths[n]}' for n in shared)} lies on {first.fstype} ({first.mountpoint}), where file "
+        "locks do not lock (huggingface/huggingface_hub PR #4228): processes or nodes that download into this cache "
+        "at once can leave truncated or mixed files.",
+        "Point HF_HOME at a node-local folder (e.g. HF_HOME=$TMPDIR/hf, or bind one there in Apptainer), or fill "
+        "the cache once from a single process (hf download ...) and run with HF_HUB_OFFLINE=1, so that no process "
+        "writes to it during training.",
+        data=data,
+    )  # fmt: skip

@@ -8,6 +8,8 @@ they are read: host settings from /proc and /sys (:func:`host_settings`), librar
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +240,96 @@ def memory_fit(plan) -> Outcome:
         "Nothing simple fits: use more GPUs with ROCMFT_DISTRIBUTED=deepspeed ROCMFT_ZERO_STAGE=3, or a smaller model.",
         data=data,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------
+def fabric_facts(root: Path = Path("/"), environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What the ``fabric`` check judges: the Slingshot NICs under ``root`` and the network plugin RCCL would load in
+    a process started with ``environ`` (default os.environ), really loaded (:func:`rocmft.facts.topology.net_plugin`).
+
+    Returns ``{"fabric": SlingshotFabric.as_dict(), "plugin": NetPlugin.as_dict(), "plugin_summary":
+    NetPlugin.describe(), "nccl_net": NCCL_NET or None, "net_names": the names NCCL_NET may take}``.
+    """
+    from rocmft.facts.topology import net_names, net_plugin, slingshot_fabric
+
+    environ = os.environ if environ is None else environ
+    plugin = net_plugin(environ)
+    return {
+        "fabric": slingshot_fabric(root).as_dict(),
+        "plugin": plugin.as_dict(),
+        "plugin_summary": plugin.describe(),
+        "nccl_net": environ.get("NCCL_NET", "").strip() or None,
+        "net_names": net_names(plugin),
+    }
+
+
+_BIND_PLUGIN = (
+    "Bind the site's OFI plugin and libfabric into the container and put the plugin's folder on LD_LIBRARY_PATH (or "
+    "NCCL_NET_PLUGIN=/path/to/librccl-net.so): RCCL of ROCm 7 needs aws-ofi-nccl >= 1.18 built --with-rocm (HPE's "
+    "RCCL-on-Slingshot guide; the older aws-ofi-rccl exports only ncclNetPlugin_v5, which it no longer loads). "
+    "LUMI: module load singularity-AI-bindings binds the system libraries; Frontier: build the plugin against "
+    "/opt/cray/libfabric and add its lib/ to LD_LIBRARY_PATH (OLCF's PyTorch guide). docs/clusters.md, "
+    "'Slingshot and libfabric', has the bind paths."
+)
+
+
+@check("fabric", "network: Slingshot and RCCL's OFI plugin", timeout_s=20)
+def fabric(plan) -> Outcome:
+    """On a Slingshot host, RCCL reaches the NICs only through the OFI network plugin (aws-ofi-nccl; HPE's
+    RCCL-on-Slingshot guide, HewlettPackard/shs-ccl-docs rccl/rccl_tuning_guide.md @ 1617c309): the plugin is found
+    the way RCCL finds it and really dlopen()ed (:func:`fabric_facts`).
+
+    * NCCL_NET set by the user to a network no loadable plugin provides (and not RCCL's internal IB or Socket):
+      **fail**, on any number of nodes: RCCL's init stops with "Failed to initialize any NET plugin" (ROCm/rocm-systems
+      projects/rccl/src/plugin/net.cc @ 9512ccf8; LLNL's HPC-launcher saw it even on one node), which would come
+      only after the model loaded.
+    * Slingshot NICs, a multi-node run (NNODES > 1), no loadable plugin: **warn**: RCCL falls back to TCP sockets
+      over the hsn interfaces, "significantly slower" than the plugin (CSCS's NCCL page,
+      docs.cscs.ch/software/communication/nccl; no measured factor is claimed here). Also a warning: the plugin
+      loads but this container sees no /dev/cxi* node (the plugin would find no NIC).
+    * Otherwise pass (the plugin in use, or one node, where collectives do not use the network), or skip without a
+      Slingshot NIC.
+    """
+    from rocmft.facts.job import nnodes
+
+    if "fabric" not in plan.probes:
+        plan.probes["fabric"] = fabric_facts()
+    facts = plan.probes["fabric"]
+    found, plugin, nccl_net = facts["fabric"], facts["plugin"], facts.get("nccl_net")
+    names = facts.get("net_names") or []
+    described = facts["plugin_summary"]
+    if nccl_net:
+        if nccl_net.lower() in (n.lower() for n in names):
+            return Outcome(PASS, f"NCCL_NET={nccl_net}", f"{nccl_net!r} is a network RCCL has here; {described}",
+                           data=facts)  # fmt: skip
+        return Outcome(
+            FAIL, f"NCCL_NET={nccl_net}: no such network",
+            f"NCCL_NET={nccl_net} names a network nothing here provides ({described}); RCCL would have "
+            f"{', '.join(repr(n) for n in names)}. RCCL's init would stop with \"Failed to initialize any NET "
+            "plugin\", even on one node, after the model has loaded.",
+            f"{_BIND_PLUGIN} Or unset NCCL_NET (rocmft sets it itself when the plugin loads).",
+            data=facts,
+        )  # fmt: skip
+    if not (found["interfaces"] or found["devices"]):
+        return Outcome(SKIP, "no Slingshot NIC", "No hsn* interface in /sys/class/net and no cxi device.", data=facts)
+    nics = ", ".join(found["interfaces"] or found["devices"])
+    if nnodes() == 1:
+        return Outcome(PASS, f"Slingshot ({nics}), one node",
+                       f"One node: collectives stay on the node's GPU links. {described}", data=facts)  # fmt: skip
+    if not plugin["loads"]:
+        return Outcome(
+            WARN, f"Slingshot ({nics}), no OFI plugin",
+            f"RCCL finds no network plugin that loads ({described}), so it sends inter-node traffic over TCP "
+            f"sockets on {nics}: much slower than the fabric's RDMA.",
+            _BIND_PLUGIN, data=facts,
+        )  # fmt: skip
+    if not found["device_nodes"]:
+        return Outcome(
+            WARN, f"Slingshot ({nics}), no /dev/cxi*",
+            f"The plugin loads ({described}) but this container sees no /dev/cxi* device, so it would find no NIC; "
+            "rocmft leaves NCCL_NET unset and RCCL uses TCP sockets.",
+            "Give the container the NICs: Apptainer binds the host's /dev by default; with Docker add "
+            "--device /dev/cxi0 (one per NIC).",
+            data=facts,
+        )  # fmt: skip
+    return Outcome(PASS, f"{plugin['name']} via {plugin['symbol']}", f"Slingshot ({nics}); {described}", data=facts)

@@ -26,13 +26,15 @@ from rocmft.errors import ConfigError, ExitCode, RocmftError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (all configuration comes from environment variables; see the README). Each command's
-    module adds its subcommand (``register``) with its ``run(args) -> exit code`` as ``args.handler``."""
+    """The argument parser (the configuration comes from environment variables, a LLaMA-Factory YAML and
+    ``key=value`` overrides; see the README). Each command's module adds its subcommand (``register``) with its
+    ``run(args) -> exit code`` as ``args.handler``."""
     parser = argparse.ArgumentParser(
         prog="rocmft",
-        description="Fine-tune LLMs with LLaMA-Factory: configured by environment variables, checked before "
-        "the model loads. Exit codes: 0 ok, 2 configuration error, 3 check failed, 4 training failed, "
-        "5 non-finite loss, 143 interrupted.",
+        description="Fine-tune LLMs with LLaMA-Factory: configured by environment variables, a LLaMA-Factory YAML "
+        "and key=value overrides (`rocmft train my.yaml learning_rate=5e-5`), checked before the model loads. "
+        "Exit codes: 0 ok, 2 configuration error, 3 check failed, 4 training failed, 5 non-finite loss, "
+        "143 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"rocmft {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from rocmft.cli.common import Workspace, _prepare, _run_checks
+from rocmft.cli.common import Workspace, _prepare, _run_checks, add_config_arguments, command_line
 from rocmft.console import say
 from rocmft.errors import ExitCode
 
 
 def register(sub) -> None:
     """Add ``check`` to the subcommands ``sub``."""
-    sub.add_parser("check", help="render, validate and run the health checks; never trains").set_defaults(handler=run)
+    add_config_arguments(sub, "check", "render, validate and run the health checks; never trains").set_defaults(
+        handler=run
+    )
 
 
-def run(_args) -> int:
+def run(args) -> int:
     """Render, validate, run the health checks; exit 0, or raise ConfigError (2) / ChecksFailed (3)."""
+    given = command_line(args)
     workspace, timings = Workspace(), {}
     try:
-        plan = _prepare(workspace, timings)
+        plan = _prepare(workspace, timings, given)
         _run_checks(plan, workspace, timings)
         workspace.promote(plan.run_dir)
     except BaseException:

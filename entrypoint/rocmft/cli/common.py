@@ -1,5 +1,6 @@
-"""The steps the commands share: the staging workspace, settings → render → validate (:func:`_prepare`), the
-health checks (:func:`_run_checks`), and the note of the current run for ``rocmft status``."""
+"""The steps the commands share: the configuration arguments (:func:`add_config_arguments`), the staging
+workspace, settings → render → validate (:func:`_prepare`), the health checks (:func:`_run_checks`), and the note
+of the current run for ``rocmft status``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,19 @@ from rocmft.errors import ChecksFailed
 from rocmft.fsutil import make_private_dir_public
 
 CHECKS_FILE = "checks.json"
+
+CONFIG_HELP = """\
+CONFIG.yaml is a LLaMA-Factory training YAML, the same as ROCMFT_CONFIG (given both, they must name one file).
+Each key=value overrides one argument, read as `llamafactory-cli train CONFIG.yaml key=value` reads it
+(OmegaConf: 5e-5 is a float, true a bool, [a,b] a list, a.b=1 a key of a mapping, "k='001'" a string;
+an empty value is refused: write key=null).
+
+Precedence, highest first: key=value on the command line > environment variables (LEARNING_RATE=...) >
+the YAML > rocmft's defaults. Secrets (HF_TOKEN, HF_HUB_TOKEN, ...) only from the environment. The manifest
+records where each argument came from (settings.sources).
+
+example: rocmft %(command)s my.yaml learning_rate=5e-5 max_steps=100 output_dir=/saves/run1
+"""
 
 
 MANIFEST_FILE = "manifest.json"
@@ -77,9 +91,38 @@ class Workspace:
         self.staging = None
 
 
-def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bool = False):
-    """Settings → render → validate. Returns the plan, staged. ``keep_validator``: `rocmft train` may reuse the
-    parser's process as its worker (rocmft.validate.take_kept)."""
+def add_config_arguments(sub, name: str, help: str):
+    """Add the command ``name`` to the subcommands ``sub`` with the configuration arguments every command that
+    reads a configuration takes (train, render, check, plan): ``[CONFIG.yaml] [key=value ...]``
+    (rocmft.config.cmdline). Returns its parser; :func:`command_line` reads the arguments back."""
+    import argparse
+
+    from rocmft.config.cmdline import USAGE
+
+    parser = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                            usage=f"rocmft {name} [-h] {USAGE}", epilog=CONFIG_HELP % {"command": name},
+                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("config_args", nargs="*", metavar="CONFIG.yaml | key=value",
+                        help="the training YAML (first), then overrides; see below")  # fmt: skip
+    return parser
+
+
+def command_line(args):
+    """The parsed ``[CONFIG.yaml] [key=value ...]`` of ``args`` (:func:`add_config_arguments`).
+
+    Raises:
+        ConfigError: a malformed token, a secret, or a first argument that is not a YAML file name
+            (rocmft.config.cmdline.parse_command_line).
+    """
+    from rocmft.config.cmdline import parse_command_line
+
+    return parse_command_line(getattr(args, "config_args", None) or [])
+
+
+def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None, keep_validator: bool = False):
+    """Settings → render → validate. Returns the plan, staged. ``command_line``: the command's
+    ``[CONFIG.yaml] [key=value ...]`` (rocmft.config.cmdline.CommandLine), read over the environment.
+    ``keep_validator``: `rocmft train` may reuse the parser's process as its worker (rocmft.validate.take_kept)."""
     from rocmft.facts.device import facts_from_probe, injected_probes, probe_devices_raw, start_probes
     from rocmft.validate import start_validator, validate
 
@@ -91,7 +134,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], keep_validator: bo
     from rocmft.validate.rules import render_checked
 
     started = time.monotonic()
-    settings = load_settings()
+    settings = load_settings(command_line=command_line)
     validate_skip(settings.rocmft.skip_checks)
     timings["settings"] = time.monotonic() - started
 

@@ -6,17 +6,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rocmft.cli.common import add_config_arguments, command_line
 from rocmft.errors import ExitCode
 
 
 def register(sub) -> None:
     """Add ``plan`` to the subcommands ``sub``."""
-    sub.add_parser(
-        "plan", help="print the planner's choices (micro-batch, packing, checkpointing, kernels) and why"
+    add_config_arguments(
+        sub, "plan", "print the planner's choices (micro-batch, packing, checkpointing, kernels) and why"
     ).set_defaults(handler=run)
 
 
-def run(_args) -> int:
+def run(args) -> int:
     """Print the planner's choices as a table (choice, value, reason); writes nothing to OUTPUT_DIR."""
     from rich.console import Console
     from rich.table import Table
@@ -26,8 +27,9 @@ def run(_args) -> int:
     from rocmft.facts.device import facts_from_probe, probe_devices_raw, start_probes
     from rocmft.validate.rules import render_checked
 
+    given = command_line(args)
     start_probes()
-    settings = load_settings()
+    settings = load_settings(command_line=given)
     device = facts_from_probe(probe_devices_raw())
     staging = Path(tempfile.mkdtemp(prefix="rocmft-plan-"))
     try:

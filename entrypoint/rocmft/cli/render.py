@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-from rocmft.cli.common import Workspace, _prepare
+from rocmft.cli.common import Workspace, _prepare, add_config_arguments, command_line
 from rocmft.console import say
 from rocmft.errors import ConfigError, ExitCode
 
 
 def register(sub) -> None:
     """Add ``render`` to the subcommands ``sub`` (argparse's subparsers)."""
-    render = sub.add_parser("render", help="render and validate the configs into OUTPUT_DIR/rocmft; never trains")
-    render.set_defaults(handler=run)
+    add_config_arguments(sub, "render", "render and validate the configs into OUTPUT_DIR/rocmft; never trains"
+                         ).set_defaults(handler=run)  # fmt: skip
 
 
-def run(_args) -> int:
+def run(args) -> int:
     """Render and validate into OUTPUT_DIR/rocmft; exit 0, or raise ConfigError (exit 2, nothing left behind)."""
+    given = command_line(args)  # a malformed token ends here, before any child process starts
     workspace, timings = Workspace(), {}
     try:
-        plan = _prepare(workspace, timings)
+        plan = _prepare(workspace, timings, given)
         if workspace.unwritable:  # `check` and `train` report this through the output check (exit 3)
             raise ConfigError(
                 f"OUTPUT_DIR {plan.output_dir} cannot be created or written ({workspace.unwritable}; "

@@ -8,35 +8,49 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from rocmft.cli.common import CHECKS_FILE, MANIFEST_FILE, Workspace, _prepare, _run_checks, current_run_pointer
+from rocmft.cli.common import (
+    CHECKS_FILE,
+    MANIFEST_FILE,
+    Workspace,
+    _prepare,
+    _run_checks,
+    add_config_arguments,
+    command_line,
+    current_run_pointer,
+)
 from rocmft.console import say, warn
 from rocmft.errors import ExitCode
 from rocmft.fsutil import atomic_write_text
 from rocmft.records import RunStatus, WorkerResult
 
 if TYPE_CHECKING:
+    from rocmft.config.cmdline import CommandLine
     from rocmft.outputs.manifest import Restart
 
 
 def register(sub) -> None:
     """Add ``train`` to the subcommands ``sub``."""
-    sub.add_parser("train", help="render, validate, check, then train").set_defaults(handler=run)
+    add_config_arguments(sub, "train", "render, validate, check, then train").set_defaults(handler=run)
 
 
-def run(_args) -> int:
+def run(args) -> int:
     """Render, validate, check, train; the worker's exit code (rocmft.errors.ExitCode), after at most one
     automatic restart in real fp32 on a non-finite loss (ROCMFT_ON_NAN=fp32).
 
     Each attempt is the whole flow again with the restarts so far and the variables they set
     (ROCMFT_PRECISION=fp32, ROCMFT_RESUME=<checkpoint>) in the process environment for that attempt only: the
     settings, the parser child (whose environment must equal the worker's to become it), the launch and the
-    manifest's environment record all read them there.
+    manifest's environment record all read them there. The command line's ``[CONFIG.yaml] [key=value ...]`` is
+    parsed once and read by every attempt's settings, above the environment; it reaches the parser child and the
+    worker as every training argument does, in the rendered arguments (the parse request, train.yaml), never
+    through the environment, so the child's environment still equals the worker's.
     """
+    given = command_line(args)
     restarts: list[Restart] = []
     overrides: dict[str, str] = {}
     while True:
         with _environment(overrides):
-            code, restart = _attempt(restarts)
+            code, restart = _attempt(restarts, given)
         if restart is None:
             return code
         restarts.append(restart)
@@ -63,9 +77,9 @@ def _environment(overrides: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _attempt(restarts: list[Restart]) -> tuple[int, Restart | None]:
-    """One pass of render → validate → check → train. Returns the worker's exit code and the restart to make
-    (None: this attempt's outcome is the command's)."""
+def _attempt(restarts: list[Restart], given: CommandLine) -> tuple[int, Restart | None]:
+    """One pass of render → validate → check → train with the command line ``given``. Returns the worker's exit
+    code and the restart to make (None: this attempt's outcome is the command's)."""
     from rocmft.launch import run_worker
     from rocmft.outputs.manifest import now, write_manifest
     from rocmft.records import read_worker_result, run_status
@@ -73,7 +87,7 @@ def _attempt(restarts: list[Restart]) -> tuple[int, Restart | None]:
     started_at = now()
     workspace, timings = Workspace(), {}
     try:
-        plan = _prepare(workspace, timings, keep_validator=True)
+        plan = _prepare(workspace, timings, given, keep_validator=True)
         checks = _run_checks(plan, workspace, timings)
         workspace.promote(plan.run_dir)
     except BaseException:

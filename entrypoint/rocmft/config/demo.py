@@ -18,6 +18,7 @@ model behind, and concurrent builders do not collide.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -165,4 +166,14 @@ def ensure_tiny_model(cache_dir: Path) -> Path:
             json.dumps({"version": MODEL_VERSION, "architecture": "Qwen2ForCausalLM", "shape": TINY_QWEN2}, indent=2)
         )
 
-    return _build_into(cache_dir / MODEL_VERSION, build)
+    # torch's inductor sets TORCHINDUCTOR_CACHE_DIR in os.environ the first time it is asked for its cache folder
+    # (torch/_inductor/runtime/cache_dir_utils.py), which building the model can do: the entrypoint's environment
+    # then differed from the parser child's, and the first run on a fresh cache started a fresh worker for it
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    try:
+        return _build_into(cache_dir / MODEL_VERSION, build)
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before

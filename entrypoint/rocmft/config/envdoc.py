@@ -57,7 +57,8 @@ def reference(full: bool = False) -> str:
         "take commas, mappings take JSON. A variable that looks like an argument but is not one of the installed "
         "version (a typo, or an argument transformers removed) is an error with a did-you-mean. "
         f"Not read from the environment, because other software owns these names: {skipped}; set them in "
-        "`ROCMFT_CONFIG`. Secret arguments (`HF_HUB_TOKEN`, …) are passed to training but never written to any file. "
+        "the YAML or on the command line (`rocmft train my.yaml master_port=29501`). Secret arguments "
+        "(`HF_HUB_TOKEN`, …) are passed to training but never written to any file. "
         "The full list: [docs/training-arguments.md](docs/training-arguments.md).\n",
     ]
     if full:

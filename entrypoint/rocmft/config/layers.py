@@ -1,5 +1,7 @@
 """The layered training arguments, lowest first: the template's defaults (templates/train.yaml.j2, filled in by
-render) < the built-in default (templates/demo.yaml, only when no model is given) < ROCMFT_CONFIG < environment.
+render) < the built-in default (templates/demo.yaml, only when no model is given) < the user's YAML (ROCMFT_CONFIG
+or `rocmft train CONFIG.yaml`) < environment < the command line's key=value (the last three merged by
+:func:`rocmft.config.settings.load_settings`).
 
 What rocmft itself decides (output and data folders, precision, the distributed config) is layered on top by
 :mod:`rocmft.render`; the rules of the ``inputs`` phase (:mod:`rocmft.validate.rules`) read these arguments first.

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 # Field names that are not read from the environment, with the reason. They stay reachable through
-# ROCMFT_CONFIG (the user's own YAML).
+# the user's own YAML (ROCMFT_CONFIG or `rocmft train CONFIG.yaml`) and the command line's key=value.
 NOT_FROM_ENVIRONMENT: dict[str, str] = {
     # torchrun sets LOCAL_RANK in every worker; transformers reads it from there itself.
     "local_rank": "set by torchrun per process",

@@ -1,4 +1,5 @@
-"""Settings: environment variables (and an optional LLaMA-Factory YAML) in, typed values out.
+"""Settings: environment variables, an optional LLaMA-Factory YAML and ``key=value`` command-line overrides in
+(:mod:`rocmft.config.cmdline`), typed values out.
 
 Two kinds of variables (DESIGN.md, "Interface conventions"):
 
@@ -26,6 +27,7 @@ from pydantic import BeforeValidator, Field, ValidationError, create_model, fiel
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
+from rocmft.config.cmdline import SECRET_FIX, CommandLine
 from rocmft.config.lfargs import (
     NOT_FROM_ENVIRONMENT,
     env_arguments,
@@ -75,7 +77,8 @@ class RocmftSettings(BaseSettings):
     )
     config: Path | None = Field(
         None,
-        description="A LLaMA-Factory training YAML to start from; environment variables override its keys.",
+        description="A LLaMA-Factory training YAML to start from, as `rocmft train CONFIG.yaml` gives it (both set: "
+        "they must name the same file); environment variables and the command line's key=value override its keys.",
     )
     skip_checks: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated ids of health checks to skip (see `rocmft check`)."
@@ -322,18 +325,31 @@ REPLACED: dict[str, tuple[str, str]] = {
 }
 
 
-def replacement(name: str, yaml_key: bool = False) -> str | None:
+def replacement(name: str, yaml_key: bool = False, cli_value: str | None = None) -> str | None:
     """What to do instead of the removed or foreign argument ``name`` (any case): ``use X instead (why)``;
     None when it is not a known one (or is an argument of the installed LLaMA-Factory after
-    all). ``yaml_key``: phrase it for a ROCMFT_CONFIG file (``quantization_bit: 4``) instead of the environment
-    (``QUANTIZATION_BIT=4``)."""
+    all). Phrased for the environment (``QUANTIZATION_BIT=4``), or with ``yaml_key`` for a YAML file
+    (``quantization_bit: 4``), or with ``cli_value`` (the value the user typed) for a command-line token
+    (``quantization_bit=4``, ``lora_rank=8`` for ``lora_r=8``)."""
     key = name.lower()
     if key not in REPLACED or key in lf_arguments():
         return None
     new, note = REPLACED[key]
-    if yaml_key:
+    if cli_value is not None:
+        new = new.lower() if "=" in new else f"{new.lower()}={cli_value}"
+    elif yaml_key:
         new = new.lower().replace("=", ": ")
     return f"use {new} instead ({note})"
+
+
+def _rocmft_setting_hint(key: str, value: Any = None) -> str | None:
+    """For a YAML or command-line key that names a rocmft knob (``precision``, ``rocmft_precision``): where it goes
+    instead (with ``value``, the user's), since those keys take LLaMA-Factory's arguments only."""
+    name = key.lower().removeprefix(PREFIX.lower())
+    if name not in RocmftSettings.model_fields or name in lf_arguments():
+        return None
+    variable = f"{PREFIX}{name.upper()}" + ("" if value is None else f"={value}")
+    return f"a rocmft setting, not a LLaMA-Factory argument: set {variable} in the environment"
 
 
 def _is_foreign(name: str) -> bool:
@@ -386,54 +402,81 @@ def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
 # The user's own LLaMA-Factory YAML
 
 
-def load_user_config(path: Path) -> dict[str, Any]:
-    """Load ``ROCMFT_CONFIG``: a LLaMA-Factory training YAML, read the way LLaMA-Factory reads it.
+def load_user_config(path: Path, on_command_line: bool = False) -> dict[str, Any]:
+    """Load ``ROCMFT_CONFIG`` (or, with ``on_command_line``, the YAML of ``rocmft train CONFIG.yaml``): a
+    LLaMA-Factory training YAML, read the way LLaMA-Factory reads it.
 
-    LLaMA-Factory loads YAML with OmegaConf, which rejects duplicate keys (DESIGN.md); so does this.
+    LLaMA-Factory loads YAML with OmegaConf, which rejects duplicate keys (DESIGN.md); so does this. Values are
+    typed as the environment's are (:func:`_typed_values`).
 
     Raises:
         ConfigError: the file is missing, unreadable, not a mapping, or has keys that are not arguments
-            of the installed LLaMA-Factory (listed with a did-you-mean).
+            of the installed LLaMA-Factory (listed with a did-you-mean), or values of the wrong type.
     """
     from omegaconf import OmegaConf
 
+    where = f"The config file {path} (on the command line)" if on_command_line else f"ROCMFT_CONFIG={path}"
     if not path.is_file():
+        what = "a folder, not a YAML file" if path.is_dir() else "no such file"
         raise ConfigError(
-            f"ROCMFT_CONFIG={path}: no such file.", "Mount the YAML into the container and point ROCMFT_CONFIG at it."
-        )
+            f"{where}: {what}.",
+            f"Check the path (a relative one is read from {Path.cwd()}); in a container, mount the YAML and give "
+            "its path inside." if on_command_line else
+            "Mount the YAML into the container and point ROCMFT_CONFIG at it.",
+        )  # fmt: skip
     try:
         loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except Exception as err:  # OmegaConf raises many types (parser errors, duplicate keys, interpolation)
-        raise ConfigError(f"ROCMFT_CONFIG={path} is not valid YAML: {err}", "Fix the YAML syntax.") from err
+        raise ConfigError(f"{where} is not valid YAML: {err}", "Fix the YAML syntax.") from err
     if not isinstance(loaded, dict):
-        raise ConfigError(
-            f"ROCMFT_CONFIG={path} must be a mapping of argument: value.", "See LLaMA-Factory's examples/."
-        )
+        raise ConfigError(f"{where} must be a mapping of argument: value.", "See LLaMA-Factory's examples/.")
+    _refuse_unknown_keys(loaded, where, lambda key: key, lambda key: replacement(key, yaml_key=True))
+    return _typed_values(loaded, where, lambda key, value: f"{key}: {value!r}", "Give each key a value of the type "
+                         "shown.")  # fmt: skip
+
+
+def _refuse_unknown_keys(values: Mapping[str, Any], where: str, shown: typing.Callable[[str], str],
+                         replaced: typing.Callable[[str], str | None]) -> None:  # fmt: skip
+    """Raise when a key of ``values`` (from a YAML file or the command line, ``where``) is not an argument of the
+    installed LLaMA-Factory: each listed as ``shown(key)`` with its replacement (``replaced(key)``, phrased for the
+    place), the rocmft setting it names, or a did-you-mean.
+
+    Raises:
+        ConfigError: one or more unknown keys (exit 2).
+    """
     names = list(lf_arguments())
-    unknown = [key for key in loaded if key not in lf_arguments()]
+    unknown = [key for key in values if key not in lf_arguments()]
     if not unknown:
-        bad = []
-        for key, value in loaded.items():
-            try:
-                loaded[key] = _adapter(key).validate_python(value)
-            except ValidationError as err:
-                expected = lf_arguments()[key].type_text
-                bad.append(f"  {key}: {value!r}: {err.errors()[0]['msg']} (expected {expected})")
-        if bad:
-            raise ConfigError(
-                f"ROCMFT_CONFIG={path} has values of the wrong type:\n" + "\n".join(bad),
-                "Give each key a value of the type shown.",
-            )
-    if unknown:
-        lines = [f"  {key}: {replacement(key, yaml_key=True)}" if replacement(key) else
-                 f"  {key}:{_did_you_mean(key, names)}" for key in unknown]  # fmt: skip
-        raise ConfigError(
-            f"ROCMFT_CONFIG={path} has keys that are not arguments of the installed LLaMA-Factory "
-            f"{stack_versions()['llamafactory']} / transformers {stack_versions()['transformers']}:\n"
-            + "\n".join(lines),
-            "Remove or rename them.",
-        )
-    return loaded
+        return
+    lines = []
+    for key in unknown:
+        hint = replaced(key) or _rocmft_setting_hint(key, values[key])
+        lines.append(f"  {shown(key)}: {hint}" if hint else f"  {shown(key)}:{_did_you_mean(key, names)}")
+    raise ConfigError(
+        f"{where} has keys that are not arguments of the installed LLaMA-Factory "
+        f"{stack_versions()['llamafactory']} / transformers {stack_versions()['transformers']}:\n" + "\n".join(lines),
+        "Remove or rename them.",
+    )
+
+
+def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[[str, Any], str],
+                  fix: str) -> dict[str, Any]:  # fmt: skip
+    """``values`` (argument name -> value, every name an argument) typed as the environment's are
+    (:func:`_adapter`: the argument's annotation, read leniently).
+
+    Raises:
+        ConfigError: values of the wrong type, each as ``shown(key, value)``, pydantic's reason and the expected
+            type (exit 2).
+    """
+    typed, bad = {}, []
+    for key, value in values.items():
+        try:
+            typed[key] = _adapter(key).validate_python(value)
+        except ValidationError as err:
+            bad.append(f"  {shown(key, value)}: {err.errors()[0]['msg']} (expected {lf_arguments()[key].type_text})")
+    if bad:
+        raise ConfigError(f"{where} has values of the wrong type:\n" + "\n".join(bad), fix)
+    return typed
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -447,10 +490,11 @@ class Settings:
         rocmft: rocmft's own knobs.
         explicit_rocmft: names of the ROCMFT_ fields that were set (``precision``, ...), to tell a default
             from a choice.
-        arguments: training arguments given by the user (ROCMFT_CONFIG first, environment over it), by
-            field name, secrets excluded.
-        sources: where each argument came from, e.g. ``{"learning_rate": "LEARNING_RATE"}`` or
-            ``{"cutoff_len": "ROCMFT_CONFIG (/config/my.yaml)"}``, for error messages and the manifest.
+        arguments: training arguments given by the user (the YAML first, environment over it, the command line's
+            key=value over both), by field name, secrets excluded.
+        sources: where each argument came from, e.g. ``{"learning_rate": "LEARNING_RATE"}``,
+            ``{"cutoff_len": "ROCMFT_CONFIG (/config/my.yaml)"}``, ``the command line's CONFIG (/abs/my.yaml)`` or
+            ``command line (learning_rate=5e-5)``, for error messages and the manifest.
         secrets: secret-valued arguments given in the environment (env name -> value). Never rendered; the
             worker receives them through its environment.
     """
@@ -500,15 +544,27 @@ def _validation_messages(err: ValidationError, env_name: typing.Callable[[str], 
     return messages
 
 
-def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Read and check every setting from ``environ`` (default: ``os.environ``).
+def load_settings(environ: Mapping[str, str] | None = None, command_line: CommandLine | None = None) -> Settings:
+    """Read and check every setting from ``environ`` (default: ``os.environ``) and the command line.
+
+    Precedence, highest first (README, "Your own model and data"): a ``key=value`` on the command line > the
+    environment > the YAML (``rocmft train CONFIG.yaml`` or ROCMFT_CONFIG) > rocmft's defaults (applied later, by
+    :mod:`rocmft.config.layers` and :mod:`rocmft.render`). A command-line mapping (``lr_scheduler_kwargs.min_lr=0``)
+    is merged into a mapping from below, as ``OmegaConf.merge`` merges LLaMA-Factory's overrides into its YAML.
+
+    Args:
+        environ: the environment to read (default ``os.environ``).
+        command_line: the command's ``[CONFIG.yaml] [key=value ...]``
+            (:func:`rocmft.config.cmdline.parse_command_line`), or None.
 
     Raises:
         ConfigError: an unknown ``ROCMFT_`` variable, a variable that looks like a removed or misspelled
-            argument, a value of the wrong type (naming the variable and the expected type), or a bad
-            ``ROCMFT_CONFIG`` file.
+            argument, a value of the wrong type (naming the variable and the expected type), a bad
+            YAML file, a YAML on the command line that is not ROCMFT_CONFIG's, or a command-line key that is not
+            an argument or a value of the wrong type (named as typed).
     """
     environ = dict(os.environ if environ is None else environ)
+    command_line = command_line or CommandLine()
     errors = unknown_variable_errors(environ)
     if errors:
         raise ConfigError(
@@ -537,17 +593,28 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             "Give each variable a value of the type shown (e.g. LEARNING_RATE=1e-4, BF16=true).",
         ) from err
 
+    config_source = f"ROCMFT_CONFIG ({rocmft.config})"
+    if command_line.config is not None:
+        if rocmft.config is not None and not _same_file(rocmft.config, command_line.config):
+            raise ConfigError(
+                f"Two training YAMLs: {command_line.config} on the command line and ROCMFT_CONFIG={rocmft.config} "
+                "in the environment; rocmft does not guess which one you meant.",
+                "Give one: drop the file from the command line, or unset ROCMFT_CONFIG (compose files and job "
+                "scripts may set it).",
+            )
+        rocmft = rocmft.model_copy(update={"config": command_line.config})
+        explicit.add("config")
+        config_source = f"the command line's CONFIG ({command_line.config})"
     settings = Settings(rocmft=rocmft, explicit_rocmft=explicit)
     if rocmft.config is not None:
-        for key, value in load_user_config(rocmft.config).items():
+        for key, value in load_user_config(rocmft.config, on_command_line=command_line.config is not None).items():
             if arguments_by_name[key].secret:
                 raise ConfigError(
-                    f"ROCMFT_CONFIG={rocmft.config} holds the secret `{key}`; it would be copied into the run's "
-                    "saved configs.",
+                    f"{config_source} holds the secret `{key}`; it would be copied into the run's saved configs.",
                     f"Remove it from the file and pass it as the environment variable {key.upper()} (or HF_TOKEN).",
                 )
             settings.arguments[key] = value
-            settings.sources[key] = f"ROCMFT_CONFIG ({rocmft.config})"
+            settings.sources[key] = config_source
     for key, value in values.items():
         argument = arguments_by_name[key]
         if argument.secret:
@@ -555,7 +622,48 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             continue
         settings.arguments[key] = value
         settings.sources[key] = argument.env
+    _apply_command_line(settings, command_line)
     return settings
+
+
+def _apply_command_line(settings: Settings, command_line: CommandLine) -> None:
+    """Put the command line's overrides over ``settings.arguments`` (checked and typed as a YAML's keys are; a
+    mapping merged into a mapping from below), recording each source as ``command line (<tokens>)``.
+
+    Raises:
+        ConfigError: a key that is not an argument, a secret argument, or a value of the wrong type.
+    """
+    from omegaconf import OmegaConf
+
+    overrides = dict(command_line.overrides)
+    if not overrides:
+        return
+    where = "The command line"
+    value_of = {name: command_line.tokens[name][-1].partition("=")[2] for name in overrides}
+    _refuse_unknown_keys(overrides, where, command_line.shown, lambda key: replacement(key, cli_value=value_of[key]))
+    merged_into: dict[str, str] = {}
+    for key, value in overrides.items():
+        if lf_arguments()[key].secret:  # parse_command_line refuses these by name already; the vocabulary decides
+            raise ConfigError(f"`{key}` on the command line is a secret (the value is not repeated here).", SECRET_FIX)
+        below = settings.arguments.get(key)
+        if isinstance(value, dict) and isinstance(below, dict):
+            overrides[key] = OmegaConf.to_container(OmegaConf.merge(below, value))
+            merged_into[key] = settings.source_of(key)
+    typed = _typed_values(overrides, where, lambda key, _value: command_line.shown(key),
+                          "Give each key a value of the type shown (e.g. learning_rate=5e-5 bf16=true "
+                          "lora_target=q_proj,v_proj report_to=[wandb,tensorboard]).")  # fmt: skip
+    for key, value in typed.items():
+        settings.arguments[key] = value
+        merged = f", merged into {merged_into[key]}" if key in merged_into else ""
+        settings.sources[key] = command_line.source(key) + merged
+
+
+def _same_file(first: Path, second: Path) -> bool:
+    """Whether two paths name one file (``os.path.samefile``; the same absolute path when one is missing)."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return first.expanduser().absolute() == second.expanduser().absolute()
 
 
 class _MappingEnvSource(EnvSettingsSource):

@@ -13,11 +13,12 @@ nodes, which one this is, where the rendezvous is, and the launch mode. Engines 
 * **Slurm batch shell** (``SLURM_JOB_ID`` without a step): one process; with more than one node allocated it is
   refused, since the other nodes would never start (the job script must use ``srun``).
 * **Kubernetes** (``KUBERNETES_SERVICE_HOST``): Kubeflow's torch runtimes export ``PET_NNODES``, ``PET_NODE_RANK``,
-  ``PET_NPROC_PER_NODE``, ``PET_MASTER_ADDR``/``PORT`` (TrainJob, and PyTorchJob with ``nprocPerNode``); the
-  training operator v1 without them exports ``WORLD_SIZE`` (the pods) and ``RANK`` (the pod: master 0, worker
-  i → i + 1) beside ``MASTER_ADDR``/``PORT`` (kubeflow/training-operator pkg/controller.v1/pytorch/envvar.go
-  @1417bbc3). An Indexed Job's ``JOB_COMPLETION_INDEX`` is the node rank when nothing else gives one. One pod per
-  node, rocmft starts torchrun in it (``node`` mode).
+  ``PET_NPROC_PER_NODE``, ``PET_MASTER_ADDR``/``PORT`` (TrainJob, kubeflow/trainer v2.3.0 torch.go, where the node
+  rank comes from the job-completion index; PyTorchJob since training-operator v1.7, v1.9.4 envvar.go, which also
+  sets ``WORLD_SIZE`` = pods × nprocPerNode and ``RANK`` = the pod's index); a PyTorchJob before v1.7 exports only
+  ``WORLD_SIZE`` (the pods) and ``RANK`` beside ``MASTER_ADDR``/``PORT``. An Indexed Job's ``JOB_COMPLETION_INDEX``
+  is the node rank when nothing else gives one; an elastic PyTorchJob (no rank) is refused. One pod per node,
+  rocmft starts torchrun in it (``node`` mode). :func:`_kubernetes` cites each file at its commit.
 * **By hand** (``NNODES``/``NODE_RANK``/``MASTER_ADDR``/``MASTER_PORT``, LLaMA-Factory's launcher variables, as
   compose.multinode.yaml sets them), else one node.
 
@@ -202,27 +203,77 @@ def _slurm(environ: Mapping[str, str]) -> dict[str, Any] | None:
     return layout
 
 
+# Kubeflow's operators, as read in their code (the newest releases the tools hold):
+# * TrainJob, kubeflow/trainer v2.3.0 (658725bd) pkg/runtime/framework/plugins/torch/torch.go, EnforceMLPolicy: the
+#   "node" container gets PET_NNODES (trainer.numNodes), PET_NPROC_PER_NODE ("auto", trainer.numProcPerNode, or the
+#   CPU request when the node asks for no GPU), PET_NODE_RANK from the downward API's
+#   metadata.annotations['batch.kubernetes.io/job-completion-index'] (pkg/constants/constants.go), PET_MASTER_ADDR
+#   <trainjob>-node-0-0.<trainjob> and PET_MASTER_PORT 29500; no RANK, WORLD_SIZE or MASTER_ADDR.
+# * PyTorchJob, kubeflow/trainer v1.9.4 (4445c12a; the v1 training operator) pkg/controller.v1/pytorch/envvar.go
+#   setPodEnv and master.go: with a Master replica, MASTER_ADDR/PET_MASTER_ADDR (<job>-master-0), MASTER_PORT/
+#   PET_MASTER_PORT (the container port named pytorchjob-port), RANK and PET_NODE_RANK = the pod's index (master 0,
+#   worker i -> i + 1), WORLD_SIZE = pods x nprocPerNode (1 when nprocPerNode is not a number: "auto", the default
+#   of pytorch_defaults.go); PET_NPROC_PER_NODE = nprocPerNode; PET_NNODES = the pods, or, with an elasticPolicy
+#   (elastic.go), "min:max" beside PET_RDZV_ENDPOINT/PET_RDZV_BACKEND and no rank at all. These came with
+#   kubeflow/training-operator#1840 (v1.7.0); before it (1417bbc3 envvar.go) only WORLD_SIZE = the pods, RANK and
+#   MASTER_ADDR/PORT were set, which the fallback below reads.
+# torchrun's --nproc_per_node words that mean "one per GPU" on a GPU node (torch/distributed/run.py,
+# determine_local_world_size: auto counts the accelerators, gpu the CUDA/HIP devices); rocmft's own rule (one per
+# visible GPU, or ROCMFT_NPROC_PER_NODE) then decides, as it does without a scheduler.
+_PER_GPU_WORDS = ("auto", "gpu")
+
+
 def _kubernetes(environ: Mapping[str, str]) -> dict[str, Any] | None:
+    """The layout of a pod started by Kubeflow's TrainJob or PyTorchJob (or an Indexed Job); None outside a pod.
+
+    One pod per node, rocmft starts torchrun in it. Raises ConfigError for an elastic PyTorchJob (no node rank is
+    given: every pod would think it is node 0), for more than one node without a node rank, and for a variable
+    that is not a number (naming it).
+    """
     if not environ.get("KUBERNETES_SERVICE_HOST"):
         return None
-    if environ.get("PET_NNODES"):  # Kubeflow's torch runtime: torchrun's --nnodes etc. as PET_* variables
-        nodes = _number(environ, "PET_NNODES", minimum=1)
-        node = _number(environ, "PET_NODE_RANK") or 0
-        sources = {"nnodes": f"PET_NNODES={nodes}", "node_rank": f"PET_NODE_RANK={node}"}
-        layout = {"engine": "kubernetes", "nnodes": nodes, "node_rank": node, "sources": sources}
+    nnodes_text = (environ.get("PET_NNODES") or "").strip()
+    rdzv = [name for name in ("PET_RDZV_ENDPOINT", "PET_RDZV_BACKEND") if (environ.get(name) or "").strip()]
+    if ":" in nnodes_text or rdzv:
+        what = f"PET_NNODES={nnodes_text!r}" if ":" in nnodes_text else f"{rdzv[0]}={environ[rdzv[0]].strip()!r}"
+        raise ConfigError(
+            f"{what}: this pod belongs to an elastic PyTorchJob (elasticPolicy), whose pods get no node rank; "
+            "rocmft starts torchrun with a fixed node count and rank, so every pod would act as node 0.",
+            "Remove elasticPolicy and give the PyTorchJob one Master replica and N-1 Workers "
+            "(deploy/k8s/pytorchjob.yaml), or run it as a TrainJob (deploy/k8s/trainjob.yaml).",
+        )
+    if nnodes_text:  # TrainJob, and PyTorchJob v1.7+: torchrun's --nnodes/--node_rank/... as PET_* variables
+        nodes = _number(environ, "PET_NNODES", minimum=1) or 1
+        rank_name = next((n for n in ("PET_NODE_RANK", "JOB_COMPLETION_INDEX") if (environ.get(n) or "").strip()),
+                         None)  # fmt: skip
+        if rank_name is None and nodes > 1:
+            raise ConfigError(
+                f"PET_NNODES={nodes} but neither PET_NODE_RANK nor JOB_COMPLETION_INDEX is set: this pod's place in "
+                "the job is unknown (a PyTorchJob without a Master replica gets no rank), so every pod would act "
+                "as node 0.",
+                "Give the PyTorchJob one Master replica (deploy/k8s/pytorchjob.yaml), or run it as a TrainJob.",
+            )
+        node = _number(environ, rank_name) if rank_name else 0
+        sources = {"nnodes": f"PET_NNODES={nodes}", "node_rank": f"{rank_name}={node}" if rank_name else "one pod"}
+        layout: dict[str, Any] = {"engine": "kubernetes", "nnodes": nodes, "node_rank": node or 0, "sources": sources}
         per_node = (environ.get("PET_NPROC_PER_NODE") or "").strip()
-        if per_node.isdigit() and int(per_node) > 0:  # else auto/gpu/cpu: one per visible GPU, as torchrun does
-            layout["nproc_per_node"] = int(per_node)
+        if per_node and per_node.lower() not in _PER_GPU_WORDS:
+            layout["nproc_per_node"] = _number(
+                environ, "PET_NPROC_PER_NODE", minimum=1,
+                fix="Set nprocPerNode (PyTorchJob) or trainer.numProcPerNode (TrainJob) to a number of processes "
+                    "per pod, or leave it unset (auto: one per GPU).",
+            )  # fmt: skip
             sources["nproc_per_node"] = f"PET_NPROC_PER_NODE={per_node}"
         for name, key in (("PET_MASTER_ADDR", "master_addr"), ("PET_MASTER_PORT", "master_port")):
-            if environ.get(name):
-                layout[key] = environ[name] if key == "master_addr" else _number(environ, name, minimum=1)
-                sources[key] = f"{name}={environ[name]}"
+            value = (environ.get(name) or "").strip()
+            if value:
+                layout[key] = value if key == "master_addr" else _number(environ, name, minimum=1)
+                sources[key] = f"{name}={value}"
         return layout
-    if environ.get("WORLD_SIZE") and environ.get("RANK") and environ.get("MASTER_ADDR"):
+    if environ.get("WORLD_SIZE") and environ.get("RANK") and environ.get("MASTER_ADDR"):  # PyTorchJob before v1.7
         nodes, node = _number(environ, "WORLD_SIZE", minimum=1), _number(environ, "RANK") or 0
         return {"engine": "kubernetes", "nnodes": nodes, "node_rank": node,
-                "sources": {"nnodes": f"WORLD_SIZE={nodes} (PyTorchJob: one pod per node)",
+                "sources": {"nnodes": f"WORLD_SIZE={nodes} (PyTorchJob before v1.7: the pods)",
                             "node_rank": f"RANK={node} (PyTorchJob: the pod's index)"}}  # fmt: skip
     if environ.get("JOB_COMPLETION_INDEX"):
         node = _number(environ, "JOB_COMPLETION_INDEX") or 0

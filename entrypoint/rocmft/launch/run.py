@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rocmft.console import say
 from rocmft.errors import ExitCode
+from rocmft.facts.caches import cache_note
 from rocmft.launch.spec import LaunchSpec
 
 LOG_FILE = "train.log"
@@ -57,6 +58,15 @@ def graceful_stop_recorded(run_dir: Path) -> bool:
     return result is not None and result.stopped_at_step is not None
 
 
+def _block_stop_signals() -> None:
+    """In torchrun's process, before exec: SIGTERM and SIGINT blocked (the mask survives exec, and Python's
+    signal.signal does not unblock). A scheduler signals every process of the step (Slurm's scancel --signal and
+    preemption, through proctrack), and torchrun answers a SIGTERM by shutting its ranks down, SIGKILL 30 s later
+    (torch.distributed.elastic's PContext.close), whatever a checkpoint still needs; rocmft signals the ranks itself
+    (:func:`graceful_stop_targets`), and each rank unblocks them (rocmft.worker.main)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+
 _STOPPED_AT_ONCE = (
     "stopped at once (a second signal, or a signal before training began): no checkpoint of the step in "
     "progress was written, and DataLoader errors above are this stop, not a crash. The next `rocmft train` with the "
@@ -93,6 +103,8 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     say(f"job: {spec.job.get('description', 'one node')}", all_ranks=True)
     say(f"launching: {' '.join(command)}", all_ranks=True)
+    if note := cache_note(spec.environment):
+        say(note, all_ranks=True)
     if launcher != "python":
         say(f"NUMA binding: {spec.numa['reason']}", all_ranks=True)
         for note in spec.network_notes:
@@ -120,7 +132,7 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
             kept.cancel()
         proc = subprocess.Popen(
             command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_block_stop_signals if launcher == "torchrun" else None,
         )  # fmt: skip
     started.append(proc)
     if interrupted:  # arrived while it started: before training, so it stops at once

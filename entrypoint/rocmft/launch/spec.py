@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.errors import ConfigError
+from rocmft.facts.caches import cache_environment
 from rocmft.facts.image import ARCH_PROFILE, read_profile
 from rocmft.facts.scheduler import JobLayout, job_layout
 from rocmft.proc import free_port
@@ -23,7 +24,7 @@ from rocmft.render import Plan, processes_per_node
 LOG_DIR = "logs"
 
 # The variables that steer RCCL/NCCL, HIP and the collectives: printed and recorded with their source.
-COMMUNICATION_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "GPU_MAX_", "TORCH_NCCL_", "GLOO_", "ROCR_")
+COMMUNICATION_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "GPU_MAX_", "TORCH_NCCL_", "GLOO_", "ROCR_", "FI_")
 
 NO_BINDING = {"enabled": False, "reason": "one process, or no GPU PCI addresses"}
 
@@ -92,14 +93,15 @@ def full_node_environment(per_node: int, environ: dict[str, str], profile: Path 
     return {name: value for name, value in settings.items() if name != "GPUS" and name not in environ}
 
 
-def communication_environment(environ: dict[str, str], added: dict[str, str],
-                              profile: Path = ARCH_PROFILE) -> dict[str, dict[str, str]]:  # fmt: skip
+def communication_environment(environ: dict[str, str], added: dict[str, str], profile: Path = ARCH_PROFILE,
+                              reasons: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:  # fmt: skip
     """The effective RCCL/NCCL/HIP variables of the launch, each with where it came from.
 
     Sources: ``arch profile`` (a ``RUNTIME_<NAME>`` line of the image's docker/arch/<ARCH>.env, which
     container-entry.sh exports unless the user set the name), ``arch profile, full node`` (a ``FULL_NODE_<NAME>``
     line, :func:`full_node_environment`), ``rocmft`` (the rest of ``added``: network detection for multi-node
-    runs), or ``user`` (anything else: the user's value always wins over the profile's).
+    runs; ``rocmft: <reason>`` where ``reasons`` gives one, e.g. the fabric found), or ``user`` (anything else:
+    the user's value always wins over the profile's).
     """
     values = read_profile(profile) if profile.is_file() else {}
     defaults = {k.removeprefix("RUNTIME_"): v for k, v in values.items() if k.startswith("RUNTIME_")}
@@ -111,6 +113,8 @@ def communication_environment(environ: dict[str, str], added: dict[str, str],
         value = added.get(name, environ.get(name, ""))
         if name in added:
             source = "arch profile, full node" if full_node.get(name) == value else "rocmft"
+            if source == "rocmft" and (reasons or {}).get(name):
+                source = f"rocmft: {reasons[name]}"
         else:
             source = "arch profile" if defaults.get(name) == value else "user"
         effective[name] = {"value": value, "source": source}
@@ -144,17 +148,21 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str] | None = None, root
     environ = dict(os.environ if environ is None else environ)
     layout = job_layout(environ)
     added = {"PYTHONUNBUFFERED": "1"}
+    added.update(cache_environment(environ))  # node-local caches under Apptainer/Slurm (rocmft.facts.caches)
     numa = None
     network_notes: list[str] = []
+    reasons: dict[str, str] = {}
     if plan.launcher == "task":
         added.update(task_environment(layout, plan.device.count))
         network = network_environment(environ, layout.nnodes, root)
         added.update(network.env())
+        reasons.update({name: why for name, (_, why) in network.variables.items()})
         network_notes = [*network.notes, *_task_notes(layout, plan.device.count)]
     if plan.launcher == "torchrun":
         added["FORCE_TORCHRUN"] = "1"  # LLaMA-Factory requires it for DeepSpeed
         network = network_environment(environ, layout.nnodes, root)
         added.update(network.env())
+        reasons.update({name: why for name, (_, why) in network.variables.items()})
         added.update(full_node_environment(processes_per_node(plan), environ))
         network_notes = network.notes
         gpus = (plan.probes.get("devices") or {}).get("gpus", [])[: processes_per_node(plan)]
@@ -169,7 +177,7 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str] | None = None, root
         environment=added,
         numa=numa.as_dict() if numa else dict(NO_BINDING),
         network_notes=tuple(network_notes),
-        communication=communication_environment(environ, added),
+        communication=communication_environment(environ, added, reasons=reasons),
         job=layout.as_record(),
     )
 

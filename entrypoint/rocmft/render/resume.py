@@ -150,8 +150,28 @@ def choose(setting: str, output_dir: Path, previous: dict[str, Any] | None, curr
         raise ConfigError(
             f"OUTPUT_DIR {output_dir} holds {choice.checkpoint.name} of a run with other settings: "
             + "; ".join(changed)
-            + ".",
+            + "."
+            + world_size_note(choice.checkpoint, previous.get("world_size"), current.get("world_size")),
             "Use a new OUTPUT_DIR for the new settings, ROCMFT_RESUME=never to start over here (the checkpoints "
             "are kept until SAVE_TOTAL_LIMIT rotates them), or ROCMFT_RESUME=force to continue anyway.",
         )
     return choice
+
+
+def world_size_note(checkpoint: Path, before: Any, now: Any) -> str:
+    """What a changed world size (nodes × processes per node) does to a resume from ``checkpoint``; "" when it did
+    not change. A ZeRO checkpoint (``global_step*/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt``, one per
+    rank: DeepSpeed 0.18.4's engine ``_get_zero_ckpt_name``) holds each rank's partition of the optimizer states,
+    so it loads only on the same world size unless it is first converted to a universal checkpoint (DeepSpeed's
+    ``deepspeed/checkpoint/ds_to_universal.py``, then ``"checkpoint": {"load_universal": true}`` in the ds_config;
+    DeepSpeed's universal-checkpointing tutorial). Any world size also changes the effective batch
+    (micro-batch × gradient accumulation × world size) and so the run's data order and loss curve."""
+    if before == now or before is None:
+        return ""
+    note = (f" The world size changed from {before} to {now} processes: the effective batch (micro-batch x "
+            "gradient accumulation x world size) changes with it, and so does the loss curve.")  # fmt: skip
+    if any(checkpoint.glob("global_step*/*zero_pp_rank_*_optim_states.pt")):
+        note += (f" {checkpoint.name} is a DeepSpeed ZeRO checkpoint partitioned over {before} ranks; it loads on "
+                 f"{now} only after DeepSpeed's ds_to_universal.py converts it and the ds_config sets "
+                 '"checkpoint": {"load_universal": true}. Or resume with the earlier node count.')  # fmt: skip
+    return note

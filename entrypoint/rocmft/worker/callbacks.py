@@ -68,13 +68,26 @@ def _fmt_duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+# A signal within this many seconds of the stop request (or after another rank's) is the same request, not "stop
+# now": a scheduler signals every process of the step (Slurm's scancel/preemption: proctrack delivers to the whole
+# process tree), so a rank gets the scheduler's copy and the one rocmft forwards, milliseconds apart (seen on CI's
+# Slurm cluster: the second copy stopped job 8 at once, with no checkpoint).
+SAME_STOP_S = 5.0
+
+
 class _StopRequest:
     """SIGTERM/SIGINT during training: stop at the next step boundary with a checkpoint (see :func:`main`)."""
 
     def __init__(self) -> None:
         self.requested: str | None = None  # the signal's name
+        self.requested_at: float | None = None  # time.monotonic() of a signal here; None: another rank's request
         self.training = False  # set at train begin: before it, a signal stops at once
         self.at_step: int | None = None
+
+    def is_repeat(self, now: float) -> bool:
+        """Whether a signal arriving at ``now`` (monotonic s) repeats the request already made: the stop came
+        from another rank, or a signal here came less than :data:`SAME_STOP_S` ago."""
+        return self.requested is not None and (self.requested_at is None or now - self.requested_at < SAME_STOP_S)
 
 
 STOP = _StopRequest()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from rocmft.console import say
 from rocmft.errors import ExitCode
 from rocmft.records import RunStatus, read_run_policy, with_reason, write_worker_result
 from rocmft.worker import faults, patches
-from rocmft.worker.callbacks import STOP, Interrupted, NonFiniteLoss, rocmft_callback, under_torchrun
+from rocmft.worker.callbacks import SAME_STOP_S, STOP, Interrupted, NonFiniteLoss, rocmft_callback, under_torchrun
 
 
 def _disk_full(err: BaseException, output_dir: Path) -> bool:
@@ -81,12 +82,18 @@ def main(run_dir: str) -> int:
     writes_record = int(os.environ.get("LOCAL_RANK", "0")) == 0 or not under_torchrun()
 
     def on_signal(signum, _frame):
-        name = signal.Signals(signum).name
+        name, now = signal.Signals(signum).name, time.monotonic()
+        if STOP.training and STOP.is_repeat(now):  # the scheduler's copy and rocmft's of one stop
+            return
         if not STOP.training or STOP.requested:  # before training, or a second signal: stop now
             raise Interrupted(name)
-        STOP.requested = name
-        say(f"{name}: stopping at the end of this step with a checkpoint (again to stop now)", stream=sys.stderr,
-            all_ranks=True)  # fmt: skip
+        STOP.requested, STOP.requested_at = name, now
+        say(f"{name}: stopping at the end of this step with a checkpoint (again, {SAME_STOP_S:.0f} s later or more, "
+            "to stop now)", stream=sys.stderr, all_ranks=True)  # fmt: skip
+
+    # torchrun starts the ranks with SIGTERM/SIGINT blocked (rocmft.launch.run: so that a scheduler's signal to the
+    # whole step does not make torchrun kill them): a rank takes them again
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -103,6 +110,7 @@ def main(run_dir: str) -> int:
         faults.slow_final_save(policy.fault_slow_final_save_s)
     patches.count_tokens_under_4d_masks()
     patches.resume_optimizer_on_cpu_ranks()
+    patches.dataloader_workers_ignore_stop_signals()
 
     from llamafactory.train.tuner import run_exp
 

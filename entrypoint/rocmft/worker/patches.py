@@ -138,3 +138,33 @@ def resume_optimizer_on_cpu_ranks() -> None:
             torch.load = torch_load
 
     Trainer._load_optimizer_and_scheduler = load_states_on_cpu_ranks
+
+
+def dataloader_workers_ignore_stop_signals() -> None:
+    """Keep DataLoader worker processes alive through a scheduler's SIGTERM/SIGINT, so the rank can finish its step.
+
+    torch 2.11's DataLoader workers (``torch.utils.data._utils.worker._worker_loop``) install a C-level SIGTERM
+    handler (``_set_worker_signal_handlers``, torch/csrc/DataLoader.cpp) that exits quietly only when the signal
+    comes from the parent process and otherwise dies of it. Slurm's ``scancel --signal=TERM`` and preemption
+    signal every process of the step (proctrack), so the workers died, and the trainer raised "DataLoader worker
+    (pid N) is killed by signal: Terminated" mid-step: no checkpoint. After torch's own handlers are set, the
+    workers here ignore SIGTERM and SIGINT; they still end when the trainer shuts them down (a sentinel on their
+    index queue) or their rank dies (torch's ManagerWatchdog polls the parent). The workers are forked (Linux's
+    default start method up to Python 3.13), so the wrapper set here is theirs. Not version-guarded: it wraps a
+    module function that torch's worker loop looks up at call time, and without it the run behaves as before.
+    """
+    import signal
+
+    from torch.utils.data._utils import signal_handling
+
+    if getattr(signal_handling._set_worker_signal_handlers, "_rocmft", False):
+        return
+    install = signal_handling._set_worker_signal_handlers
+
+    def install_then_ignore_stops(*args, **kwargs):
+        install(*args, **kwargs)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    install_then_ignore_stops._rocmft = True
+    signal_handling._set_worker_signal_handlers = install_then_ignore_stops
