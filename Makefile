@@ -50,7 +50,7 @@ STANDIN      := $(shell sed -n "s/^image=//p" docker/rehearsal/standin.sh)
 
 .DEFAULT_GOAL := help
 .PHONY: help venv train render check test lint format docs lock lock-rocm clean docker-ready image images plan \
-        smoke rehearse rehearsals pull pin-bases pin-check profile-check rehearse-arch
+        smoke rehearse rehearsals pull pin-bases pin-check profile-check rehearse-arch slurm-ready
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -75,6 +75,9 @@ check: venv ## render, validate and run the health checks without training
 
 docker-ready: venv ## make sure a Docker engine, Compose v2 and ARCH's base image are here (installs on our machines)
 	bash docker/ensure-docker.sh '$(BASE_REF)'
+
+slurm-ready: ## start the two-node Slurm cluster on this host for tests/test_slurm.py (root; installs slurm-wlm)
+	bash deploy/slurm/local-cluster.sh start
 
 # The build itself: $(1) the image name, $(2) the base, $(3) 1 for a rehearsal. Every value comes from the profile.
 define build_image
@@ -167,7 +170,7 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 	bash docker/ensure-docker.sh
 	bash docker/apptainer/build-sif.sh '$(IMAGE)' '$(SIF)'
 
-test: docker-ready lint ## lint, then the whole test suite: unit, CPU training, Docker build and run (~20 min cold)
+test: docker-ready slurm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker build and run (~20 min cold)
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the GPU and cpu setups
@@ -176,6 +179,7 @@ lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the G
 	$(BIN)/hadolint --config docker/hadolint.yaml Dockerfile
 	$(BIN)/shellcheck -x -P SCRIPTDIR docker/steps/*.sh docker/rehearsal/*.sh docker/ensure-docker.sh entrypoint/container-entry.sh
 	$(BIN)/shellcheck -x -P SCRIPTDIR docker/apptainer/*.sh
+	$(BIN)/shellcheck -x -P SCRIPTDIR deploy/slurm/local-cluster.sh deploy/slurm/train.sbatch
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(BIN)/zizmor --offline --quiet .github/workflows/
 	@if docker compose version >/dev/null 2>&1; then \
