@@ -76,7 +76,8 @@ def test_single_node_adds_no_network_variables_and_the_users_values_win(launch_p
     plan = launch_plan({"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2"})
     assert not any(k.startswith(("NCCL_", "GLOO_")) for k in plan.launch["environment"])
     assert "--nnodes 1 --node_rank 0 --nproc_per_node 2" in " ".join(plan.launch["command"])
-    mine = launch_plan({"ROCMFT_DISTRIBUTED": "ddp"}, {"NNODES": "2", "NCCL_SOCKET_IFNAME": "ib0"})
+    mine = launch_plan({"ROCMFT_DISTRIBUTED": "ddp"}, {"NNODES": "2", "NCCL_SOCKET_IFNAME": "ib0",
+                                                      "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})  # fmt: skip
     assert "NCCL_SOCKET_IFNAME" not in mine.launch["environment"]
     assert mine.launch["communication"]["NCCL_SOCKET_IFNAME"] == {"value": "ib0", "source": "user"}
 
@@ -88,7 +89,8 @@ def test_numa_binding_off_and_one_process(launch_plan):
 
 @pytest.mark.parametrize(("launch_env", "environ", "words"), [
     ({"WORLD_SIZE": "4"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "WORLD_SIZE=4 disagrees with NNODES=1 x 8"),
-    ({"NNODES": "2", "NODE_RANK": "2"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "NODE_RANK=2 but NNODES=2"),
+    ({"NNODES": "2", "NODE_RANK": "2"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "rank 2 (NODE_RANK=2) is not below"),
+    ({"NNODES": "2"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "no rendezvous: MASTER_ADDR and MASTER_PORT unset"),
     ({"NNODES": "two"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "NNODES='two'"),
 ])  # fmt: skip
 def test_inconsistent_node_variables_are_refused(launch_plan, launch_env, environ, words):

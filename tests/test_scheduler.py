@@ -66,7 +66,14 @@ def test_hand_set_rendezvous_wins_and_is_named_as_the_source():
         ({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"}, "outside srun"),
         (slurm_step(2, 2, 0, SLURM_STEP_NODELIST="n[1-"), "is not a Slurm node list"),
         (slurm_step(2, 2, 0, SLURM_NODEID="x"), "SLURM_NODEID='x'"),
-        ({"NNODES": "2", "NODE_RANK": "2"}, "NODE_RANK=2 but NNODES=2"),
+        (
+            {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+            "rank 2 (NODE_RANK=2) is not below",
+        ),
+        ({"NNODES": "2", "MASTER_ADDR": "10.0.0.1"}, "no rendezvous: MASTER_PORT unset"),
+        (slurm_step(2, 2, 1, SLURM_JOB_ID="abc"), "no rendezvous: MASTER_PORT unset"),
+        (slurm_step(2, 4, 0, SLURM_PROCID="9"), "SLURM_PROCID=9 is not below the step's SLURM_STEP_NUM_TASKS=4"),
+        ({"MASTER_PORT": "70000"}, "is not a TCP port"),
     ],
 )
 def test_layouts_that_cannot_start_are_refused_naming_the_variables(environ, words):

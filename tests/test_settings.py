@@ -204,3 +204,15 @@ def test_rocmft_vocabulary_is_a_setting_and_live_reads_the_same_arguments(tmp_pa
         if step == "first":
             assert list(tmp_path.glob("lf-vocabulary-*.json"))
     assert len(names["live"]) > 100 and names["live"] == names["from the file"]
+
+
+def test_an_unwritable_cache_folder_is_a_configuration_error_naming_rocmft_cache_dir(tmp_path):
+    """A read-only image without a bound cache (Apptainer) or a file in the path: exit 2, not a traceback."""
+    from rocmft.config.demo import ensure_tiny_model
+    from rocmft.errors import ConfigError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="ROCMFT_CACHE_DIR") as caught:
+        ensure_tiny_model(blocker / "cache")
+    assert "cannot be written" in str(caught.value) and "NotADirectoryError" in str(caught.value)

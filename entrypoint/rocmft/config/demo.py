@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rocmft.errors import ConfigError
 from rocmft.fsutil import atomic_write_json
 
 DEMO_DATASET = "rocmft_demo"
@@ -82,11 +83,24 @@ def demo_records() -> list[dict[str, str]]:
 
 
 def _build_into(final: Path, build) -> Path:
-    """Run ``build(tmp_dir)`` and rename the result to ``final``; keep an existing complete ``final``."""
+    """Run ``build(tmp_dir)`` and rename the result to ``final``; keep an existing complete ``final``.
+
+    Raises:
+        ConfigError: the cache folder cannot be made or written (read-only, a file in the path, permissions),
+            naming ROCMFT_CACHE_DIR: a read-only container image (Apptainer's SIF) without a bound cache meets it.
+    """
     if final.is_dir():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    except OSError as err:
+        raise ConfigError(
+            f"ROCMFT_CACHE_DIR: the built-in default is built once into {final.parent}, which cannot be written "
+            f"({type(err).__name__}: {err.strerror or err}).",
+            "Set ROCMFT_CACHE_DIR to a writable folder (in a container: a bound volume, e.g. /cache), or give "
+            "MODEL_NAME_OR_PATH and DATASET of your own.",
+        ) from err
     try:
         build(tmp)
         try:
@@ -94,6 +108,12 @@ def _build_into(final: Path, build) -> Path:
         except OSError:  # another process finished first; its result is equally good
             if not final.is_dir():
                 raise
+    except OSError as err:  # a full disk or quota while writing: nothing is left behind (the folder goes below)
+        raise ConfigError(
+            f"ROCMFT_CACHE_DIR: building the built-in default in {final.parent} failed ({type(err).__name__}: "
+            f"{err.strerror or err}).",
+            "Free space there, or set ROCMFT_CACHE_DIR to a folder with room (the tiny model and data take under 1 MB).",
+        ) from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

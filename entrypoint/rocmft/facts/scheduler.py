@@ -315,10 +315,41 @@ def job_layout(environ: Mapping[str, str] | None = None) -> JobLayout:
             layout[key] = environ[name].strip() if key == "master_addr" else _number(environ, name, minimum=1)
             layout["sources"][key] = f"{name}={environ[name].strip()}"
     result = JobLayout(**layout)
-    if result.node_rank >= result.nnodes:
-        raise ConfigError(f"NODE_RANK={result.node_rank} but NNODES={result.nnodes}: node ranks run from 0 to "
-                          f"{result.nnodes - 1}.", "Give each node a distinct NODE_RANK below NNODES.")  # fmt: skip
+    _refuse_unstartable(result)
     return result
+
+
+def _refuse_unstartable(layout: JobLayout) -> None:
+    """Raise ConfigError for a layout whose processes could never meet: a node or task rank outside the job, a
+    rendezvous port outside 1-65535, or a multi-node job without a rendezvous address and port (each node would
+    wait on its own 127.0.0.1 and free port until torchrun's timeout). Each message names the variables."""
+    src = layout.sources
+    if layout.node_rank >= layout.nnodes:
+        raise ConfigError(
+            f"This node's rank {layout.node_rank} ({src.get('node_rank', 'NODE_RANK')}) is not below the job's "
+            f"{layout.nnodes} node(s) ({src.get('nnodes', 'NNODES')}): node ranks run from 0 to {layout.nnodes - 1}.",
+            "Give each node a distinct NODE_RANK below NNODES (a scheduler sets both: run rocmft under srun / the "
+            "operator without setting them by hand).",
+        )
+    if layout.mode == "task" and layout.rank is not None and layout.rank >= (layout.world_size or 1):
+        raise ConfigError(f"{src.get('rank')} is not below the step's {src.get('world_size')}.",
+                          "Run rocmft under srun, which sets both; do not set SLURM_* by hand.")  # fmt: skip
+    if layout.master_port is not None and not 0 < layout.master_port < 65536:
+        raise ConfigError(
+            f"The rendezvous port {layout.master_port} ({src.get('master_port')}) is not a TCP port.",
+            "Set MASTER_PORT to a free port between 1024 and 65535 (the same on every node).",
+        )
+    if layout.nnodes > 1 and (layout.master_addr is None or layout.master_port is None):
+        wanted = {"MASTER_ADDR": (layout.master_addr, "node 0's address, reachable from the others"),
+                  "MASTER_PORT": (layout.master_port, "a free port")}  # fmt: skip
+        missing = [name for name, (value, _) in wanted.items() if value is None]
+        raise ConfigError(
+            f"This job has {layout.nnodes} nodes ({src.get('nnodes', 'NNODES')}), but no rendezvous: "
+            f"{' and '.join(missing)} unset, so every node would wait on its own until torchrun's timeout.",
+            "Set " + " and ".join(f"{n} ({wanted[n][1]})" for n in missing) + " the same on every node "
+            "(compose.multinode.yaml lists what each node sets; under Slurm, MASTER_PORT when SLURM_JOB_ID is not "
+            "a number).",
+        )
 
 
 __all__ = ["PORT_BASE", "PORT_SPAN", "JobLayout", "first_host", "job_layout"]
