@@ -112,7 +112,7 @@ def _build_into(final: Path, build) -> Path:
         raise ConfigError(
             f"ROCMFT_CACHE_DIR: building the built-in default in {final.parent} failed ({type(err).__name__}: "
             f"{err.strerror or err}).",
-            "Free space there, or set ROCMFT_CACHE_DIR to a folder with room (the tiny model and data take under 1 MB).",
+            "Free space there, or set ROCMFT_CACHE_DIR to a folder with room (the tiny model and data: under 1 MB).",
         ) from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
