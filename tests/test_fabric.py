@@ -250,6 +250,9 @@ class Plan:
 
 def run_check(monkeypatch, root: Path, environ: dict, nodes: int):
     monkeypatch.setenv("NNODES", str(nodes))
+    # a multi-node job needs its rendezvous (rocmft.facts.scheduler refuses one without)
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     return fabric(Plan(fabric_facts(root, environ)))
 
 
