@@ -152,19 +152,18 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str] | None = None, root
     numa = None
     network_notes: list[str] = []
     reasons: dict[str, str] = {}
+    if plan.launcher != "python":  # the collectives' network: the same for torchrun's ranks and a scheduler's tasks
+        network = network_environment(environ, layout.nnodes, root)
+        reasons = {name: why for name, (_, why) in network.variables.items()}
+        network_notes = list(network.notes)
     if plan.launcher == "task":
         added.update(task_environment(layout, plan.device.count))
-        network = network_environment(environ, layout.nnodes, root)
         added.update(network.env())
-        reasons.update({name: why for name, (_, why) in network.variables.items()})
-        network_notes = [*network.notes, *_task_notes(layout, plan.device.count)]
+        network_notes += _task_notes(layout, plan.device.count)
     if plan.launcher == "torchrun":
         added["FORCE_TORCHRUN"] = "1"  # LLaMA-Factory requires it for DeepSpeed
-        network = network_environment(environ, layout.nnodes, root)
         added.update(network.env())
-        reasons.update({name: why for name, (_, why) in network.variables.items()})
         added.update(full_node_environment(processes_per_node(plan), environ))
-        network_notes = network.notes
         gpus = (plan.probes.get("devices") or {}).get("gpus", [])[: processes_per_node(plan)]
         addresses = [g.get("pci") for g in gpus]
         if all(addresses) and addresses:
