@@ -8,6 +8,7 @@
 * ``env``: versions, device facts and the image build record; ``--docs`` prints the variable reference.
 * ``export``: merge a finished run's LoRA adapter into its base, as a Hugging Face model folder (rocmft.outputs.export).
 * ``chat``: answer prompts with an export or a run's adapter, with the model's chat template (rocmft.outputs.chat).
+* ``serve --load RUN``: load a finished run's adapter into the running vLLM server and ask it (rocmft.outputs.serve).
 * ``report``: (re)write a run's summary, run_summary.md/.png, from its files (rocmft.outputs.report; train too).
 
 Exit codes: see :mod:`rocmft.errors` (0, 2 config, 3 check failed, 4 training failed, 5 non-finite loss,
@@ -20,7 +21,7 @@ import argparse
 import sys
 
 from rocmft import __version__
-from rocmft.cli import chat, check, env, export, plan, render, report, status, train
+from rocmft.cli import chat, check, env, export, plan, render, report, serve, status, train
 from rocmft.console import say
 from rocmft.errors import ConfigError, ExitCode, RocmftError
 
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.register(sub)
     chat.register(sub)
     report.register(sub)
+    serve.register(sub)
     return parser
 
 

@@ -163,6 +163,17 @@ class RocmftSettings(BaseSettings):
         description="compose service `serve`: extra `vllm serve` arguments, split like a shell line (e.g. "
         "`--tensor-parallel-size 8 --max-model-len 8192`).",
     )
+    serve_url: str | None = Field(
+        None,
+        description="`rocmft serve --load`: the running vLLM server's address (default http://127.0.0.1:8000; "
+        "compose's export service: http://serve:<ROCMFT_SERVE_PORT>).",
+    )
+    serve_max_lora_rank: int | None = Field(
+        None,
+        ge=1,
+        description="compose service `serve`: vLLM's --max-lora-rank, the largest adapter rank it can take at run "
+        "time (default: the served adapter's rank, at least 16, rounded up to a rank vLLM accepts).",
+    )
     fault_nan_at_step: int | None = Field(
         None,
         ge=1,

@@ -5,7 +5,9 @@ A LoRA run's adapter is merged into its base model with LLaMA-Factory's own expo
 freeze run's weights are re-saved the same way. The folder gets safetensors shards (EXPORT_SIZE GB each),
 ``config.json``, ``generation_config.json``, the tokenizer with the run's chat template, LLaMA-Factory's
 ollama ``Modelfile``, a model card (``README.md``: base model, data sets, method, steps, final loss,
-versions) and ``rocmft-export.json`` (the export manifest that the compose service ``serve`` reads).
+versions) and ``rocmft-export.json`` (the export manifest that the compose service ``serve`` reads). Before the
+folder is renamed into place it is checked for serving (rocmft.outputs.servable: safetensors only, the base's
+architecture, tokenizer and chat template; keys older transformers read added to config.json).
 
 Everything comes from the run's own record (``OUTPUT_DIR/rocmft/manifest.json`` and ``train.yaml``), so after
 a run, with the same ``.env``, ``rocmft export`` needs no other variable. Where things go:
@@ -49,6 +51,7 @@ from rocmft.console import say, warn
 from rocmft.errors import ChecksFailed, ConfigError, ExitCode, RocmftError
 from rocmft.facts.modeldir import MODEL_WEIGHT_FILES, ModelDir, quantization_label
 from rocmft.fsutil import atomic_write_json, atomic_write_text, make_private_dir_public, replace_dir
+from rocmft.outputs.servable import prepare_for_serving
 
 EXPORT_MANIFEST = "rocmft-export.json"
 LATEST_EXPORT = "rocmft-latest-export.json"
@@ -496,6 +499,18 @@ def model_card(plan: ExportPlan, facts: dict[str, Any], versions: dict[str, str]
     return "\n".join(lines)
 
 
+def _lora_rank(run: Run) -> int | None:
+    """The LoRA rank ``r`` of the run's adapter (its adapter_config.json, as peft wrote it); None for a full
+    or freeze run or an unreadable file."""
+    if not run.is_adapter:
+        return None
+    try:
+        rank = json.loads((run.weights / "adapter_config.json").read_text(encoding="utf-8")).get("r")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return rank if isinstance(rank, int) else None
+
+
 def _normal_modes(folder: Path) -> None:
     """Give every file the mode a plain ``open()`` would (some writers use mkstemp's 0600), so that the host
     user can read what the container wrote."""
@@ -557,6 +572,7 @@ def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
                 "Read the message above; nothing was written to EXPORT_DIR.",
                 code=ExitCode.TRAINING_FAILED,
             ) from err
+        serve = prepare_for_serving(staging, model_config(plan.base), _lora_rank(plan.run))
         seconds = time.monotonic() - started
         versions = stack_versions()
         facts = run_facts(plan.run.output_dir)
@@ -586,6 +602,7 @@ def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
             "final_loss": facts["final_loss"],
             "final_eval_loss": facts["final_eval_loss"],
             "notes": plan.notes,
+            "serve": serve,
             "versions": versions,
             "files": files,
         }

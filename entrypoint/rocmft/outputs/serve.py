@@ -1,0 +1,272 @@
+"""``rocmft serve --load RUN``: a finished LoRA run's adapter into a running vLLM, without a restart.
+
+The steps, each refused with what to do:
+
+1. the run: finished (or a ``checkpoint-N`` folder), a LoRA adapter (a full run has no adapter: serve its export);
+2. the server (``--url``, else ``ROCMFT_SERVE_URL``, default ``http://127.0.0.1:8000``): ``GET /v1/models``
+   answers (else exit 3), and its base model — the entry without a ``parent`` — is the adapter's base: the same
+   path, or the same folder name, or an identical ``config.json`` (else exit 2: an adapter's matrices only fit
+   the base it was trained on);
+3. an adapter already loaded under the same name is unloaded (``POST /v1/unload_lora_adapter``), then
+   ``POST /v1/load_lora_adapter {lora_name, lora_path}`` (vLLM docs, "Dynamically serving LoRA adapters"; the
+   server needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, which docker/vllm-serve.py sets: a 404 means it is
+   off, exit 3). vLLM's own refusal (e.g. the adapter's rank above the server's ``--max-lora-rank``) is shown
+   with the fix (exit 2);
+4. the prompts (default: one of the run's own training questions) are counted with the run's tokenizer and
+   chat template against the server's ``max_model_len`` (exit 2 when one does not fit), compared with the
+   server's own tokenization of the same chat (``POST /tokenize``; a warning when they differ: the server then
+   formats prompts differently from training), and asked greedily through ``/v1/chat/completions``.
+
+The adapter's path is sent as this process sees it: in compose, the ``export`` service and ``serve`` both mount
+the saves folder at ``/saves`` (``docker compose run --rm export serve --load /saves/<run>``).
+HTTP goes through httpx (already in the training stack with huggingface_hub).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from rocmft.console import say, warn
+from rocmft.errors import ChecksFailed, ConfigError
+from rocmft.outputs.export import Run, find_run, model_config
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+TIMEOUT_S = 600.0  # loading an adapter of a 70B model and a first generation on a busy server take minutes
+
+
+def server_url(given: str | None, settings) -> str:
+    """The server's base URL without a trailing slash: ``given``, else ROCMFT_SERVE_URL, else the default.
+
+    Raises:
+        ConfigError: not an ``http://`` or ``https://`` URL with a host.
+    """
+    url = (given or settings.rocmft.serve_url or DEFAULT_URL).strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"--url / ROCMFT_SERVE_URL={url!r} is not an http(s) URL with a host.",
+            f"Give the vLLM server's address, e.g. {DEFAULT_URL} (compose's export service: http://serve:8000).",
+        )
+    return url
+
+
+class Server:
+    """A vLLM OpenAI-compatible server at ``url`` (requests with httpx, JSON in and out)."""
+
+    def __init__(self, url: str, timeout_s: float = TIMEOUT_S):
+        import httpx
+
+        self.url = url
+        self._client = httpx.Client(base_url=url, timeout=timeout_s, trust_env=False)
+        self._httpx = httpx
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
+        """``(status, parsed JSON or text)``.
+
+        Raises:
+            ChecksFailed: no server answers at the URL (exit 3).
+        """
+        try:
+            response = self._client.request(method, path, json=body)
+        except self._httpx.HTTPError as err:
+            raise ChecksFailed(
+                f"No vLLM server answers at {self.url} ({type(err).__name__}: {err}).",
+                "Start it (`docker compose --profile serve up -d serve`; `docker compose ps serve` says when it is "
+                "healthy) or point --url / ROCMFT_SERVE_URL at the one you run.",
+            ) from err
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, response.text
+
+    def models(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``'s entries (``id``, ``root``, ``parent``, ``max_model_len``)."""
+        status, data = self.request("GET", "/v1/models")
+        if status != 200 or not isinstance(data, dict) or not isinstance(data.get("data"), list):
+            raise ChecksFailed(
+                f"{self.url}/v1/models answered {status} ({_short(data)}), not vLLM's model list.",
+                "Point --url / ROCMFT_SERVE_URL at vLLM's OpenAI-compatible server (the compose service serve).",
+            )
+        return [m for m in data["data"] if isinstance(m, dict)]
+
+
+def _short(data: Any, limit: int = 300) -> str:
+    text = data if isinstance(data, str) else json.dumps(data)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _message(data: Any) -> str:
+    """vLLM's error text from an error response (``{"error": {"message"}}`` or ``{"message"}``)."""
+    if isinstance(data, dict):
+        inner = data.get("error") if isinstance(data.get("error"), dict) else data
+        return str(inner.get("message") or inner.get("detail") or _short(data))
+    return _short(data)
+
+
+def adapter_facts(run: Run) -> tuple[str, int | None]:
+    """``(base model, rank r)`` of the run's adapter, from its ``adapter_config.json`` (peft's).
+
+    Raises:
+        ConfigError: not a LoRA run, or its adapter_config.json is unreadable.
+    """
+    if not run.is_adapter:
+        raise ConfigError(
+            f"{run.weights} is a {run.arguments.get('finetuning_type', 'full')} run: it has no LoRA adapter to load.",
+            f"Export it (`rocmft export {run.output_dir}`) and serve the export (ROCMFT_SERVE_MODEL).",
+        )
+    try:
+        config = json.loads((run.weights / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"{run.weights / 'adapter_config.json'} cannot be read ({err}).",
+            "Point --load at a run folder (or checkpoint-N) that `rocmft train` finished.",
+        ) from err
+    base = str(config.get("base_model_name_or_path") or run.arguments.get("model_name_or_path") or "")
+    rank = config.get("r")
+    return base, rank if isinstance(rank, int) else None
+
+
+def same_base(served_root: str, adapter_base: str) -> bool:
+    """Whether the server's base model (its ``root`` in /v1/models) is the adapter's base: the same path or id;
+    else, where both config.json files are readable here, identical ones; else the same folder name (paths differ
+    between containers: /cache/... here, /root/.cache/... there)."""
+    if served_root == adapter_base or Path(served_root).resolve() == Path(adapter_base).resolve():
+        return True
+    ours, theirs = model_config(adapter_base), model_config(served_root)
+    if ours is not None and theirs is not None:
+        return ours == theirs
+    return Path(served_root).name == Path(adapter_base).name
+
+
+def load_and_ask(
+    given: str, url: str, name: str | None, prompts: list[str] | None, max_tokens: int, as_json: bool, settings
+) -> list[dict[str, Any]]:
+    """Load the adapter of the run at ``given`` into the server at ``url`` and ask it ``prompts``.
+
+    Args:
+        given: the run's OUTPUT_DIR or a checkpoint-N folder.
+        url: the server's base URL (:func:`server_url`).
+        name: the adapter's name in the API (``model`` in requests); default the run's name.
+        prompts: the questions; default one of the run's own (LLaMA-Factory's demo data: the first record).
+        max_tokens: tokens to generate per prompt.
+        as_json: print one JSON line per prompt instead of text blocks.
+
+    Returns:
+        ``[{"prompt", "completion", "model"}]``, in order.
+
+    Raises:
+        ConfigError: see the module docstring (exit 2); ChecksFailed: no server, runtime loading off (exit 3).
+    """
+    run = find_run(given, settings)
+    if run.weights == run.output_dir and run.manifest.get("status") != "finished":
+        raise ConfigError(
+            f"The run in {run.output_dir} did not finish (status {run.manifest.get('status')!r}).",
+            f"Finish it first, or load a checkpoint: `rocmft serve --load {run.output_dir}/checkpoint-<step>`.",
+        )
+    base, rank = adapter_facts(run)
+    name = name or run.name
+    server = Server(url)
+    models = server.models()
+    bases = [m for m in models if not m.get("parent")]
+    roots = [str(m.get("root") or m.get("id")) for m in bases]
+    if bases and not any(same_base(root, base) for root in roots):
+        raise ConfigError(
+            f"The server at {url} serves {', '.join(roots)}, but the adapter in {run.weights} was trained on {base}: "
+            "its matrices fit only that base.",
+            f"Start the serve service on {base} (ROCMFT_SERVE_MODEL={run.output_dir} serves this run on its base), "
+            "or load an adapter trained on the served model.",
+        )
+    if any(m.get("id") == name for m in models if m.get("parent")):
+        server.request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+    status, data = server.request(
+        "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(run.weights.absolute())}
+    )
+    if status == 404:
+        raise ChecksFailed(
+            f"{url} does not take adapters at run time (POST /v1/load_lora_adapter: 404).",
+            "Restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora (the compose service serve, "
+            "docker/vllm-serve.py, sets both).",
+        )
+    if status != 200:
+        text = _message(data)
+        fix = "Read vLLM's message above."
+        if "rank" in text.lower() and rank:
+            fix = (
+                f"The adapter's rank is {rank}: restart the serve service with ROCMFT_SERVE_MAX_LORA_RANK={rank} "
+                "(or higher), or train with a smaller LORA_RANK."
+            )
+        elif "exist" in text.lower() or "not found" in text.lower() or "no such" in text.lower():
+            fix = (
+                f"The server must see the adapter at {run.weights.absolute()}: mount the saves folder at the same "
+                "place in both containers (compose does: /saves), and give --load that path."
+            )
+        raise ConfigError(f"vLLM refused to load the adapter {run.weights} as {name!r}: {text}", fix)
+    say(f"loaded the adapter of {run.weights} into {url} as {name!r} (rank {rank}, base {base})", stream=sys.stderr)
+    entry = next((m for m in server.models() if m.get("id") == name), None)
+    max_len = (entry or (bases[0] if bases else {})).get("max_model_len")
+    questions = prompts or [_first_question(run)]
+    return [_ask(server, run, name, question, max_tokens, max_len, as_json) for question in questions]
+
+
+def _first_question(run: Run) -> str:
+    """The default prompt: the built-in demo's first question for a run on the demo data, else a greeting."""
+    from rocmft.config.demo import DEMO_DATASET, demo_records
+
+    return demo_records()[0]["instruction"] if run.arguments.get("dataset") == DEMO_DATASET else "Hello! Who are you?"
+
+
+def _ask(server: Server, run: Run, name: str, prompt: str, max_tokens: int, max_len, as_json: bool) -> dict:
+    """One greedy chat completion (see the module docstring, step 4)."""
+    messages = [{"role": "user", "content": prompt}]
+    ours = _local_tokens(run, messages)
+    if ours is not None and isinstance(max_len, int) and len(ours) + max_tokens > max_len:
+        raise ConfigError(
+            f"The prompt is {len(ours)} tokens, and with --max-tokens {max_tokens} longer than the server's "
+            f"max_model_len {max_len}.",
+            "Shorten the prompt or --max-tokens, or restart the serve service with a larger --max-model-len "
+            "(ROCMFT_SERVE_ARGS) where the model allows it.",
+        )
+    status, data = server.request(
+        "POST", "/tokenize", {"model": name, "messages": messages, "add_generation_prompt": True}
+    )
+    theirs = data.get("tokens") if status == 200 and isinstance(data, dict) else None
+    if ours is not None and theirs is not None and list(theirs) != list(ours):
+        warn(
+            f"the server formats this chat as {len(theirs)} tokens, the run's tokenizer as {len(ours)}: its chat "
+            "template or tokenizer differs from training's (serve the run itself, ROCMFT_SERVE_MODEL=<run>, which "
+            "passes the run's chat template to vLLM)"
+        )
+    status, data = server.request(
+        "POST",
+        "/v1/chat/completions",
+        {"model": name, "messages": messages, "max_tokens": max_tokens, "temperature": 0},
+    )
+    if status != 200 or not isinstance(data, dict) or not data.get("choices"):
+        raise ConfigError(f"The server did not answer the prompt ({status}: {_message(data)}).", "Read its message.")
+    answer = str(data["choices"][0].get("message", {}).get("content") or "").strip()
+    if as_json:
+        print(json.dumps({"prompt": prompt, "completion": answer, "model": name}, ensure_ascii=False), flush=True)
+    else:
+        print(f"\n>>> {prompt}\n{answer or '(no text)'}", flush=True)
+    return {"prompt": prompt, "completion": answer, "model": name}
+
+
+def _local_tokens(run: Run, messages: list[dict[str, str]]) -> list[int] | None:
+    """The run's own tokenization of the chat (its tokenizer and chat template); None when it cannot be made."""
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(run.weights)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+        return list(ids["input_ids"])
+    except Exception:  # only a comparison: the server's answer still comes
+        return None
+
+
+__all__ = ["DEFAULT_URL", "Server", "adapter_facts", "load_and_ask", "same_base", "server_url"]
