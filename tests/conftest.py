@@ -118,6 +118,55 @@ def rocmft_in(folder: Path, cache_dir: Path, *args: str, env: dict[str, str] | N
                           timeout=timeout)  # fmt: skip
 
 
+EXPORT_SECRET = "hf_rocmftExportSecret456"  # the LoRA run's HF_TOKEN: never written into what it leaves
+
+
+@pytest.fixture(scope="session")
+def work(tmp_path_factory) -> Path:
+    """The folder of the shared LoRA run (``saves/tiny-lora``) and its export; tests that change a run copy it."""
+    return tmp_path_factory.mktemp("after-training")
+
+
+@pytest.fixture(scope="session")
+def lora_env(work, tiny_model, demo_data) -> dict[str, str]:
+    """The settings a user trained with (and, unchanged, exports with)."""
+    return {
+        "MODEL_NAME_OR_PATH": str(tiny_model),
+        "FINETUNING_TYPE": "lora",
+        "DATASET": "rocmft_demo",
+        "DATASET_DIR": str(demo_data),
+        "TEMPLATE": "qwen",
+        "OUTPUT_DIR": str(work / "saves" / "tiny-lora"),
+        "MAX_STEPS": "40",
+        "LEARNING_RATE": "0.02",
+        "PER_DEVICE_TRAIN_BATCH_SIZE": "8",
+        "GRADIENT_ACCUMULATION_STEPS": "1",
+        "LOGGING_STEPS": "5",
+        "VAL_SIZE": "0.1",
+        "EVAL_STRATEGY": "steps",
+        "EVAL_STEPS": "20",
+        "CUTOFF_LEN": "64",
+        "ROCMFT_SAVES_DIR": str(work / "saves"),
+        "HF_TOKEN": EXPORT_SECRET,
+    }
+
+
+@pytest.fixture(scope="session")
+def lora_run(work, cache_dir, lora_env) -> Path:
+    """A finished LoRA run of the tiny model (trained once per session, about a minute on 2 cores)."""
+    result = rocmft_in(work, cache_dir, "train", env=lora_env, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return Path(lora_env["OUTPUT_DIR"])
+
+
+@pytest.fixture(scope="session")
+def exported(work, cache_dir, lora_env, lora_run) -> Path:
+    """`rocmft export` of ``lora_run`` with the training settings and nothing else."""
+    result = rocmft_in(work, cache_dir, "export", env=lora_env, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return lora_run.parent / f"{lora_run.name}-merged"
+
+
 @pytest.fixture
 def run_rocmft(tmp_path, cache_dir):
     """Run ``rocmft <args>`` in a child process with ``env`` added to a clean environment.

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import EXPORT_SECRET as SECRET
 from conftest import REPO, all_text_under, rocmft_in
 from rocmft.errors import ConfigError, ExitCode
 
 pytestmark = pytest.mark.train
-SECRET = "hf_rocmftExportSecret456"
 PROMPTS = ["What is two plus three?", "What is LoRA?", "Which GPU is gfx942?", "What does exit code 2 mean?"]
 # fp32 merge tolerance: merging computes W + s·B·A once in fp32 (rounding 2^-24 ≈ 6e-8 relative per weight) and
 # then x·W' instead of x·W + s·(x·Aᵀ)·Bᵀ: different summation orders, each off by a few ulps of values of order
@@ -33,51 +33,6 @@ FP32_TOLERANCE = 1e-4
 
 def _rocmft(tmp: Path, cache: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return rocmft_in(tmp, cache, *args, env=env, timeout=900)
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("after-training")
-
-
-@pytest.fixture(scope="module")
-def lora_env(work, tiny_model, demo_data) -> dict[str, str]:
-    """The settings a user trained with (and, unchanged, exports with)."""
-    return {
-        "MODEL_NAME_OR_PATH": str(tiny_model),
-        "FINETUNING_TYPE": "lora",
-        "DATASET": "rocmft_demo",
-        "DATASET_DIR": str(demo_data),
-        "TEMPLATE": "qwen",
-        "OUTPUT_DIR": str(work / "saves" / "tiny-lora"),
-        "MAX_STEPS": "40",
-        "LEARNING_RATE": "0.02",
-        "PER_DEVICE_TRAIN_BATCH_SIZE": "8",
-        "GRADIENT_ACCUMULATION_STEPS": "1",
-        "LOGGING_STEPS": "5",
-        "VAL_SIZE": "0.1",
-        "EVAL_STRATEGY": "steps",
-        "EVAL_STEPS": "20",
-        "CUTOFF_LEN": "64",
-        "ROCMFT_SAVES_DIR": str(work / "saves"),
-        "HF_TOKEN": SECRET,
-    }
-
-
-@pytest.fixture(scope="module")
-def lora_run(work, cache_dir, lora_env) -> Path:
-    """A finished LoRA run of the tiny model (trained once per module)."""
-    result = _rocmft(work, cache_dir, "train", env=lora_env)
-    assert result.returncode == ExitCode.OK, result.stdout[-3000:]
-    return Path(lora_env["OUTPUT_DIR"])
-
-
-@pytest.fixture(scope="module")
-def exported(work, cache_dir, lora_env, lora_run) -> Path:
-    """`rocmft export` with the training settings and nothing else."""
-    result = _rocmft(work, cache_dir, "export", env=lora_env)
-    assert result.returncode == ExitCode.OK, result.stdout[-3000:]
-    return lora_run.parent / f"{lora_run.name}-merged"
 
 
 def _logits(model, tokenizer):
@@ -292,19 +247,22 @@ def _serve_command(environ: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_serve_command_comes_from_the_export_record(exported, work):
+    """The newest export (saves/rocmft-latest-export.json) is served with its record's name and its checkpoint's
+    dtype and length; tests/test_serve_command.py covers the rest of the derivation."""
+    record = json.loads((exported / "rocmft-export.json").read_text())
+    length = json.loads((exported / "config.json").read_text())["max_position_embeddings"]
     result = _serve_command({"ROCMFT_SAVES_DIR": str(work / "saves")})
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == [
-        "vllm",
-        "serve",
-        str(exported),
-        "--served-model-name",
-        "tiny-lora",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        "8000",
-    ]
+    server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert json.loads(result.stdout) == {
+        "argv": [
+            *server,
+            *("--model", str(exported), "--served-model-name", "tiny-lora", "--dtype", record["dtype"]),
+            *("--max-model-len", str(length), "--enable-lora", "--max-lora-rank", "16"),
+            *("--host", "0.0.0.0", "--port", "8000"),
+        ],
+        "env": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+    }
     # the saves folder mounted elsewhere (the vLLM container's /saves): found by its relative path
     moved = work / "mounted-elsewhere"
     moved.mkdir()
@@ -318,20 +276,11 @@ def test_serve_command_comes_from_the_export_record(exported, work):
             "ROCMFT_SERVE_ARGS": "--max-model-len 512 --dtype float32",
         }
     )
-    assert json.loads(result.stdout) == [
-        "vllm",
-        "serve",
-        str(moved / "tiny-lora-merged"),
-        "--served-model-name",
-        "my-model",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        "9001",
-        "--max-model-len",
-        "512",
-        "--dtype",
-        "float32",
+    assert json.loads(result.stdout)["argv"] == [
+        *server,
+        *("--model", str(moved / "tiny-lora-merged"), "--served-model-name", "my-model"),
+        *("--enable-lora", "--max-lora-rank", "16", "--host", "0.0.0.0", "--port", "9001"),
+        *("--max-model-len", "512", "--dtype", "float32"),
     ]
     missing = _serve_command({"ROCMFT_SAVES_DIR": str(work / "empty")})
     assert missing.returncode == 2 and "docker compose run --rm export" in missing.stderr
