@@ -21,11 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
+from rocmft.outputs.serve import VLLM_LORA_RANKS
 
 SERVE = REPO / "docker" / "vllm-serve.py"
 SERVER = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 RUNTIME = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # MaxLoRARanks, read from both wheels' vllm/config/lora.py
+# MaxLoRARanks, read from both wheels' vllm/config/lora.py: rocmft serve --load keeps the same list for its hints
+VLLM_RANKS = VLLM_LORA_RANKS
 
 
 def _serve(environ: dict[str, str]) -> subprocess.CompletedProcess:
