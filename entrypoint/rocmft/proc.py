@@ -6,10 +6,12 @@ Every child rocmft starts (GPU probes, the parser child, the worker, torchrun) r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 
 
 def free_port() -> int:
@@ -29,4 +31,23 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-__all__ = ["free_port", "kill_group"]
+@contextlib.contextmanager
+def inductor_cache_env_kept() -> Iterator[None]:
+    """Undo what torch's inductor writes into ``os.environ`` inside the block.
+
+    The first time inductor is asked for its cache folder it sets ``TORCHINDUCTOR_CACHE_DIR`` in ``os.environ``
+    (torch/_inductor/runtime/cache_dir_utils.py, torch 2.11), which importing LLaMA-Factory or building a model can
+    do. rocmft's environment then differed from the parser child's, and the first run on a fresh cache started a
+    fresh worker instead of reusing the one that validated the configuration (tests/test_train.py caught it).
+    """
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
+__all__ = ["free_port", "inductor_cache_env_kept", "kill_group"]

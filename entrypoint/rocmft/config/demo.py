@@ -9,7 +9,7 @@ minute or two on 2 CPU cores (measured by ``tests/test_train.py``).
 Cache layout (``ROCMFT_CACHE_DIR``, default ``~/.cache/rocmft``)::
 
     demo-data-v1/   dataset_info.json, rocmft_demo.json
-    tiny-qwen2-v1/  config.json, model.safetensors, tokenizer.json, tokenizer_config.json, ...
+    tiny-qwen2-v2/  config.json, model.safetensors, tokenizer.json, tokenizer_config.json, ...
 
 Both are built into a temporary folder and renamed into place, so a killed build never leaves a half
 model behind, and concurrent builders do not collide.
@@ -18,28 +18,32 @@ model behind, and concurrent builders do not collide.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from rocmft.errors import ConfigError
 from rocmft.fsutil import atomic_write_json
+from rocmft.proc import inductor_cache_env_kept
 
 DEMO_DATASET = "rocmft_demo"
 DATA_VERSION = "demo-data-v1"
-MODEL_VERSION = "tiny-qwen2-v1"
+MODEL_VERSION = "tiny-qwen2-v2"
 
-# The tiny model's shape: Qwen2 with grouped-query attention (4 query heads, 2 KV heads) like the real
-# family, small enough that a training step takes milliseconds on a CPU.
+# The tiny model's shape: Qwen2 with grouped-query attention (2 query heads, 1 KV head) like the real
+# family, small enough that a training step takes milliseconds on a CPU. Heads of 32: vLLM's CPU attention
+# takes head sizes 32, 64, 80, ... and refused v1's 16 ("Unsupported CPU attention configuration: head_dim=16",
+# shared/docs/ENVIRONMENT.md), so the served export could not be checked against `rocmft chat`. RoPE base 1e6
+# as Qwen2-7B's config.json (v1 had 1e4), so an export that loses it is caught by tests/test_serve.py.
 TINY_QWEN2 = {
     "hidden_size": 64,
     "intermediate_size": 176,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
     "max_position_embeddings": 1024,
-    "rope_theta": 10000.0,
+    "rope_theta": 1000000.0,
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
 }
@@ -149,11 +153,21 @@ def ensure_tiny_model(cache_dir: Path) -> Path:
 
     def build(tmp: Path) -> None:
         import torch
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
         from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+        from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
+        # Qwen2's own normalizer and pre-tokenizer (transformers' Qwen2Tokenizer): transformers 5 loads a folder of
+        # model_type qwen2 as Qwen2Tokenizer and imposes them, whatever tokenizer.json says, so a plain byte-level
+        # split was tokenized one way in training and another by vLLM (measured: 24 vs 18 tokens for one sentence)
         tokenizer = Tokenizer(models.BPE())
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.normalizer = normalizers.NFC()
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
         tokenizer.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=VOCAB_SIZE,
@@ -186,14 +200,5 @@ def ensure_tiny_model(cache_dir: Path) -> Path:
             json.dumps({"version": MODEL_VERSION, "architecture": "Qwen2ForCausalLM", "shape": TINY_QWEN2}, indent=2)
         )
 
-    # torch's inductor sets TORCHINDUCTOR_CACHE_DIR in os.environ the first time it is asked for its cache folder
-    # (torch/_inductor/runtime/cache_dir_utils.py), which building the model can do: the entrypoint's environment
-    # then differed from the parser child's, and the first run on a fresh cache started a fresh worker for it
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    try:
+    with inductor_cache_env_kept():  # building the model can set TORCHINDUCTOR_CACHE_DIR (rocmft.proc)
         return _build_into(cache_dir / MODEL_VERSION, build)
-    finally:
-        if before is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before

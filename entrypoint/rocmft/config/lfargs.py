@@ -244,7 +244,10 @@ def vocabulary() -> dict[str, Any]:
                 return json.loads(candidate.read_text())
             except (OSError, ValueError):
                 pass
-    data = _live_vocabulary()
+    from rocmft.proc import inductor_cache_env_kept
+
+    with inductor_cache_env_kept():  # importing LLaMA-Factory can set TORCHINDUCTOR_CACHE_DIR (rocmft.proc)
+        data = _live_vocabulary()
     if path is not None:
         from rocmft.fsutil import atomic_write_json
 
