@@ -193,7 +193,9 @@ plan: ## print what `make image` would build for ARCH (base image, torch index, 
 SERVE_TAG    ?= rocmft-serve:$(ARCH)
 serve-image: profile-check docker-ready ## the vLLM image compose's serve runs: rocmft-serve:<arch> (cpu: built; ROCm: SERVE_IMAGE pulled)
 ifeq ($(FLAVOUR),cpu)
-	SERVE_TAG='$(SERVE_TAG)' BASE_IMAGE='$(BASE_REF)' SERVE_WHEELS_CONTEXT='$(abspath $(or $(SERVE_WHEELS),docker/serve))' \
+	rm -rf .serve-wheels && mkdir .serve-wheels
+	$(if $(SERVE_WHEELS),cp --reflink=auto '$(SERVE_WHEELS)'/torch-$(SERVE_TORCH)-*.whl .serve-wheels/)
+	SERVE_TAG='$(SERVE_TAG)' BASE_IMAGE='$(BASE_REF)' \
 	SERVE_TORCH_INDEX_URL='$(if $(SERVE_WHEELS),,https://download.pytorch.org/whl/cpu)' \
 	BUILD_CA_BUNDLE='$(abspath $(or $(BUILD_CA_BUNDLE),docker/no-ca-bundle.pem))' \
 	docker compose --progress '$(PROGRESS)' -f docker/serve/build.yaml build serve

@@ -15,6 +15,7 @@ CPU backend. Disabling Triton.", measured). Run it with a Python 3.11 (the lock 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import subprocess
 import sys
@@ -60,15 +61,24 @@ def resolve(wheels: str | None) -> list[str]:
 def main() -> int:
     """``--write`` rewrites :data:`LOCK`; ``--check`` exits 1 when a fresh resolve differs from it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite the lock (default: print it)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the lock (default: print it)")
+    mode.add_argument("--check", action="store_true", help="exit 1 when a fresh resolve differs from the lock")
     parser.add_argument("--wheels", help="a folder with the torch +cpu wheel (else download.pytorch.org)")
     args = parser.parse_args()
     if sys.version_info[:2] != (3, 11):
-        print(f"ERROR: the lock is for CPython 3.11; this is {sys.version.split()[0]}: run it with python3.11")
+        print(f"ERROR: the lock is for CPython 3.11; this is {sys.version.split()[0]}: run it with python3.11",
+              file=sys.stderr)  # fmt: skip
         return 2
     header = HEADER.format(vllm=VLLM, torch=TORCH, dropped=", ".join(sorted(DROPPED)), index=TORCH_CPU_INDEX)
     text = header + "\n".join(resolve(args.wheels)) + "\n"
-    if args.write:
+    if args.check:
+        if text != LOCK.read_text():
+            sys.stdout.writelines(difflib.unified_diff(LOCK.read_text().splitlines(True), text.splitlines(True),
+                                                       str(LOCK), "a fresh resolve"))  # fmt: skip
+            print(f"{LOCK} differs from a fresh resolve: python3.11 docker/serve/cpu_lock.py --write", file=sys.stderr)
+            return 1
+    elif args.write:
         LOCK.write_text(text)
     else:
         sys.stdout.write(text)

@@ -110,12 +110,16 @@ def validate_profile(path: Path) -> list[str]:
         if get("TORCH_IS_HIP") != "0":
             problems.append(f"{path}: ROCM_VERSION=none needs TORCH_IS_HIP=0")
         if get("SERVE_IMAGE"):
-            problems.append(f"{path}: SERVE_IMAGE={get('SERVE_IMAGE')} on the cpu flavour: leave it empty "
-                            "(make serve-image ARCH=cpu builds rocmft-serve:cpu from docker/serve/Dockerfile.cpu)")
+            problems.append(
+                f"{path}: SERVE_IMAGE={get('SERVE_IMAGE')} on the cpu flavour: leave it empty "
+                "(make serve-image ARCH=cpu builds rocmft-serve:cpu from docker/serve/Dockerfile.cpu)"
+            )
         return problems
     if not get("SERVE_IMAGE"):
-        problems.append(f"{path}: SERVE_IMAGE is empty: name the vLLM ROCm image for {get('ARCH')} "
-                        "(make serve-image pulls it; see docker/arch/gfx942.env)")
+        problems.append(
+            f"{path}: SERVE_IMAGE is empty: name the vLLM ROCm image for {get('ARCH')} "
+            "(make serve-image pulls it; see docker/arch/gfx942.env)"
+        )
     spellings = {
         "the base image's tag": re.search(rf":{re.escape(rocm)}[.-]", get("BASE_IMAGE")) is not None,
         "TORCH_INDEX_URL": get("TORCH_INDEX_URL").rstrip("/").endswith(f"rocm{rocm}"),
