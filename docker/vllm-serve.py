@@ -498,13 +498,42 @@ def command(environ: dict) -> tuple[list[str], dict[str, str]]:
     return argv + extra, env
 
 
+# vLLM's flags whose value is a secret (vllm/entrypoints/openai/cli_args.py: --api-key; engine args: --hf-token):
+# never printed, here or by --print, so that they stay out of `docker logs` and pasted diagnostics
+SECRET_FLAGS = ("--api-key", "--api_key", "--hf-token", "--hf_token")
+
+
+def redacted(argv: list[str]) -> list[str]:
+    """``argv`` with the values of :data:`SECRET_FLAGS` (``--flag value`` and ``--flag=value``) replaced."""
+    shown, hide_next = [], False
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if hide_next:
+            shown.append("<redacted>")
+        elif name in SECRET_FLAGS and "=" in arg:
+            shown.append(f"{name}=<redacted>")
+        else:
+            shown.append(arg)
+        hide_next = arg in SECRET_FLAGS
+    return shown
+
+
 def main(argv: list[str]) -> None:
-    """Print (``--print``) or exec the command."""
-    argv_out, env = command(dict(os.environ))
-    if "--print" in argv:
-        print(json.dumps({"argv": argv_out, "env": env}))
+    """Print (``--print``) or exec the command; ``--help`` prints the module docstring; anything else exits 2."""
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
         return
-    print(f"[rocmft serve] {' '.join(f'{k}={v}' for k, v in env.items())} {shlex.join(argv_out)}", flush=True)
+    if argv not in ([], ["--print"]):
+        fail(
+            f"unknown arguments {' '.join(argv)!r}: this script is configured by environment variables only.",
+            "Run it without arguments (or with --print to see the vLLM command); vLLM flags go in ROCMFT_SERVE_ARGS.",
+        )
+    argv_out, env = command(dict(os.environ))
+    if argv == ["--print"]:
+        print(json.dumps({"argv": redacted(argv_out), "env": env}))
+        return
+    shown = " ".join(f"{k}={v}" for k, v in env.items())
+    print(f"[rocmft serve] {shown} {shlex.join(redacted(argv_out))}", flush=True)
     os.execve(argv_out[0], argv_out, {**os.environ, **env})
 
 

@@ -270,30 +270,50 @@ def test_serve_load_refusals_say_what_to_do(server, loop, cache_dir, run_b, base
     # a prompt longer than the server's max_model_len (1024 tokens)
     long = load(run_b, "-p", " ".join(["plus"] * 1100))
     assert long.returncode == ExitCode.CONFIG_ERROR and "max_model_len 1024" in long.stdout, long.stdout
+    assert "the adapter was not loaded" in long.stdout
     # no server there
     none = load(run_b, url=f"http://127.0.0.1:{free_port()}")
     assert none.returncode == ExitCode.CHECK_FAILED and "docker compose --profile serve up -d serve" in none.stdout
     # a full run has no adapter: serve its export
     full = load(loop / "saves" / "rocmft-demo")
     assert full.returncode == ExitCode.CONFIG_ERROR and "rocmft export" in full.stdout
+    # the adapter named as the served base: vLLM would refuse it; rocmft says to pick another --name
+    taken = next(m["id"] for m in _get(f"{server.url}/v1/models").json()["data"] if not m.get("parent"))
+    clash = load(run_b, "--name", taken)
+    assert clash.returncode == ExitCode.CONFIG_ERROR and "--name" in clash.stdout, clash.stdout
     bad = load(run_b, url="ftp://x")
     assert bad.returncode == ExitCode.CONFIG_ERROR and "ROCMFT_SERVE_URL" in bad.stdout
-    for result in (big, other, long, none, full, bad):
+    for result in (big, other, long, none, full, clash, bad):
         assert "Traceback" not in result.stdout
 
 
 def test_exports_read_the_same_under_the_serve_images_transformers(vllm_python, base_export, run_a, tiny_model):
-    """transformers 4.57.1 (vLLM 0.11.2's) reads the RoPE base and dtype of each export as written; the tiny
-    model's own transformers-5 config.json, without the keys the export adds, it reads wrongly (the bug)."""
-    code = ("import json, sys; from transformers import AutoConfig; c = AutoConfig.from_pretrained(sys.argv[1]); "
-            "print(json.dumps([c.rope_theta, str(c.torch_dtype)]))")  # fmt: skip
+    """transformers 4.57.1 (vLLM 0.11.2's) reads each export's RoPE base, dtype and tokenizer as written, and formats
+    every demo prompt's chat into the same ids as the training stack; the tiny model's own transformers-5 files,
+    without what the export adds, it reads wrongly (RoPE base 10000) or not at all (the tokenizer)."""
+    from transformers import AutoTokenizer
+
+    code = ("import json, sys; from transformers import AutoConfig, AutoTokenizer; "
+            "c = AutoConfig.from_pretrained(sys.argv[1]); t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+            "ids = [t.apply_chat_template([{'role': 'user', 'content': p}], add_generation_prompt=True) "
+            "for p in json.loads(sys.argv[2])]; "
+            "print(json.dumps([c.rope_theta, str(c.torch_dtype), ids]))")  # fmt: skip
     for folder in (base_export, run_a.parent / "run-a-merged"):
-        out = subprocess.run([str(COMPAT_PYTHON), "-c", code, str(folder)], capture_output=True, text=True, timeout=300)
+        out = subprocess.run([str(COMPAT_PYTHON), "-c", code, str(folder), json.dumps(PROMPTS)], capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
-        assert json.loads(out.stdout.splitlines()[-1]) == [1000000.0, "torch.float32"], folder
-        assert json.loads((folder / "rocmft-export.json").read_text())["serve"]["legacy_keys"] == [
-            "rope_theta",
-            "torch_dtype",
-        ]
-    raw = subprocess.run([str(COMPAT_PYTHON), "-c", code, str(tiny_model)], capture_output=True, text=True, timeout=300)
-    assert json.loads(raw.stdout.splitlines()[-1])[0] == 10000.0  # what the export's added rope_theta prevents
+        rope_theta, dtype, ids = json.loads(out.stdout.splitlines()[-1])
+        assert (rope_theta, dtype) == (1000000.0, "torch.float32"), folder
+        ours = AutoTokenizer.from_pretrained(folder)
+        expected = [list(ours.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                  return_dict=True)["input_ids"]) for p in PROMPTS]  # fmt: skip
+        assert ids == expected, folder
+        serve = json.loads((folder / "rocmft-export.json").read_text())["serve"]
+        assert serve["legacy_keys"] == ["rope_theta", "torch_dtype"] and serve["legacy_tokenizer_config"] is True
+    raw = subprocess.run([str(COMPAT_PYTHON), "-c", code, str(tiny_model), "[]"], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert raw.returncode != 0 and "TokenizersBackend" in raw.stderr  # what the export's tokenizer_config.json fixes
+    rope = subprocess.run([str(COMPAT_PYTHON), "-c", "import sys; from transformers import AutoConfig; "
+                           "print(AutoConfig.from_pretrained(sys.argv[1]).rope_theta)", str(tiny_model)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert float(rope.stdout.split()[-1]) == 10000.0  # what the export's added rope_theta prevents

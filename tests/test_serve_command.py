@@ -366,3 +366,49 @@ def test_bad_input_is_refused_with_the_fix(tiny_model, tmp_path):
              "LoRA run", "rocmft export")  # fmt: skip
     no_base = _adapter(tmp_path / "no-base", "")
     _refused({"ROCMFT_SERVE_MODEL": str(no_base)}, "No base model", "base_model_name_or_path", "--model")
+
+
+# --- rocmft serve --load: what is refused before (or without) a vLLM server ---------------------------------------
+
+
+def test_serve_load_refuses_a_broken_adapter_and_a_bad_url_without_a_traceback(lora_run, tmp_path, cache_dir):
+    """Copies of the real LoRA run with one thing broken each; exit 2 naming the file, before any server is asked
+    (the URL given has nothing listening: reaching it would exit 3 instead)."""
+    from conftest import rocmft_in
+    from rocmft.errors import ExitCode
+    from rocmft.proc import free_port
+
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    cases = {"list": ("[1]", "not a JSON object"), "no-rank": ('{"peft_type": "LORA"}', "has no LoRA rank r")}
+    for name, (content, needle) in cases.items():
+        copy = tmp_path / name
+        shutil.copytree(lora_run, copy)
+        (copy / "adapter_config.json").write_text(content)
+        result = rocmft_in(tmp_path, cache_dir, "serve", "--load", str(copy), "--url", nowhere)
+        assert result.returncode == ExitCode.CONFIG_ERROR and needle in result.stdout, result.stdout
+        assert "adapter_config.json" in result.stdout and "Traceback" not in result.stdout
+    weightless = tmp_path / "weightless"
+    shutil.copytree(lora_run, weightless)
+    (weightless / "adapter_model.safetensors").unlink()
+    result = rocmft_in(tmp_path, cache_dir, "serve", "--load", str(weightless), "--url", nowhere)
+    assert result.returncode == ExitCode.CONFIG_ERROR and "no adapter weights" in result.stdout, result.stdout
+    missing = rocmft_in(tmp_path, cache_dir, "serve", "--load", str(tmp_path / "nope"), "--url", nowhere)
+    assert missing.returncode == ExitCode.CONFIG_ERROR and "no such folder" in missing.stdout, missing.stdout
+    query = rocmft_in(tmp_path, cache_dir, "serve", "--load", str(lora_run), "--url", f"{nowhere}?x=1")
+    assert query.returncode == ExitCode.CONFIG_ERROR and "ROCMFT_SERVE_URL" in query.stdout, query.stdout
+    down = rocmft_in(tmp_path, cache_dir, "serve", "--load", str(lora_run), "--url", nowhere)
+    assert down.returncode == ExitCode.CHECK_FAILED and "No vLLM server answers" in down.stdout, down.stdout
+
+
+def test_serve_script_refuses_arguments_and_never_prints_a_secret(exported):
+    """docker/vllm-serve.py takes no arguments but --print/--help, and its printed command hides --api-key and
+    --hf-token values (they would land in `docker logs`)."""
+    env = {"PATH": "/usr/bin:/bin", "ROCMFT_SERVE_MODEL": str(exported),
+           "ROCMFT_SERVE_ARGS": "--api-key sk_SECRET1 --hf-token=hf_SECRET2"}  # fmt: skip
+    printed = subprocess.run([sys.executable, str(SERVE), "--print"], env=env, capture_output=True, text=True)
+    assert printed.returncode == 0, printed.stderr
+    argv = json.loads(printed.stdout)["argv"]
+    assert "SECRET" not in printed.stdout + printed.stderr and "--hf-token=<redacted>" in argv
+    assert argv[argv.index("--api-key") + 1] == "<redacted>"
+    _refused_args = subprocess.run([sys.executable, str(SERVE), "--bogus"], env=env, capture_output=True, text=True)
+    assert _refused_args.returncode == 2 and "ROCMFT_SERVE_ARGS" in _refused_args.stderr

@@ -19,6 +19,13 @@ What is added to ``config.json``, for readers older than transformers 5 (the ROC
   a Qwen2 config with 1e6 (``tests/test_serve.py`` reads every export with 4.57.1) — so positions would be wrong,
   silently;
 * ``torch_dtype``: transformers 5 writes ``dtype``; 4.57.1 reads ``torch_dtype``.
+
+And in ``tokenizer_config.json`` (4.57.1 refused transformers 5.6's file: "Tokenizer class TokenizersBackend does
+not exist", then "'list' object has no attribute 'keys'" — measured): ``tokenizer_class`` ``TokenizersBackend``
+(transformers 5's generic fast tokenizer) becomes ``PreTrainedTokenizerFast``, its 4.x name, and a list-valued
+``extra_special_tokens`` becomes ``additional_special_tokens`` (4.x's key for that list; 4.x reads
+``extra_special_tokens`` as a dict). transformers 4.57.1, 5.6 and 5.19 then give the same ids and special tokens
+(measured; ``tests/test_serve.py`` compares the chat tokenization of every demo prompt).
 """
 
 from __future__ import annotations
@@ -88,6 +95,23 @@ def legacy_keys(config: dict[str, Any]) -> dict[str, Any]:
     return added
 
 
+def legacy_tokenizer_keys(config: dict[str, Any]) -> dict[str, Any] | None:
+    """``tokenizer_config.json`` rewritten for transformers 4.x readers (see the module docstring), or None when
+    it needs nothing.
+
+    Args:
+        config: a tokenizer_config.json as a dict.
+    """
+    changed = dict(config)
+    if changed.get("tokenizer_class") == "TokenizersBackend":
+        changed["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = changed.get("extra_special_tokens")
+    if isinstance(extra, list):
+        del changed["extra_special_tokens"]
+        changed.setdefault("additional_special_tokens", extra)
+    return changed if changed != config else None
+
+
 def prepare_for_serving(folder: Path, base_config: dict[str, Any] | None, lora_rank: int | None) -> dict[str, Any]:
     """Check the export in ``folder`` for serving, add the legacy config keys, and return the ``serve`` record.
 
@@ -98,7 +122,8 @@ def prepare_for_serving(folder: Path, base_config: dict[str, Any] | None, lora_r
             ``--max-lora-rank`` must allow for adapters of this run (docker/vllm-serve.py reads it).
 
     Returns:
-        ``{"architecture", "model_type", "dtype", "max_model_len", "lora_rank", "chat_template", "legacy_keys"}``,
+        ``{"architecture", "model_type", "dtype", "max_model_len", "rope_theta", "lora_rank", "chat_template",
+        "legacy_keys", "legacy_tokenizer_config"}``,
         stored under ``serve`` in the export manifest.
 
     Raises:
@@ -138,6 +163,10 @@ def prepare_for_serving(folder: Path, base_config: dict[str, Any] | None, lora_r
     added = legacy_keys(config)
     if added:
         atomic_write_json(config_path, {**config, **added})
+    tokenizer_path = folder / "tokenizer_config.json"
+    tokenizer = legacy_tokenizer_keys(_read_json(tokenizer_path)) if tokenizer_path.is_file() else None
+    if tokenizer is not None:
+        atomic_write_json(tokenizer_path, tokenizer)
     rope = config.get("rope_parameters") or {}
     return {
         "architecture": (config.get("architectures") or [None])[0],
@@ -148,7 +177,8 @@ def prepare_for_serving(folder: Path, base_config: dict[str, Any] | None, lora_r
         "lora_rank": lora_rank,
         "chat_template": template,
         "legacy_keys": sorted(added),
+        "legacy_tokenizer_config": tokenizer is not None,
     }
 
 
-__all__ = ["chat_template_of", "legacy_keys", "prepare_for_serving"]
+__all__ = ["chat_template_of", "legacy_keys", "legacy_tokenizer_keys", "prepare_for_serving"]

@@ -25,6 +25,7 @@ HTTP goes through httpx (already in the training stack with huggingface_hub).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,9 @@ def server_url(given: str | None, settings) -> str:
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise ConfigError(
-            f"--url / ROCMFT_SERVE_URL={url!r} is not an http(s) URL with a host.",
+            f"--url / ROCMFT_SERVE_URL={url!r} is not an http(s) URL with a host (and no ?query or #fragment).",
             f"Give the vLLM server's address, e.g. {DEFAULT_URL} (compose's export service: http://serve:8000).",
         )
     return url
@@ -67,7 +68,10 @@ class Server:
         import httpx
 
         self.url = url
-        self._client = httpx.Client(base_url=url, timeout=timeout_s, trust_env=False)
+        # vLLM's own variable for its --api-key (vllm/envs.py VLLM_API_KEY); requests then carry it as a bearer token
+        key = os.environ.get("VLLM_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._client = httpx.Client(base_url=url, timeout=timeout_s, trust_env=False, headers=headers)
         self._httpx = httpx
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
@@ -82,8 +86,13 @@ class Server:
             raise ChecksFailed(
                 f"No vLLM server answers at {self.url} ({type(err).__name__}: {err}).",
                 "Start it (`docker compose --profile serve up -d serve`; `docker compose ps serve` says when it is "
-                "healthy) or point --url / ROCMFT_SERVE_URL at the one you run.",
+                "healthy) or point --url / ROCMFT_SERVE_URL at the one you run (http:// unless it serves TLS).",
             ) from err
+        if response.status_code == 401:
+            raise ChecksFailed(
+                f"{self.url} wants an API key (401 Unauthorized): it was started with --api-key.",
+                "Set VLLM_API_KEY to that key (rocmft serve sends it as a bearer token, as vLLM's clients do).",
+            )
         try:
             return response.status_code, response.json()
         except ValueError:
@@ -117,7 +126,7 @@ def adapter_facts(run: Run) -> tuple[str, int | None]:
     """``(base model, rank r)`` of the run's adapter, from its ``adapter_config.json`` (peft's).
 
     Raises:
-        ConfigError: not a LoRA run, or its adapter_config.json is unreadable.
+        ConfigError: not a LoRA run, its adapter_config.json unreadable or without a rank, no adapter weights.
     """
     if not run.is_adapter:
         raise ConfigError(
@@ -131,9 +140,21 @@ def adapter_facts(run: Run) -> tuple[str, int | None]:
             f"{run.weights / 'adapter_config.json'} cannot be read ({err}).",
             "Point --load at a run folder (or checkpoint-N) that `rocmft train` finished.",
         ) from err
+    path = run.weights / "adapter_config.json"
+    rank = config.get("r") if isinstance(config, dict) else None
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        what = "" if isinstance(config, dict) else " (it is not a JSON object)"
+        raise ConfigError(
+            f"{path} has no LoRA rank r, a whole number above 0{what}.",
+            "Point --load at a run folder (or checkpoint-N) that `rocmft train` finished; peft writes this file.",
+        )
+    if not any((run.weights / n).is_file() for n in ("adapter_model.safetensors", "adapter_model.bin")):
+        raise ConfigError(
+            f"{run.weights} has no adapter weights (adapter_model.safetensors).",
+            "Point --load at a run folder (or checkpoint-N) that `rocmft train` finished.",
+        )
     base = str(config.get("base_model_name_or_path") or run.arguments.get("model_name_or_path") or "")
-    rank = config.get("r")
-    return base, rank if isinstance(rank, int) else None
+    return base, rank
 
 
 def same_base(served_root: str, adapter_base: str) -> bool:
@@ -142,7 +163,8 @@ def same_base(served_root: str, adapter_base: str) -> bool:
     between containers: /cache/... here, /root/.cache/... there)."""
     if served_root == adapter_base or Path(served_root).resolve() == Path(adapter_base).resolve():
         return True
-    ours, theirs = model_config(adapter_base), model_config(served_root)
+    local = Path(served_root).is_dir() and Path(adapter_base).is_dir()  # a hub id would be fetched, with retries
+    ours, theirs = (model_config(adapter_base), model_config(served_root)) if local else (None, None)
     if ours is not None and theirs is not None:
         return ours == theirs
     return Path(served_root).name == Path(adapter_base).name
@@ -167,6 +189,11 @@ def load_and_ask(
     Raises:
         ConfigError: see the module docstring (exit 2); ChecksFailed: no server, runtime loading off (exit 3).
     """
+    if not Path(given).expanduser().is_dir():
+        raise ConfigError(
+            f"rocmft serve --load {given}: {'a file, not a folder' if Path(given).exists() else 'no such folder'}.",
+            "Give a LoRA run's OUTPUT_DIR (or a checkpoint-N in it), e.g. `rocmft serve --load saves/<run>`.",
+        )
     run = find_run(given, settings)
     if run.weights == run.output_dir and run.manifest.get("status") != "finished":
         raise ConfigError(
@@ -186,14 +213,32 @@ def load_and_ask(
             f"Start the serve service on {base} (ROCMFT_SERVE_MODEL={run.output_dir} serves this run on its base), "
             "or load an adapter trained on the served model.",
         )
+    if any(m.get("id") == name for m in bases):
+        raise ConfigError(
+            f"--name {name!r} is the name of the model the server serves as its base.",
+            "Give the adapter another name with --name (the API's `model` then selects it).",
+        )
+    # vLLM lists max_model_len on the base's entry (an adapter's may have none: vLLM 0.32 gives null)
+    max_len = next((m.get("max_model_len") for m in bases if m.get("max_model_len")), None)
+    questions = prompts or [_first_question(run)]
+    counted = [_local_tokens(run, [{"role": "user", "content": q}]) for q in questions]
+    for question, ours in zip(questions, counted, strict=True):
+        if ours is not None and isinstance(max_len, int) and len(ours) + max_tokens > max_len:
+            raise ConfigError(
+                f"A prompt ({question[:40]!r}...) is {len(ours)} tokens, and with --max-tokens {max_tokens} longer "
+                f"than the server's max_model_len {max_len}; the adapter was not loaded.",
+                "Shorten the prompt or --max-tokens, or restart the serve service with a larger --max-model-len "
+                "(ROCMFT_SERVE_ARGS) where the model allows it.",
+            )
     if any(m.get("id") == name for m in models if m.get("parent")):
         server.request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
     status, data = server.request(
         "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(run.weights.absolute())}
     )
-    if status == 404:
+    if status in (404, 405, 501):
         raise ChecksFailed(
-            f"{url} does not take adapters at run time (POST /v1/load_lora_adapter: 404).",
+            f"{url} does not take adapters at run time (POST /v1/load_lora_adapter: {status}): not vLLM, or vLLM "
+            "without runtime LoRA updates.",
             "Restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora (the compose service serve, "
             "docker/vllm-serve.py, sets both).",
         )
@@ -213,11 +258,7 @@ def load_and_ask(
             )
         raise ConfigError(f"vLLM refused to load the adapter {run.weights} as {name!r}: {text}", fix)
     say(f"loaded the adapter of {run.weights} into {url} as {name!r} (rank {rank}, base {base})", stream=sys.stderr)
-    # vLLM lists max_model_len on the base's entry; an adapter's may have none (vLLM 0.32: null)
-    max_len = next((m.get("max_model_len") for m in server.models() if m.get("id") == name), None)
-    max_len = max_len or next((m.get("max_model_len") for m in bases if m.get("max_model_len")), None)
-    questions = prompts or [_first_question(run)]
-    return [_ask(server, run, name, question, max_tokens, max_len, as_json) for question in questions]
+    return [_ask(server, name, q, ours, max_tokens, as_json) for q, ours in zip(questions, counted, strict=True)]
 
 
 def _first_question(run: Run) -> str:
@@ -227,17 +268,9 @@ def _first_question(run: Run) -> str:
     return demo_records()[0]["instruction"] if run.arguments.get("dataset") == DEMO_DATASET else "Hello! Who are you?"
 
 
-def _ask(server: Server, run: Run, name: str, prompt: str, max_tokens: int, max_len, as_json: bool) -> dict:
-    """One greedy chat completion (see the module docstring, step 4)."""
+def _ask(server: Server, name: str, prompt: str, ours: list[int] | None, max_tokens: int, as_json: bool) -> dict:
+    """One greedy chat completion; ``ours`` is the run's own tokenization of it (see the module docstring, step 4)."""
     messages = [{"role": "user", "content": prompt}]
-    ours = _local_tokens(run, messages)
-    if ours is not None and isinstance(max_len, int) and len(ours) + max_tokens > max_len:
-        raise ConfigError(
-            f"The prompt is {len(ours)} tokens, and with --max-tokens {max_tokens} longer than the server's "
-            f"max_model_len {max_len}.",
-            "Shorten the prompt or --max-tokens, or restart the serve service with a larger --max-model-len "
-            "(ROCMFT_SERVE_ARGS) where the model allows it.",
-        )
     status, data = server.request(
         "POST", "/tokenize", {"model": name, "messages": messages, "add_generation_prompt": True}
     )
@@ -273,7 +306,9 @@ def _local_tokens(run: Run, messages: list[dict[str, str]]) -> list[int] | None:
     """The run's own tokenization of the chat (its tokenizer and chat template); None when it cannot be made."""
     try:
         from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.set_verbosity_error()  # its "longer than the maximum" names the tokenizer's limit, not vLLM's
         tokenizer = AutoTokenizer.from_pretrained(run.weights)
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
         return list(ids["input_ids"])
