@@ -222,9 +222,9 @@ def test_jsonl_sampling_reports_line_numbers_and_stays_bounded(tmp_path):
 
 # --- model metadata (exit 2) -----------------------------------------------------------------------------
 @pytest.mark.parametrize(("key", "value", "words"), [
-    ("hidden_size", 128, "hidden_size=128 but model.embed_tokens.weight is 635 x 64"),
-    ("vocab_size", 32000, "vocab_size=32000 but model.embed_tokens.weight is 635 x 64"),
-    ("num_hidden_layers", 24, "num_hidden_layers=24 but the weights have 2 layers"),
+    ("hidden_size", 128, "hidden_size=128 but model.embed_tokens.weight is {vocab_size} x {hidden_size}"),
+    ("vocab_size", 32000, "vocab_size=32000 but model.embed_tokens.weight is {vocab_size} x {hidden_size}"),
+    ("num_hidden_layers", 24, "num_hidden_layers=24 but the weights have {num_hidden_layers} layers"),
 ])  # fmt: skip
 def test_a_config_json_that_contradicts_the_weights_is_refused(run_rocmft, tmp_path, tiny_model, key, value, words):
     """Gap 3: config.json from another size of the family beside the weights (only the safetensors headers
@@ -232,6 +232,7 @@ def test_a_config_json_that_contradicts_the_weights_is_refused(run_rocmft, tmp_p
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
     config = json.loads((model / "config.json").read_text())
+    words = words.format(**config)  # the real shape, as the tiny model's own config.json and weights have it
     config[key] = value
     (model / "config.json").write_text(json.dumps(config))
     output = tmp_path / "out"
