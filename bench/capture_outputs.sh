@@ -47,14 +47,14 @@ run export-no-run -- export /nonexistent/run
 run report-no-run -- report /nonexistent/run
 run chat-no-model -- chat /nonexistent/model -p hi
 run bad-command -- frobnicate
-M=(MODEL_NAME_OR_PATH="$HOME/.cache/rocmft/tiny-qwen2-v1" DATASET_DIR="$shared/data" TEMPLATE=qwen)
+M=(MODEL_NAME_OR_PATH="$HOME/.cache/rocmft/tiny-qwen2-v2" DATASET_DIR="$shared/data" TEMPLATE=qwen)
 run model-render "${M[@]}" DATASET=alpaca_en_demo -- render
 run model-check "${M[@]}" DATASET=alpaca_en_demo MAX_SAMPLES=20 -- check
 run model-no-dataset "${M[@]}" DATASET=not_a_dataset -- render
 run model-dpo-on-sft "${M[@]}" DATASET=alpaca_en_demo STAGE=dpo -- render
 run model-lora-target "${M[@]}" DATASET=alpaca_en_demo FINETUNING_TYPE=lora LORA_TARGET=qkv -- render
 run model-ds-offload "${M[@]}" DATASET=alpaca_en_demo ROCMFT_DISTRIBUTED=deepspeed ROCMFT_ZERO_STAGE=2 ROCMFT_OFFLOAD=parameters -- render
-run model-output-is-input "${M[@]}" DATASET=alpaca_en_demo OUTPUT_DIR="$HOME/.cache/rocmft/tiny-qwen2-v1" -- render
+run model-output-is-input "${M[@]}" DATASET=alpaca_en_demo OUTPUT_DIR="$HOME/.cache/rocmft/tiny-qwen2-v2" -- render
 run model-bad-template "${M[@]}" DATASET=alpaca_en_demo TEMPLATE=not_a_template -- render
 run model-two-mistakes "${M[@]}" DATASET=not_a_dataset LORA_TARGET=qkv FINETUNING_TYPE=lora -- render
 run model-fsdp-world "${M[@]}" DATASET=alpaca_en_demo ROCMFT_DISTRIBUTED=fsdp NPROC_PER_NODE=3 -- render
