@@ -344,8 +344,10 @@ def test_compose_serve_profile_renders_the_command_and_environment(tmp_path):
         "ROCMFT_SERVE_NAME": "my-model",
         "ROCMFT_SERVE_PORT": "9001",
         "ROCMFT_SERVE_ARGS": "--tensor-parallel-size 8",
+        "ROCMFT_SERVE_MAX_LORA_RANK": "",
         "ROCMFT_SAVES_DIR": "/saves",
-        "HF_HOME": "/cache",
+        "HF_HOME": "/cache/huggingface",
+        "HF_TOKEN": "",
     }
     assert [(p["target"], p["published"]) for p in serve["ports"]] == [(9001, "9001")]
     mounts = {v["target"]: (v["source"], v.get("read_only", False)) for v in serve["volumes"]}
@@ -374,6 +376,8 @@ def test_compose_serve_profile_renders_the_command_and_environment(tmp_path):
         server.terminate()
         server.wait(timeout=10)
     assert services["export"]["command"] == ["export"]
+    # serve --load from the export service reaches the serve service on the project network, on its port
+    assert services["export"]["environment"]["ROCMFT_SERVE_URL"] == "http://serve:9001"
     default = subprocess.run(
         [*compose, "--project-directory", str(REPO), "-f", str(REPO / "compose.yaml"), "config", "--services"],
         env={"PATH": "/usr/bin:/bin"},
