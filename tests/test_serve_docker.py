@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -17,6 +16,7 @@ import pytest
 
 from conftest import REPO, make, rocmft_in
 from rocmft.errors import ExitCode
+from rocmft.proc import free_port
 
 pytestmark = pytest.mark.docker
 
@@ -51,12 +51,6 @@ def export_of_the_default(tmp_path_factory, cache_dir) -> Path:
     return saves
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=30) as answer:
         return json.load(answer)
@@ -65,7 +59,7 @@ def _get(url: str) -> dict:
 def test_compose_serve_answers_a_completion_on_the_cpu(serve_image, export_of_the_default):
     saves = export_of_the_default
     merged = json.loads((saves / "rocmft-latest-export.json").read_text())["model_path_in_saves"]
-    port, name = _free_port(), "rocmft-demo-served"
+    port, name = free_port(), "rocmft-demo-served"
     project = f"rocmft-serve-test-{uuid.uuid4().hex[:8]}"
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("ROCMFT_", "COMPOSE_", "VLLM_"))}
     environ.update({

@@ -5,8 +5,8 @@ The steps, each refused with what to do:
 1. the run: finished (or a ``checkpoint-N`` folder), a LoRA adapter (a full run has no adapter: serve its export);
 2. the server (``--url``, else ``ROCMFT_SERVE_URL``, default ``http://127.0.0.1:8000``): ``GET /v1/models``
    answers (else exit 3), and its base model — the entry without a ``parent`` — is the adapter's base: the same
-   path, or the same folder name, or an identical ``config.json`` (else exit 2: an adapter's matrices only fit
-   the base it was trained on);
+   path, else an identical ``config.json`` where both are local folders, else the same folder name (else exit 2:
+   an adapter's matrices only fit the base it was trained on);
 3. an adapter already loaded under the same name is unloaded (``POST /v1/unload_lora_adapter``), then
    ``POST /v1/load_lora_adapter {lora_name, lora_path}`` (vLLM docs, "Dynamically serving LoRA adapters"; the
    server needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, which docker/vllm-serve.py sets: a 404 means it is
@@ -133,14 +133,14 @@ def adapter_facts(run: Run) -> tuple[str, int | None]:
             f"{run.weights} is a {run.arguments.get('finetuning_type', 'full')} run: it has no LoRA adapter to load.",
             f"Export it (`rocmft export {run.output_dir}`) and serve the export (ROCMFT_SERVE_MODEL).",
         )
+    path = run.weights / "adapter_config.json"
     try:
-        config = json.loads((run.weights / "adapter_config.json").read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise ConfigError(
-            f"{run.weights / 'adapter_config.json'} cannot be read ({err}).",
+            f"{path} cannot be read ({err}).",
             "Point --load at a run folder (or checkpoint-N) that `rocmft train` finished.",
         ) from err
-    path = run.weights / "adapter_config.json"
     rank = config.get("r") if isinstance(config, dict) else None
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         what = "" if isinstance(config, dict) else " (it is not a JSON object)"
@@ -221,7 +221,7 @@ def load_and_ask(
     # vLLM lists max_model_len on the base's entry (an adapter's may have none: vLLM 0.32 gives null)
     max_len = next((m.get("max_model_len") for m in bases if m.get("max_model_len")), None)
     questions = prompts or [_first_question(run)]
-    counted = [_local_tokens(run, [{"role": "user", "content": q}]) for q in questions]
+    counted = _local_tokens(run, questions)
     for question, ours in zip(questions, counted, strict=True):
         if ours is not None and isinstance(max_len, int) and len(ours) + max_tokens > max_len:
             raise ConfigError(
@@ -302,18 +302,20 @@ def _ask(server: Server, name: str, prompt: str, ours: list[int] | None, max_tok
     return {"prompt": prompt, "completion": answer, "model": name}
 
 
-def _local_tokens(run: Run, messages: list[dict[str, str]]) -> list[int] | None:
-    """The run's own tokenization of the chat (its tokenizer and chat template); None when it cannot be made."""
+def _local_tokens(run: Run, prompts: list[str]) -> list[list[int] | None]:
+    """The run's own tokenization (its tokenizer, loaded once, and chat template) of each prompt as one user turn;
+    None for each when the tokenizer cannot be loaded or has no template."""
     try:
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()  # its "longer than the maximum" names the tokenizer's limit, not vLLM's
         tokenizer = AutoTokenizer.from_pretrained(run.weights)
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-        return list(ids["input_ids"])
+        chats = [[{"role": "user", "content": p}] for p in prompts]
+        encoded = [tokenizer.apply_chat_template(c, add_generation_prompt=True, return_dict=True) for c in chats]
+        return [list(e["input_ids"]) for e in encoded]
     except Exception:  # only a comparison: the server's answer still comes
-        return None
+        return [None] * len(prompts)
 
 
 __all__ = ["DEFAULT_URL", "Server", "adapter_facts", "load_and_ask", "same_base", "server_url"]
