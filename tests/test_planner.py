@@ -218,3 +218,28 @@ def test_plan_command_on_the_builtin_default_says_why_nothing_is_planned(run_roc
     assert result.returncode == 0, result.stdout[-2000:]
     assert "nothing planned" in result.stdout and "built-in default" in result.stdout, result.stdout[-2000:]
     assert not (tmp_path / "saves").exists()  # the plan writes nothing to OUTPUT_DIR
+
+
+def test_neat_packing_under_sdpa_plans_varlen_attention_for_the_worker(qwen7b):
+    """Neat-packed rows under SDPA take rocmft's varlen attention (no dense block mask); the memory estimate
+    drops the mask's repeated K/V. Not with FlashAttention-2 (LLaMA-Factory drops the mask itself), not in fp32
+    (no flash kernels), not without neat packing."""
+    plan = planner.plan_defaults({**SEED, "model_name_or_path": str(qwen7b)}, set(), H200, compute_dtype="bfloat16",
+                                 liger_available=True, flash_available=False, sample_tokens=457.0)  # fmt: skip
+    assert (plan.packed_attention, plan.sample_tokens) == ("varlen", 457.0)
+    assert chosen(plan)["per_device_train_batch_size"] * chosen(plan)["gradient_accumulation_steps"] == 4
+    masked = memfit.spec_from_arguments({**SEED, **plan.planned_arguments()}, compute_dtype="bfloat16", zero_stage=0)
+    assert plan.estimate_gib < memfit.estimate(memfit.read_model_shape(qwen7b), masked).total / memfit.GiB
+    assert run(qwen7b, H200, flash=True).packed_attention is None
+    assert run(qwen7b, H200, dtype="float32").packed_attention is None
+    assert run(qwen7b, H200, explicit={"packing"}, packing=False).packed_attention is None
+    assert run(qwen7b, CPU).packed_attention is None
+
+
+def test_run_json_carries_the_packed_attention_to_the_worker(render_env, tiny_model):
+    """render writes the plan's packed_attention into run.json, which is what the worker reads."""
+    from rocmft.render import worker_policy
+
+    assert worker_policy(render_env({}, device=H200))["packed_attention"] == "varlen"  # flash_attn is not installed
+    assert worker_policy(render_env({"PACKING": "false"}, device=H200))["packed_attention"] is None
+    assert worker_policy(render_env({}))["packed_attention"] is None  # the CPU: nothing planned

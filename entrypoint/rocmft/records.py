@@ -153,6 +153,8 @@ class WorkerResult:
         last_step: the last optimizer step reached; tokens_seen: the trainer's ``num_input_tokens_seen``.
         elapsed_s: seconds since the callback was made (wall clock).
         error: ``"<exception type>: <message>"`` when training raised.
+        attention: for neat-packed rows, the attention measured and chosen (rocmft.worker.attention.choose).
+        quantization: for a quantized base (QLoRA), what the loaded model holds (rocmft.worker.callbacks).
         extra: keys of a record this layout does not name, kept as they were.
 
     The JSON object holds the keys in the order they were first set (:meth:`updated`): the record reads back
@@ -173,6 +175,8 @@ class WorkerResult:
     tokens_seen: int | None = None
     elapsed_s: float | None = None
     error: str | None = None
+    attention: dict[str, Any] | None = None
+    quantization: dict[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False)
     keys: tuple[str, ...] = field(default=("version",), repr=False, compare=False)  # the JSON keys, in order
 
@@ -281,6 +285,8 @@ class RunPolicy:
             (ROCMFT_FAULT_*; steps, seconds), None when off.
         loss_spike_factor: ROCMFT_LOSS_SPIKE_FACTOR (0 or None: no spike watchdog).
         demo: whether this is the built-in demo run.
+        packed_attention, sample_tokens: the planner's ``varlen`` for neat-packed rows (rocmft.worker.attention)
+            and the mean sample length it planned with (tokens); None when not planned.
     """
 
     precision: PrecisionRecord
@@ -292,6 +298,8 @@ class RunPolicy:
     fault_slow_final_save_s: float | None = None
     loss_spike_factor: float | None = None
     demo: bool = False
+    packed_attention: str | None = None
+    sample_tokens: float | None = None
     version: int = VERSION
 
     @property
@@ -306,7 +314,8 @@ class RunPolicy:
                 "fault_nan_at_step": self.fault_nan_at_step,
                 "fault_kill_in_save_at_step": self.fault_kill_in_save_at_step,
                 "fault_slow_final_save_s": self.fault_slow_final_save_s,
-                "loss_spike_factor": self.loss_spike_factor, "demo": self.demo}  # fmt: skip
+                "loss_spike_factor": self.loss_spike_factor, "demo": self.demo,
+                "packed_attention": self.packed_attention, "sample_tokens": self.sample_tokens}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunPolicy:

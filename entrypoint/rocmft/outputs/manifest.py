@@ -87,6 +87,7 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
             **plan.precision.as_dict(),
             "parameter_dtypes": worker.parameter_dtypes if worker else None,
             "trainable_dtypes": worker.trainable_dtypes if worker else None,
+            "quantization": worker.quantization if worker else None,
         },
         "versions": stack_versions(),
         "image": build_record(),

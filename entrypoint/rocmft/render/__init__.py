@@ -535,6 +535,8 @@ def worker_policy(plan: Plan) -> dict[str, Any]:
         fault_slow_final_save_s=rocmft.fault_slow_final_save_s,
         loss_spike_factor=rocmft.loss_spike_factor,
         demo=plan.demo,
+        packed_attention=getattr(plan.perf, "packed_attention", None),
+        sample_tokens=getattr(plan.perf, "sample_tokens", None),
     ).to_json()
 
 

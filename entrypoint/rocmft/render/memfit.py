@@ -47,7 +47,12 @@ the compute dtype (2 for bf16/fp16, 4 for fp32), ``Φ`` parameters, ``Φt`` trai
 **What autograd keeps.** A frozen ``Linear`` saves only its weight (grad-input needs W, not the input); a
 trainable one also saves its input. peft's ``lora.Linear.forward`` casts the input to the adapter's dtype
 (``_cast_input_dtype``: bf16 → fp32 copy) and, under autocast, ``lora_A`` casts it back to a *new* bf16 tensor
-which it saves: one input copy per adapted Linear. Qwen2/Llama ``RMSNorm`` saves an fp32 copy of its input
+which it saves: one input copy per adapted Linear. peft's bitsandbytes layers (``tuners/lora/bnb.py``,
+``Linear4bit.forward`` and ``Linear8bitLt.forward``, peft 0.18.1) cast only when autocast is off
+(``requires_conversion = not torch.is_autocast_enabled()``), so under QLoRA the adapters of q, k, v (and of
+gate, up) share one saved input: ~8·h bytes less per layer and token than bf16 LoRA (measured on an H200,
+Llama-3-8B shape, 4 × 2048 tokens: 43.15 GiB peak for QLoRA against 61.27 GiB for bf16 LoRA; the estimate
+without this rule was +15.8%, BENCHMARKS.md). Qwen2/Llama ``RMSNorm`` saves an fp32 copy of its input
 (``pow`` and ``mul``) and the rsqrt; the normalized tensor only when the norm weight is trainable. SiLU saves its
 input, the gate·up product both factors. Flash SDPA saves q, k, v, the output and the fp32 log-sum-exp.
 Per layer and token, in bytes, for the acceptance case (LoRA on all seven Linears, bf16 autocast)::
@@ -331,13 +336,17 @@ class TrainSpec:
         world_size: data-parallel processes (GPUs) in the run.
         optimizer: transformers' ``optim`` name (default ``adamw_torch_fused``).
         pure_bf16: LF's ``pure_bf16`` (or BAdam): trainable weights stay in bf16, no autocast.
-        attention: ``sdpa`` (LF's ``flash_attn: auto`` → transformers' default), ``fa2``, or ``eager``.
+        attention: ``sdpa`` (LF's ``flash_attn: auto`` → transformers' default), ``fa2``, ``eager``, or
+            ``varlen`` (neat-packed rows under rocmft.worker.attention: flash kernels, no 4-D mask).
         neat_packing: LF's ``neat_packing`` (block-diagonal 4-D mask).
         sequences_per_sample: 2 for pairwise stages (DPO, RM, KTO: chosen + rejected in one forward).
         reference_model: a frozen copy of the model is loaded (DPO/KTO full or freeze tuning).
         liger: LF's ``enable_liger_kernel`` (Liger's RMSNorm, SwiGLU and RoPE kernels).
         fused_cross_entropy: Liger's fused linear cross-entropy is used (``liger`` with ``stage`` sft or pt:
             LF keeps plain logits for the other stages); the T×V logits are never materialized.
+        peft_casts_inputs: peft's own fp32 cast of each adapter's input under autocast is in effect (plain
+            LLaMA-Factory); False for rocmft's worker, which skips it
+            (rocmft.worker.patches.lora_inputs_uncast_under_autocast).
     """
 
     method: str = "lora"
@@ -362,6 +371,7 @@ class TrainSpec:
     reference_model: bool = False
     liger: bool = False
     fused_cross_entropy: bool = False
+    peft_casts_inputs: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -375,8 +385,8 @@ class TrainSpec:
             problems.append(f"zero_stage {self.zero_stage!r} (0-3)")
         if self.offload not in ("none", "optimizer", "optimizer+params"):
             problems.append(f"offload {self.offload!r}")
-        if self.attention not in ("sdpa", "fa2", "eager"):
-            problems.append(f"attention {self.attention!r} (sdpa, fa2, eager)")
+        if self.attention not in ("sdpa", "fa2", "eager", "varlen"):
+            problems.append(f"attention {self.attention!r} (sdpa, fa2, eager, varlen)")
         for name in ("micro_batch", "seq_len", "world_size", "lora_rank", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} {getattr(self, name)!r} (≥ 1)")
@@ -402,7 +412,14 @@ def _flag(value: Any, default: bool) -> bool:
 
 
 def spec_from_arguments(
-    arguments: dict[str, Any], *, compute_dtype: str, zero_stage: int, offload: str = "none", world_size: int = 1
+    arguments: dict[str, Any],
+    *,
+    compute_dtype: str,
+    zero_stage: int,
+    offload: str = "none",
+    world_size: int = 1,
+    packed_attention: str | None = None,
+    peft_casts_inputs: bool = False,
 ) -> TrainSpec:
     """Build a :class:`TrainSpec` from LLaMA-Factory arguments as they appear in the rendered train.yaml.
 
@@ -423,6 +440,8 @@ def spec_from_arguments(
         zero_stage: 0 without DeepSpeed, else the ZeRO stage.
         offload: rocmft's ROCMFT_OFFLOAD (``none``, ``optimizer``, ``optimizer+params``).
         world_size: processes training together (GPUs per node × nodes).
+        packed_attention: the plan's ``packed_attention`` (``varlen``: neat-packed rows without the 4-D mask).
+        peft_casts_inputs: the run is plain LLaMA-Factory, not rocmft's worker (:attr:`TrainSpec.peft_casts_inputs`).
     """
     dtype = _DTYPE_ALIASES.get(compute_dtype, compute_dtype)
     method = str(arguments.get("finetuning_type") or "lora")
@@ -438,6 +457,8 @@ def spec_from_arguments(
     quantization = arguments.get("quantization_bit")
     flash = str(arguments.get("flash_attn") or "auto").lower()
     attention = {"disabled": "eager", "fa2": "fa2", "fa3": "fa2"}.get(flash, "sdpa")
+    if packed_attention == "varlen" and neat and attention == "sdpa":
+        attention = "varlen"
     pref_loss = str(arguments.get("pref_loss") or "sigmoid")
     reference = stage in ("dpo", "kto") and method != "lora" and pref_loss not in ("orpo", "simpo")
     liger = _flag(arguments.get("enable_liger_kernel"), False)
@@ -464,6 +485,7 @@ def spec_from_arguments(
         reference_model=reference,
         liger=liger,
         fused_cross_entropy=liger and stage in ("sft", "pt"),
+        peft_casts_inputs=peft_casts_inputs,
     )
 
 
@@ -571,7 +593,7 @@ def _attention_kind(shape: ModelShape, spec: TrainSpec, mode: _Mode) -> str:
     """
     if spec.attention == "eager":
         return "math"
-    if spec.attention == "fa2":
+    if spec.attention in ("fa2", "varlen"):  # varlen: rocmft.worker.attention, flash kernels, no mask
         return "flash"
     if spec.neat_packing:
         return "masked"
@@ -624,7 +646,9 @@ def layer_saved_tensors(
                 else:
                     shared = True
             if name in mode.lora_targets:
-                if mode.amp:  # peft casts to the fp32 adapter dtype, autocast casts back: a new tensor
+                # peft casts to the fp32 adapter dtype, autocast casts back: a new tensor; peft's bitsandbytes
+                # layers (QLoRA) skip the cast under autocast, so their adapters share the input
+                if mode.amp and spec.quantization_bit is None and spec.peft_casts_inputs:
                     items.append((f"{name}: LoRA input copy (peft cast + autocast)", 2 * width))
                 else:
                     shared = True
@@ -764,7 +788,7 @@ def estimate(shape: ModelShape, spec: TrainSpec) -> MemoryEstimate:
         final += mode.residual_bytes * h  # normalized input (norm weight trains)
         final += 2 * h if (mode.amp and mode.trainable_bytes == 4) else mode.trainable_bytes * h  # lm_head input
     final += 2 * e * shape.head_dim + 8  # RoPE cos/sin, int64 labels kept by nll_loss
-    if spec.neat_packing and spec.attention != "fa2":
+    if spec.neat_packing and spec.attention not in ("fa2", "varlen"):
         final += 2 * e * spec.seq_len  # LF's 4-D block-diagonal mask (T×T per row) and SDPA's aligned copy
     logits_backward = 12 * v  # log_softmax output + nll_loss grad + log_softmax input grad, all fp32
     logits_forward = ((e + 4 + 4) if e != 4 else 8) * v  # logits, their fp32 upcast, log_softmax output

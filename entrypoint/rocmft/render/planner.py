@@ -12,6 +12,10 @@ replaces the template's defaults — never a value the user gave (environment or
   it), and position ids restart at 0 in each sample. A token therefore attends to exactly the tokens it would
   see unpacked, at the same positions: what the model learns from each sample does not change. Plain
   ``packing`` is not used for SFT: its all-ones mask lets a sample attend to the samples packed before it.
+  Under SDPA (no flash_attn package) the plan adds ``packed_attention: varlen``: the worker replaces the dense
+  mask by variable-length attention over the samples (rocmft.worker.attention; measured against SDPA with the
+  mask at start, the faster kept), and the micro-batch's rows are flattened into one, so it is not limited to
+  one row as LLaMA-Factory's FlashAttention-2 path is.
   The loss is the mean over the label tokens of the whole accumulated batch in both cases (transformers'
   ``num_items_in_batch``), so every label token weighs the same; what changes is how many samples one
   optimizer step sees (a row of ``cutoff_len`` tokens holds several short samples). ``stage: pt`` already
@@ -99,6 +103,10 @@ class PerfPlan:
         breakdown_gib: that estimate by component.
         usable_gib: the memory planned against (GiB per GPU).
         arch: the GPU's gfx target or compute capability.
+        packed_attention: ``varlen`` when neat-packed rows are to take variable-length attention instead of
+            SDPA with LLaMA-Factory's dense block mask (rocmft.worker.attention, which measures both at start and
+            keeps the faster); None otherwise. Not a LLaMA-Factory argument: it reaches the worker in run.json.
+        sample_tokens: the mean tokens per training sample the plan used (None: unknown).
     """
 
     active: bool
@@ -108,6 +116,8 @@ class PerfPlan:
     breakdown_gib: dict[str, float] | None = None
     usable_gib: float | None = None
     arch: str | None = None
+    packed_attention: str | None = None
+    sample_tokens: float | None = None
 
     def planned_arguments(self) -> dict[str, Any]:
         """The arguments the planner sets (those it kept are not repeated)."""
@@ -215,6 +225,10 @@ def plan_defaults(
                        "no padding")  # fmt: skip
     elif stage == "pt":
         choose.keep("packing", truthy(arguments.get("packing", True)), "pre-training packs continuous text already")
+    if stage == "sft" and truthy(choose.value("neat_packing")) and attention == "sdpa" and compute_dtype != "float32":
+        # the dense 4-D mask keeps SDPA off its flash kernel (~9% of a 7B LoRA step on an H200, BENCHMARKS.md)
+        plan.packed_attention = "varlen"
+    plan.sample_tokens = sample_tokens
 
     # -- fused kernels ----------------------------------------------------------------------------------------
     liger_ok = (has_module("liger_kernel") and has_module("triton")) if liger_available is None else liger_available
@@ -263,7 +277,8 @@ def plan_defaults(
             trial["disable_gradient_checkpointing"] = arguments.get("disable_gradient_checkpointing", False)
             trial["gradient_checkpointing"] = arguments.get("gradient_checkpointing", False)
         return memfit.spec_from_arguments(trial, compute_dtype=compute_dtype, zero_stage=zero_stage,
-                                          offload=offload, world_size=world_size)  # fmt: skip
+                                          offload=offload, world_size=world_size,
+                                          packed_attention=plan.packed_attention)  # fmt: skip
 
     free = int(usable * memfit.GiB)
     gc_now = spec_for(micro, accumulation, True).gradient_checkpointing if gc_fixed else None

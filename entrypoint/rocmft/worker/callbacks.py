@@ -110,6 +110,36 @@ def _stop_everywhere(requested: str | None, args) -> bool:
     return flag > 0
 
 
+def quantization_record(model) -> dict | None:
+    """What a QLoRA base really holds: bitsandbytes' 4-bit (``Linear4bit``) or 8-bit (``Linear8bitLt``) layers.
+
+    ``parameter_dtypes`` cannot show it: LLaMA-Factory 0.9.5 stores 4-bit weights in a ``bnb_4bit_quant_storage``
+    of the compute dtype (``model/model_utils/quantization.py``), so the packed nibbles count as bfloat16 tensors.
+    Returns None for a model without such layers (or without bitsandbytes), else ``bits``, ``layers`` (count),
+    ``quant_type`` (``nf4``/``fp4``), ``storage_dtype``, ``weights`` (the layers' weight elements before
+    quantization), ``stored_bytes`` and ``bytes_per_weight`` (0.5 for 4-bit, 1 for 8-bit; a bf16 weight is 2).
+    """
+    try:
+        import bitsandbytes as bnb
+    except Exception:  # not installed, or its native library does not load here: nothing can be quantized
+        return None
+    four = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    eight = [m for m in model.modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+    layers = four or eight
+    if not layers:
+        return None
+    stored = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    weights = 0
+    for m in layers:
+        state = getattr(m.weight, "quant_state", None)
+        shape = getattr(state, "shape", None) if four else m.weight.shape
+        weights += int(math.prod(shape)) if shape is not None else 0
+    first = layers[0].weight
+    return {"bits": 4 if four else 8, "layers": len(layers), "quant_type": getattr(first, "quant_type", None),
+            "storage_dtype": str(first.dtype).replace("torch.", ""), "weights": weights, "stored_bytes": stored,
+            "bytes_per_weight": round(stored / weights, 4) if weights else None}  # fmt: skip
+
+
 def rocmft_callback(policy: RunPolicy, run_dir: Path):
     """Build the TrainerCallback (imported lazily: transformers takes seconds to import) for the run in
     ``run_dir`` under ``policy``; its ``result`` is the node's :class:`~rocmft.records.WorkerResult`."""
@@ -161,6 +191,9 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
                 parameter_dtypes=dict(dtypes), trainable_dtypes=dict(trainable), max_steps=state.max_steps,
                 world_size=args.world_size,
             )  # fmt: skip
+            quantized = quantization_record(model) if model is not None else None
+            if quantized:
+                self.result = self.result.updated(quantization=quantized)
             if policy.precision_policy == "fp32" and set(dtypes) - {"float32"}:
                 raise RuntimeError(
                     f"precision policy fp32 is not in effect: parameters are {dict(dtypes)}. "

@@ -13,6 +13,7 @@ from pathlib import Path
 from rocmft.console import say
 from rocmft.errors import ExitCode
 from rocmft.records import RunStatus, read_run_policy, with_reason, write_worker_result
+from rocmft.values import truthy
 from rocmft.worker import faults, patches
 from rocmft.worker.callbacks import SAME_STOP_S, STOP, Interrupted, NonFiniteLoss, rocmft_callback, under_torchrun
 
@@ -108,6 +109,16 @@ def main(run_dir: str) -> int:
         faults.kill_in_save(policy.fault_kill_in_save_at_step)
     if policy.fault_slow_final_save_s:
         faults.slow_final_save(policy.fault_slow_final_save_s)
+    attention_choice = None
+    if policy.packed_attention == "varlen" and truthy(arguments.get("neat_packing")):
+        from rocmft.worker import attention
+
+        attention_choice = attention.decide(arguments, policy.sample_tokens)
+        why = attention_choice.get("reason") or attention_choice.get("error")
+        say(f"attention on packed rows: {attention_choice['chosen']} ({why})")
+        if attention_choice["chosen"] == attention.NAME:
+            patches.packed_varlen_attention()
+    patches.lora_inputs_uncast_under_autocast()
     patches.count_tokens_under_4d_masks()
     patches.resume_optimizer_on_cpu_ranks()
     patches.dataloader_workers_ignore_stop_signals()
@@ -115,6 +126,8 @@ def main(run_dir: str) -> int:
     from llamafactory.train.tuner import run_exp
 
     callback = rocmft_callback(policy, run_path)
+    if attention_choice:
+        callback.result = callback.result.updated(attention=attention_choice)
     try:
         run_exp(args=arguments, callbacks=[callback])
     except NonFiniteLoss as err:

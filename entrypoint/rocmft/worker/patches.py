@@ -17,6 +17,7 @@ from rocmft.console import warn
 # The versions each patch was written for (pyproject.toml's pins).
 LLAMAFACTORY = "0.9.5"
 TRANSFORMERS = "5.6.0"
+PEFT = "0.18.1"
 
 
 def _applies(patch: str, package: str, written_for: str, targets: dict[str, object]) -> bool:
@@ -168,3 +169,71 @@ def dataloader_workers_ignore_stop_signals() -> None:
 
     install_then_ignore_stops._rocmft = True
     signal_handling._set_worker_signal_handlers = install_then_ignore_stops
+
+
+def packed_varlen_attention() -> None:
+    """Neat-packed rows through variable-length attention (rocmft.worker.attention, whose docstring has the why).
+
+    Three names, each written for LLaMA-Factory 0.9.5 / transformers 5.6:
+
+    * transformers' ``AttentionInterface`` / ``AttentionMaskInterface`` get ``rocmft_varlen`` (public API);
+    * ``SFTDataCollatorWith4DAttentionMask.__call__`` (llamafactory/data/collator.py): for a model whose attention
+      is ``rocmft_varlen``, the 4-D mask is not built and the batch is flattened with the samples' boundaries;
+    * ``llamafactory.train.sft.workflow.load_model``: the loaded model's attention is set to ``rocmft_varlen``
+      (``set_attn_implementation``) before the workflow builds the collator, which reads it from the config.
+    """
+    from llamafactory.data import collator
+    from llamafactory.train.sft import workflow
+
+    from rocmft.worker import attention
+
+    owner = collator.SFTDataCollatorWith4DAttentionMask
+    if not _applies("the packed varlen attention", "llamafactory", LLAMAFACTORY,
+                    {"__call__": owner, "load_model": workflow}):  # fmt: skip
+        return
+    attention.register()
+    collate, load_model = owner.__call__, workflow.load_model
+
+    def collate_packed(self, features):
+        if self.attn_implementation != attention.NAME or not self.neat_packing:
+            return collate(self, features)
+        self.block_diag_attn = False  # keep the 2-D index mask: no dense 4-D mask
+        return attention.flatten_packed(collate(self, features))
+
+    def load_model_with_varlen(*args, **kwargs):
+        model = load_model(*args, **kwargs)
+        attention.use_on(model)
+        return model
+
+    owner.__call__ = collate_packed
+    workflow.load_model = load_model_with_varlen
+
+
+def lora_inputs_uncast_under_autocast() -> None:
+    """Under autocast, give LoRA adapters their input as it is instead of an fp32 copy that autocast casts back.
+
+    peft 0.18.1's ``lora.Linear.forward`` casts the input to the adapter's dtype (``_cast_input_dtype``;
+    LLaMA-Factory keeps adapters in fp32), and under bf16/fp16 autocast ``lora_A`` casts it back to a *new*
+    bf16 tensor, which it saves for backward: two elementwise copies per adapted Linear in forward, two more for
+    the gradients in backward, and one saved input per adapter instead of one per input. Both casts are exact
+    (bf16 → fp32 → bf16), so skipping them changes no value: tests/test_packed_attention.py checks the loss and
+    every gradient bit for bit and the saved bytes. peft does exactly this for its own bitsandbytes layers
+    (``tuners/lora/bnb.py``: ``requires_conversion = not torch.is_autocast_enabled()``), which is why QLoRA ran
+    faster than bf16 LoRA (BENCHMARKS.md). Without autocast (DeepSpeed, the fp32 policy) peft's cast is kept.
+    """
+    import torch
+    from peft.tuners.lora import layer
+
+    if getattr(layer.Linear._cast_input_dtype, "_rocmft", False):
+        return
+    if not _applies("the LoRA input without casts", "peft", PEFT, {"_cast_input_dtype": layer.Linear}):
+        return
+    cast = layer.Linear._cast_input_dtype
+
+    def cast_unless_autocast(self, x, dtype):
+        if x is not None and torch.is_autocast_enabled(x.device.type):
+            return x
+        return cast(self, x, dtype)
+
+    cast_unless_autocast._rocmft = True
+    layer.Linear._cast_input_dtype = cast_unless_autocast

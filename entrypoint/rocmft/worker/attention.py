@@ -1,0 +1,333 @@
+"""Neat-packed rows without a dense mask: variable-length attention over the samples of a packed micro-batch.
+
+LLaMA-Factory 0.9.5's neat packing gives each token the index of its sample (a 2-D ``attention_mask`` such as
+``1 1 2 2 2 0``, 0 for padding; ``data/processor/supervised.py``) and, under SDPA or eager attention, turns it
+into a dense (B, 1, T, T) block-diagonal mask (``data/collator.py``, ``prepare_4d_attention_mask``). With a dense
+mask SDPA cannot use its flash kernel and computes every block of the row: ~9% of a 7B LoRA step on an H200
+(12,514 against 13,710 tokens/s without the mask, BENCHMARKS.md). Under FlashAttention-2 LLaMA-Factory drops the
+mask instead, but only for one row per micro-batch (the collator asserts ``bsz == 1``).
+
+Where the planner chose it (run.json ``packed_attention: varlen``) and the kernel measured faster
+(:func:`choose`), the worker:
+
+* keeps the collator's 2-D index mask (no 4-D mask is built) and flattens the micro-batch of B rows of T tokens
+  into one row of B·T tokens (:func:`flatten_packed`), with ``cu_seq_lens_q``/``cu_seq_lens_k`` (the samples'
+  boundaries, int32, shape (S+1,)) and ``max_length_q``/``max_length_k``: the keyword arguments of transformers'
+  own padding-free path (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``), which its models pass
+  down to the attention function. Positions restart at 0 in each sample; the mask becomes 1 for a token and 0 for
+  padding, which transformers' non-padding token count reads. Computed on the CPU in the data loader: no GPU
+  synchronisation per step.
+* registers the attention function :data:`NAME` through transformers' ``AttentionInterface`` (and the
+  flash-attention mask function, which builds no dense mask) and sets it on the model after LLaMA-Factory loads
+  it (``set_attn_implementation``). On a GPU it calls PyTorch's own ``torch.nn.attention.varlen.varlen_attn``
+  (FlashAttention-2 kernels shipped in torch); on the CPU, one SDPA call per sample. A call without
+  ``cu_seq_lens_q`` (evaluation batches, generation) takes SDPA with a causal mask over the padding mask.
+
+Each token attends to exactly the tokens of its own sample, as under the block-diagonal mask:
+tests/test_packed_attention.py compares the packed rows' logits with each sample's unpacked logits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+NAME = "rocmft_varlen"
+# transformers' padding-free keyword arguments (modeling_flash_attention_utils.FlashAttentionKwargs)
+KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def segments(index_mask) -> tuple[Any, int]:
+    """The samples of a neat-packed micro-batch, as one flattened row.
+
+    Args:
+        index_mask: LLaMA-Factory's 2-D packed mask, shape (B, T): the sample's index (1, 2, ...) per token, 0 for
+            padding. A run of equal values is one sample; a row's padding is one more segment (its labels are
+            ignored; no real token attends to it).
+
+    Returns:
+        ``(cu_seqlens, max_len)``: int32 tensor of shape (S+1,) with the segments' start offsets in the B·T
+        flattened tokens and B·T last; the longest segment's length in tokens. A row boundary always starts a
+        segment.
+    """
+    import torch
+
+    rows, length = index_mask.shape
+    flat = index_mask.reshape(-1)
+    start = torch.ones(rows * length, dtype=torch.bool)
+    start[1:] = flat[1:] != flat[:-1]
+    start[::length] = True
+    starts = start.nonzero().flatten()
+    cu = torch.cat([starts, torch.tensor([rows * length])]).to(torch.int32)
+    return cu, int((cu[1:] - cu[:-1]).max())
+
+
+def flatten_packed(features: dict[str, Any]) -> dict[str, Any]:
+    """A neat-packed batch of B rows as one row of B·T tokens with padding-free keyword arguments (module docstring).
+
+    Args:
+        features: the collator's batch: ``input_ids``/``labels`` (B, T), ``attention_mask`` (B, T) sample indices.
+
+    Returns:
+        The same dict: ``input_ids``, ``labels``, ``position_ids`` (restarting at 0 per segment) and
+        ``attention_mask`` (1 token, 0 padding) of shape (1, B·T), and :data:`KWARGS`.
+    """
+    import torch
+
+    mask = features["attention_mask"]
+    cu, longest = segments(mask)
+    total = mask.numel()
+    lengths = (cu[1:] - cu[:-1]).to(torch.int64)
+    starts = torch.repeat_interleave(cu[:-1].to(torch.int64), lengths)
+    for key in ("input_ids", "labels", "token_type_ids"):
+        if torch.is_tensor(features.get(key)) and features[key].shape == mask.shape:
+            features[key] = features[key].reshape(1, total)
+    features["position_ids"] = (torch.arange(total) - starts).reshape(1, total)
+    features["attention_mask"] = (mask.reshape(1, total) != 0).to(torch.int64)
+    features.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+    return features
+
+
+def _varlen_kernel():
+    """``(function, gqa_keyword, causal_keywords)`` for torch's varlen_attn, or None when torch has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    # torch 2.13: causal is window_size=(-1, 0); earlier releases took is_causal
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    return varlen_attn, "enable_gqa" in params, causal
+
+
+def varlen(query, key, value, cu, max_len: int, scale: float | None):
+    """Causal attention within each segment of one flattened row.
+
+    Args:
+        query: (T, Hq, D); key, value: (T, Hkv, D) with Hq a multiple of Hkv (GQA).
+        cu: int32 (S+1,) segment offsets on the same device; max_len: the longest segment.
+        scale: softmax scale (None: 1/sqrt(D)).
+
+    Returns:
+        (T, Hq, D). On a GPU torch's varlen_attn; on the CPU (and where torch has no varlen_attn) one SDPA
+        call per segment — the reference the GPU kernel is tested against.
+    """
+    import torch
+
+    kernel = _varlen_kernel() if query.is_cuda else None
+    groups = query.shape[1] // key.shape[1]
+    if kernel is not None:
+        function, gqa, causal = kernel
+        extra = {"enable_gqa": True} if gqa and groups > 1 else {}
+        if groups > 1 and not gqa:
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        return function(query, key, value, cu, cu, max_len, max_len, scale=scale, **causal, **extra)
+    out = torch.empty_like(query)
+    for a, b in itertools.pairwise(cu.tolist()):
+        q, k, v = (t[a:b].transpose(0, 1) for t in (query, key, value))
+        out[a:b] = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scale, enable_gqa=groups > 1
+        ).transpose(0, 1)
+    return out
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function interface (``AttentionInterface``) for :data:`NAME`.
+
+    Args:
+        query: (B, Hq, T, D); key, value: (B, Hkv, T, D), as transformers' models pass them.
+        attention_mask: None, or the 2-D padding mask (flash-attention mask function), or a 4-D mask.
+        kwargs: ``cu_seq_lens_q`` and ``max_length_q`` from :func:`flatten_packed` select the varlen path (B = 1).
+
+    Returns:
+        ``(output (B, T, Hq, D), None)``. Raises ValueError for dropout > 0 on the varlen path (no kernel here
+        takes it; LLaMA-Factory's attention dropout is 0 for every family rocmft plans).
+    """
+    import torch
+
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None and query.shape[0] == 1:
+        if dropout:
+            raise ValueError(f"{NAME}: attention dropout {dropout} is not supported on packed rows")
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+        out = varlen(q, k, v, cu.to(device=query.device, dtype=torch.int32), int(kwargs["max_length_q"]), scaling)
+        return out.unsqueeze(0), None
+    mask = attention_mask
+    if mask is not None and mask.dim() == 2:  # padding mask: causal over it, and each position sees itself
+        length = query.shape[2]
+        causal = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+        mask = (causal & mask[:, None, None, -length:].bool()) | torch.eye(length, dtype=torch.bool,
+                                                                           device=query.device)  # fmt: skip
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=mask is None and query.shape[2] > 1,
+        scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
+    )  # fmt: skip
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register :data:`NAME` with transformers' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register(NAME, attention_forward)
+    if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionMaskInterface.register(NAME, flash_attention_mask)
+
+
+def use_on(model) -> None:
+    """Set :data:`NAME` as the attention of ``model`` (a PEFT wrapper or a transformers model)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.set_attn_implementation(NAME)
+
+
+# ------------------------------------------------------------------------------------------------ the measurement
+
+
+def _time_ms(step, repeat: int) -> float:
+    import torch
+
+    step()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(repeat):
+        step()
+    torch.cuda.synchronize()
+    return round(1000 * (time.perf_counter() - started) / repeat, 3)
+
+
+def measure(heads: int, kv_heads: int, head_dim: int, rows: int, cutoff: int, sample_tokens: float,
+            repeat: int = 10) -> dict[str, Any]:  # fmt: skip
+    """Time one layer's attention forward + backward on the GPU, both ways, for a neat-packed micro-batch.
+
+    Args:
+        heads, kv_heads, head_dim: the model's attention shape; rows × cutoff: the micro-batch in tokens;
+        sample_tokens: the mean sample length (the planner's), which sets how many samples a row holds.
+
+    Returns:
+        ``{"varlen_ms", "sdpa_mask_ms", "error"}``: milliseconds per forward + backward (bf16, mean of ``repeat``
+        after one warm-up); ``varlen_ms`` is None with ``error`` when the kernel raised (e.g. a ROCm torch
+        without it).
+    """
+    import torch
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    per_row = max(1, int(cutoff // max(1.0, min(sample_tokens, cutoff))))
+    sizes = [cutoff // per_row] * per_row
+    sizes[-1] += cutoff - sum(sizes)
+    index = torch.cat([torch.full((n,), i + 1) for i, n in enumerate(sizes)]).repeat(rows, 1)
+    cu, longest = segments(index)
+    cu = cu.to(device)
+    shape_q, shape_kv = (rows, heads, cutoff, head_dim), (rows, kv_heads, cutoff, head_dim)
+    q = torch.randn(shape_q, device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(shape_kv, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    grad = torch.randn(rows, heads, cutoff, head_dim, device=device, dtype=dtype)
+    same = index[:, :, None] == index[:, None, :]
+    dense = torch.where(same & torch.ones(cutoff, cutoff, dtype=torch.bool).tril(), 0.0, torch.finfo(dtype).min)
+    dense = dense[:, None].to(device=device, dtype=dtype)
+
+    def sdpa_step():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense,
+                                                               enable_gqa=heads != kv_heads)  # fmt: skip
+        out.backward(grad)
+
+    def varlen_step():
+        flat = [t.transpose(1, 2).reshape(rows * cutoff, t.shape[1], head_dim) for t in (q, k, v)]
+        out = varlen(*flat, cu, longest, None)
+        out.backward(grad.transpose(1, 2).reshape(rows * cutoff, heads, head_dim))
+
+    result: dict[str, Any] = {"sdpa_mask_ms": _time_ms(sdpa_step, repeat), "varlen_ms": None, "error": None}
+    try:
+        result["varlen_ms"] = _time_ms(varlen_step, repeat)
+    except Exception as err:  # a kernel that is missing or refuses the shape: SDPA with the mask stays
+        result["error"] = f"{type(err).__name__}: {err}"[:300]
+    return result
+
+
+def choose(config: dict[str, Any], rows: int, cutoff: int, sample_tokens: float, cache_dir: Path | None,
+           ) -> dict[str, Any]:  # fmt: skip
+    """Measure (or read from the cache) both ways for this device and shape; pick the faster.
+
+    Args:
+        config: the model's config.json (``num_attention_heads``, ``num_key_value_heads``, ``hidden_size``,
+            ``head_dim``); rows, cutoff, sample_tokens: as :func:`measure`.
+        cache_dir: ROCMFT_CACHE_DIR; the result is kept under ``attention/`` keyed by device name, torch version
+            and shape (None: measured every time).
+
+    Returns:
+        The measurement plus ``chosen`` (:data:`NAME` or ``"sdpa"``), ``device``, ``torch``, ``cached``.
+    """
+    import torch
+
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    facts = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "heads": heads,
+             "kv_heads": kv_heads, "head_dim": head_dim, "rows": rows, "cutoff": cutoff,
+             "samples_per_row": max(1, int(cutoff // max(1.0, min(sample_tokens, cutoff))))}  # fmt: skip
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir / "attention" / f"{key}.json" if cache_dir else None
+    if path and path.is_file():
+        try:
+            return {**json.loads(path.read_text()), "cached": True}
+        except (OSError, ValueError):
+            pass
+    result = {**facts, **measure(heads, kv_heads, head_dim, rows, cutoff, sample_tokens)}
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()  # the run's recorded peak is training's, not this measurement's
+    fast = result["varlen_ms"] is not None and result["varlen_ms"] < result["sdpa_mask_ms"]
+    result["chosen"] = NAME if fast else "sdpa"
+    if path:
+        from rocmft.fsutil import atomic_write_json
+
+        try:
+            atomic_write_json(path, result)
+        except OSError:
+            pass  # a read-only cache: measured again next time
+    return {**result, "cached": False}
+
+
+def decide(arguments: dict[str, Any], sample_tokens: float | None) -> dict[str, Any]:
+    """The worker's choice for a run whose plan asked for varlen (run.json ``packed_attention``).
+
+    On a GPU :func:`choose` measures (cached in ROCMFT_CACHE_DIR, else rocmft's default cache folder); without one
+    there is nothing to measure and :data:`NAME` is taken (its CPU path is exact, tests use it). A model folder
+    without a readable config.json keeps SDPA with the mask (``chosen: sdpa``, ``error`` says why).
+
+    Args:
+        arguments: the run's train.yaml (``model_name_or_path``, ``per_device_train_batch_size``, ``cutoff_len``).
+        sample_tokens: the plan's mean sample length in tokens (None: a row is taken as one sample).
+    """
+    import os
+
+    import torch
+
+    from rocmft.fsutil import default_cache_dir
+
+    rows = int(arguments.get("per_device_train_batch_size") or 1)
+    cutoff = int(arguments.get("cutoff_len") or 2048)
+    if not torch.cuda.is_available():
+        return {"chosen": NAME, "reason": "no GPU: nothing to measure (the CPU path is one SDPA call per sample)"}
+    try:
+        config = json.loads((Path(str(arguments.get("model_name_or_path"))) / "config.json").read_text())
+        config = config.get("text_config", config) if isinstance(config, dict) else {}
+        cache = Path(os.environ.get("ROCMFT_CACHE_DIR") or default_cache_dir())
+        result = choose(config, rows, cutoff, float(sample_tokens or cutoff), cache)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return {"chosen": "sdpa", "error": f"{type(err).__name__}: {err}"[:300]}
+    faster = result["chosen"] == NAME
+    result["reason"] = (f"varlen {result['varlen_ms']} ms against SDPA with the block mask {result['sdpa_mask_ms']} "
+                        f"ms per layer forward+backward" if result["varlen_ms"] is not None else
+                        f"varlen failed ({result['error']}): SDPA with the block mask")  # fmt: skip
+    if not faster and result["varlen_ms"] is not None:
+        result["reason"] += ": SDPA with the mask is faster here"
+    return result
+
+
+__all__ = ["KWARGS", "NAME", "attention_forward", "choose", "decide", "flatten_packed", "measure", "register",
+           "segments", "use_on", "varlen"]  # fmt: skip

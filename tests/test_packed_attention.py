@@ -1,0 +1,221 @@
+"""Neat-packed rows through rocmft's variable-length attention: each sample attends only to itself.
+
+The proof the performance issue asks for: the logits of samples packed into rows (several per row, rows of a
+micro-batch flattened into one, LLaMA-Factory's index mask as the input) equal each sample's logits computed
+alone, through a real transformers Qwen2 model with GQA. Runs on the CPU (one SDPA call per sample); with a GPU
+visible the same comparison runs through torch's varlen kernel (tests/test_gpu.py covers a training run).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rocmft.worker import attention  # noqa: E402
+
+
+def tiny_qwen2(attn: str, device: str = "cpu", dtype=None):
+    config = transformers.Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      attn_implementation=attn)  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.Qwen2ForCausalLM(config).to(device=device, dtype=dtype or torch.float32).eval()
+
+
+def pack(samples: list[list[int]], row_length: int) -> dict:
+    """Rows as LLaMA-Factory 0.9.5's packed dataset and collator give them: ids, sample indices, pad 0."""
+    rows, masks, row, mask = [], [], [], []
+    for index, sample in enumerate(samples, start=1):
+        if len(row) + len(sample) > row_length:
+            rows.append(row + [0] * (row_length - len(row)))
+            masks.append(mask + [0] * (row_length - len(mask)))
+            row, mask = [], []
+        row, mask = row + sample, mask + [index] * len(sample)
+    rows.append(row + [0] * (row_length - len(row)))
+    masks.append(mask + [0] * (row_length - len(mask)))
+    ids = torch.tensor(rows)
+    return {"input_ids": ids, "attention_mask": torch.tensor(masks), "labels": ids.clone()}
+
+
+def test_segments_split_samples_rows_and_padding():
+    mask = torch.tensor([[1, 1, 2, 2, 2, 0], [3, 4, 4, 5, 5, 5]])
+    cu, longest = attention.segments(mask)
+    assert cu.tolist() == [0, 2, 5, 6, 7, 9, 12] and cu.dtype == torch.int32 and longest == 3
+    # a sample index that continues across a row boundary is still cut there
+    cu, _ = attention.segments(torch.tensor([[1, 1], [1, 1]]))
+    assert cu.tolist() == [0, 2, 4]
+
+
+def test_flatten_packed_makes_one_row_with_positions_restarting():
+    batch = attention.flatten_packed(pack([[5, 6, 7], [8, 9], [10, 11, 12, 13]], 6))
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0, 10, 11, 12, 13, 0, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 0, 1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0]]
+    assert batch["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 10, 12] and batch["max_length_q"] == 4
+
+
+def _packed_against_alone(device: str, dtype=None, contaminate: bool = False) -> float:
+    """Largest |packed logit - the sample's own logit| over all samples, relative to the largest logit."""
+    attention.register()
+    torch.manual_seed(1)
+    lengths = [7, 3, 11, 5, 9, 2, 13]
+    samples = [torch.randint(1, 97, (n,)).tolist() for n in lengths]
+    reference = tiny_qwen2("sdpa", device, dtype)
+    packed_model = tiny_qwen2("sdpa", device, dtype)
+    attention.use_on(packed_model)
+    assert packed_model.config._attn_implementation == attention.NAME
+    batch = attention.flatten_packed(pack(samples, 16))
+    inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items() if k != "labels"}
+    if contaminate:  # what plain packing does: one causal row, samples see the ones before them
+        inputs = {"input_ids": inputs["input_ids"], "position_ids": inputs["position_ids"]}
+    assert inputs["input_ids"].shape[0] == 1 and inputs["input_ids"].shape[1] > 16  # several rows, flattened
+    with torch.no_grad():
+        logits = packed_model(**inputs).logits[0]
+        worst, scale, offsets = 0.0, 0.0, batch["cu_seq_lens_q"].tolist()
+        starts = [a for a in offsets[:-1] if batch["attention_mask"][0, a]]
+        assert len(starts) == len(samples)
+        for start, sample in zip(starts, samples, strict=True):
+            alone = reference(input_ids=torch.tensor([sample], device=device)).logits[0]
+            worst = max(worst, (logits[start : start + len(sample)] - alone).abs().max().item())
+            scale = max(scale, alone.abs().max().item())
+    return worst / scale
+
+
+def test_packed_logits_equal_each_sample_alone_on_cpu():
+    assert _packed_against_alone("cpu") < 1e-5
+    # the comparison can fail: the same rows with samples attending to the ones before them differ
+    assert _packed_against_alone("cpu", contaminate=True) > 1e-2
+
+
+def test_lf_block_mask_agrees_with_varlen_on_cpu():
+    """The path rocmft replaces (LLaMA-Factory's dense block-diagonal mask under SDPA) gives the same logits."""
+    collator = pytest.importorskip("llamafactory.data.collator")
+    attention.register()
+    torch.manual_seed(2)
+    samples = [torch.randint(1, 97, (n,)).tolist() for n in (4, 6, 5)]
+    batch = pack(samples, 16)
+    mask4 = collator.prepare_4d_attention_mask(batch["attention_mask"], torch.float32)
+    position_ids = attention.flatten_packed(dict(batch))["position_ids"].reshape(batch["input_ids"].shape)
+    model = tiny_qwen2("sdpa")
+    with torch.no_grad():
+        dense = model(input_ids=batch["input_ids"], attention_mask=mask4, position_ids=position_ids).logits
+        attention.use_on(model)
+        flat = attention.flatten_packed(pack(samples, 16))
+        varlen = model(**{k: v for k, v in flat.items() if k != "labels"}).logits
+    real = batch["attention_mask"].reshape(-1) != 0
+    assert (dense.reshape(-1, 97)[real] - varlen.reshape(-1, 97)[real]).abs().max().item() < 1e-4
+
+
+def test_unpacked_calls_take_sdpa_with_the_padding_mask():
+    """Evaluation or generation batches (no cu_seq_lens): same logits as transformers' SDPA, padding included."""
+    attention.register()
+    torch.manual_seed(3)
+    ids = torch.randint(1, 97, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    reference, model = tiny_qwen2("sdpa"), tiny_qwen2("sdpa")
+    attention.use_on(model)
+    with torch.no_grad():
+        want = reference(input_ids=ids, attention_mask=mask).logits
+        got = model(input_ids=ids, attention_mask=mask).logits
+    assert (want[mask.bool()] - got[mask.bool()]).abs().max().item() < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: torch's varlen kernel")
+def test_packed_logits_equal_each_sample_alone_on_gpu():
+    # bf16 (the flash kernels take no fp32): the kernels' different summation order costs ~bf16 precision
+    assert _packed_against_alone("cuda", torch.bfloat16) < 2e-2
+    assert _packed_against_alone("cuda", torch.bfloat16, contaminate=True) > 5e-2
+
+
+def _worker_losses(folder, cache_dir, run_dir, packed_attention):
+    """Train the rendered run in ``run_dir`` with run.json's packed_attention set as given (the planner plans only
+    on a GPU: here the value is injected); the losses and the worker's attention record."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import _rocmft_environment
+
+    policy = json.loads((run_dir / "run.json").read_text())
+    policy.update(packed_attention=packed_attention, sample_tokens=60.0)
+    (run_dir / "run.json").write_text(json.dumps(policy))
+    for item in run_dir.parent.iterdir():  # a fresh output_dir beside the rendered run
+        if item != run_dir:
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
+    done = subprocess.run([sys.executable, "-m", "rocmft.worker", str(run_dir)], cwd=folder, text=True,
+                          env=_rocmft_environment(folder, cache_dir, None), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    result = json.loads((run_dir / "worker-result.json").read_text())
+    return [entry["loss"] for entry in result["losses"]], result.get("attention"), result.get("tokens_seen")
+
+
+def test_training_through_the_worker_matches_lf_block_mask(tmp_path, cache_dir, tiny_model, demo_data):
+    """The whole worker path (collator wrapper, flattening, attention set on the loaded model) trains exactly as
+    LLaMA-Factory's own neat packing with its dense mask: same losses step by step, same token count."""
+    from conftest import rocmft_in
+
+    output = tmp_path / "out"
+    env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+           "TEMPLATE": "qwen", "OUTPUT_DIR": str(output), "MAX_STEPS": "4", "PER_DEVICE_TRAIN_BATCH_SIZE": "2",
+           "GRADIENT_ACCUMULATION_STEPS": "1", "CUTOFF_LEN": "256", "NEAT_PACKING": "true", "LOGGING_STEPS": "1",
+           "SAVE_STRATEGY": "no"}  # fmt: skip
+    rendered = rocmft_in(tmp_path, cache_dir, "render", env=env)
+    assert rendered.returncode == 0, rendered.stdout[-3000:]
+    run_dir = output / "rocmft"
+    varlen, record, tokens = _worker_losses(tmp_path, cache_dir, run_dir, "varlen")
+    assert record["chosen"] == attention.NAME  # on the CPU there is nothing to measure (the record says so)
+    masked, none, mask_tokens = _worker_losses(tmp_path, cache_dir, run_dir, None)
+    assert none is None and len(varlen) == len(masked) == 4
+    assert tokens == mask_tokens > 0
+    # fp32 on the CPU: equal to rounding; bf16 on a GPU: the kernels' summation order differs
+    import torch as _torch
+
+    assert max(abs(a - b) for a, b in zip(varlen, masked, strict=True)) < (2e-2 if _torch.cuda.is_available() else 1e-4)
+
+
+def test_lora_without_peft_casts_is_bit_identical_and_saves_less():
+    """rocmft.worker.patches.lora_inputs_uncast_under_autocast: under bf16 autocast the loss and every gradient are
+    bit for bit those of peft's own path, and autograd keeps fewer bytes (the census of saved tensors)."""
+    peft = pytest.importorskip("peft")
+    from peft.tuners.lora import layer
+
+    from rocmft.worker import patches
+
+    def run(patched: bool):
+        model = tiny_qwen2("sdpa", dtype=torch.bfloat16).train()
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.0,
+                                                           init_lora_weights=False))  # fmt: skip
+        for param in model.parameters():  # LLaMA-Factory keeps the adapters in fp32
+            if param.requires_grad:
+                param.data = param.data.float()
+        ids = torch.randint(1, 97, (2, 24), generator=torch.Generator().manual_seed(4))
+        saved: dict[int, int] = {}
+
+        def keep(tensor):
+            saved.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+            return tensor
+
+        original = layer.Linear._cast_input_dtype
+        if patched:
+            patches.lora_inputs_uncast_under_autocast()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        finally:
+            layer.Linear._cast_input_dtype = original
+        grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        return loss.item(), grads, sum(saved.values())
+
+    plain_loss, plain_grads, plain_bytes = run(False)
+    loss, grads, saved_bytes = run(True)
+    assert loss == plain_loss
+    assert grads.keys() == plain_grads.keys() and len(grads) > 0
+    assert all(torch.equal(grads[name], plain_grads[name]) for name in grads)
+    assert saved_bytes < plain_bytes
