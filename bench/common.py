@@ -25,6 +25,15 @@ QWEN2_SHAPES = {
     "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
              "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True, **_QWEN2_COMMON},
 }  # fmt: skip
+# Meta-Llama-3-8B's published shape (config.json of meta-llama/Meta-Llama-3-8B on the hub): GQA with 8 KV heads,
+# a 128k vocabulary; the model of the seeds' second recipe.
+LLAMA3_SHAPES = {
+    "llama3-8b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                  "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+                  "hidden_act": "silu", "tie_word_embeddings": False},
+}  # fmt: skip
+SHAPES = {**QWEN2_SHAPES, **LLAMA3_SHAPES}
 
 
 def clean_environment() -> dict[str, str]:
@@ -36,22 +45,24 @@ def clean_environment() -> dict[str, str]:
 
 
 def random_qwen2(folder: Path, shape: dict, cache: Path, device: str):
-    """Build a random-weight bf16 Qwen2 model of ``shape`` (config.json values) on ``device`` (seed 0) with the
-    eos/pad tokens of rocmft's tiny model, and save it into ``folder`` with the tiny model's tokenizer files
-    (through ``<folder>.tmp`` and a rename, so an interrupted save never looks complete; an earlier folder is
-    replaced). Returns the model (the caller may count or free it)."""
+    """Build a random-weight bf16 Qwen2 (with ``model_type: llama``, Llama) model of ``shape`` (config.json values) on
+    ``device`` (seed 0) with the eos/pad tokens of rocmft's tiny model, and save it into ``folder`` with the tiny
+    model's tokenizer files (through ``<folder>.tmp`` and a rename, so an interrupted save never looks complete; an
+    earlier folder is replaced). Returns the model (the caller may count or free it)."""
     import json
     import shutil
 
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     from rocmft.config.demo import ensure_tiny_model
 
     tiny = ensure_tiny_model(cache)
     tiny_config = json.loads((tiny / "config.json").read_text())
-    config = Qwen2Config(**shape, bos_token_id=None, eos_token_id=tiny_config.get("eos_token_id"),
-                         pad_token_id=tiny_config.get("pad_token_id"))  # fmt: skip
+    shape = dict(shape)
+    config_class = LlamaConfig if shape.pop("model_type", "qwen2") == "llama" else Qwen2Config
+    config = config_class(**shape, bos_token_id=None, eos_token_id=tiny_config.get("eos_token_id"),
+                          pad_token_id=tiny_config.get("pad_token_id"))  # fmt: skip
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)

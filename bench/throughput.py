@@ -2,9 +2,9 @@
 
 Run on one GPU, from the repository root (not a test)::
 
-    python bench/throughput.py --out DIR --data ../shared/data [--shape 7b|1.5b|0.5b|tiny] [--steps 20]
+    python bench/throughput.py --out DIR --data ../shared/data [--shape 7b|1.5b|0.5b|llama3-8b|tiny] [--steps 20]
 
-1. builds a random-weight model of a real shape (Qwen2-7B by default; Qwen2-1.5B, Qwen2-0.5B; ``tiny`` uses
+1. builds a random-weight model of a real shape (Qwen2-7B by default; Qwen2-1.5B, Qwen2-0.5B, Llama-3-8B; ``tiny`` uses
    rocmft's built-in tiny model, for a CPU check of this script) in bf16 with the tokenizer of rocmft's tiny
    model, in a child process;
 2. writes LLaMA-Factory's alpaca_en_demo repeated until it holds enough tokens (bench/memfit.py's write_data);
@@ -14,10 +14,13 @@ Run on one GPU, from the repository root (not a test)::
    ``torch.cuda.max_memory_allocated()``;
    (b) **rocmft**: ``rocmft train`` with the same model, data, cutoff, learning rate, seed and step count and
    nothing else: micro-batch, accumulation, packing, checkpointing, attention and kernels are planned;
-4. prints, for each: tokens/s (non-padding input tokens over the trainer's train_runtime, and the steady rate
-   after the first optimizer step, see :func:`history`), MFU of the steady rate, peak memory
-   (measured, and rocmft.render.memfit's prediction), and the ratio b/a; compares the loss curves over the same
-   tokens; writes DIR/throughput.json.
+   (c) **expert**: what a user who knows LLaMA-Factory sets by hand (:data:`EXPERT`: the planner's 4 × 1
+   rows, plain ``packing`` — no block mask, so samples attend to the ones packed before them —, no
+   checkpointing, Liger), through ``run_exp`` like (a);
+4. prints, for each run asked for (``--runs``, default all three, in that order): tokens/s (non-padding input tokens
+   over the trainer's train_runtime, and the steady rate after the first optimizer step, see :func:`history`), MFU
+   of the steady rate, peak memory (measured, and rocmft.render.memfit's prediction), the ratios b/a and b/c;
+   compares the loss curves over the same tokens; writes DIR/throughput.json.
 
 FLOPs per token (stated in the output): **model FLOPs** 6·N (PaLM, Chowdhery et al. 2022, appendix B; N =
 the weights of every matrix product: the layers' Linears and lm_head, embeddings excluded; the attention term
@@ -47,12 +50,16 @@ import sys
 import time
 from pathlib import Path
 
-from common import QWEN2_SHAPES as SHAPES
-from common import REPO, clean_environment, random_qwen2
+from common import REPO, SHAPES, clean_environment, random_qwen2
 
 STOCK = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}  # the blog recipe; GC on, no packing
+# What an expert sets by hand in LLaMA-Factory: the planner's 4 x 1 rows, plain packing (no block mask: samples
+# attend to the samples packed before them), no checkpointing, Liger (issue 20's configuration (c))
+EXPERT = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "packing": True, "neat_packing": False,
+          "disable_gradient_checkpointing": True, "enable_liger_kernel": True, "flash_attn": "sdpa"}  # fmt: skip
+LF_RUNS = {"stock": STOCK, "expert": EXPERT}
 H200_BF16_TFLOPS = 989.0
-PLANNED_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "neat_packing",
+PLANNED_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "packing", "neat_packing",
                 "disable_gradient_checkpointing", "flash_attn", "enable_liger_kernel")  # fmt: skip
 
 
@@ -116,8 +123,9 @@ def history(output: Path, warmup_steps: int = 1) -> dict:
             "first_step_s": steps[0][1] if steps else None}  # fmt: skip
 
 
-def run_stock(out: Path, model: Path, data: Path, dataset: str, args, gpu: bool) -> dict:
-    output = out / "runs" / "stock"
+def run_lf(name: str, out: Path, model: Path, data: Path, dataset: str, args, gpu: bool) -> dict:
+    """Run (a) stock or (c) expert: LLaMA-Factory's own run_exp with :data:`LF_RUNS` ``[name]``."""
+    output = out / "runs" / name
     shutil.rmtree(output, ignore_errors=True)
     output.mkdir(parents=True)
     config = {
@@ -127,24 +135,24 @@ def run_stock(out: Path, model: Path, data: Path, dataset: str, args, gpu: bool)
         "warmup_steps": 0.1, "logging_steps": 1, "save_strategy": "no", "report_to": "none", "seed": 42,
         "bf16": gpu, "output_dir": str(output), "overwrite_output_dir": True, "plot_loss": False,
         "preprocessing_num_workers": 4, "dataloader_num_workers": 2, "overwrite_cache": True,
-        "include_num_input_tokens_seen": "non_padding", "disable_tqdm": True, **STOCK,
+        "include_num_input_tokens_seen": "non_padding", "disable_tqdm": True, **LF_RUNS[name],
     }  # fmt: skip
-    config_path = out / "stock.yaml"
+    config_path = out / f"{name}.yaml"
     import yaml
 
     config_path.write_text(yaml.safe_dump(config))
     env = clean_environment()
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": args.gpu,
                 "HIP_VISIBLE_DEVICES": args.gpu})  # fmt: skip
-    result_path = out / "stock-result.json"
+    result_path = out / f"{name}-result.json"
     result_path.unlink(missing_ok=True)
     started = time.monotonic()
     code = _run([sys.executable, __file__, "--lf-child", str(config_path), "--result", str(result_path)], env,
-                out / "stock.log", args.timeout, out)  # fmt: skip
+                out / f"{name}.log", args.timeout, out)  # fmt: skip
     result = {"exit": code, "wall_s": round(time.monotonic() - started, 1), **history(output), "config": config}
     if result_path.is_file():
         result.update(json.loads(result_path.read_text()))
-    result["predicted_gib"] = _predict(model, config, "bfloat16" if gpu else "float32")
+    result["predicted_gib"] = _predict(model, config, "bfloat16" if gpu else "float32", plain_lf=True)
     return result
 
 
@@ -169,6 +177,8 @@ def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
     if (run_dir / "worker-result.json").is_file():
         worker = json.loads((run_dir / "worker-result.json").read_text())
         result["peak_gpu_memory_gib"] = worker.get("peak_gpu_memory_gib")
+        result["attention"] = worker.get("attention")
+        result["quantization"] = worker.get("quantization")
     if (run_dir / "manifest.json").is_file():
         manifest = json.loads((run_dir / "manifest.json").read_text())
         plan = manifest.get("plan") or {}
@@ -182,10 +192,11 @@ def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
     return result
 
 
-def _predict(model: Path, arguments: dict, dtype: str) -> float | None:
+def _predict(model: Path, arguments: dict, dtype: str, plain_lf: bool = False) -> float | None:
+    """memfit's peak for a run; ``plain_lf``: LLaMA-Factory's own run_exp (peft's input casts in effect)."""
     from rocmft.render import memfit
 
-    spec = memfit.spec_from_arguments(arguments, compute_dtype=dtype, zero_stage=0)
+    spec = memfit.spec_from_arguments(arguments, compute_dtype=dtype, zero_stage=0, peft_casts_inputs=plain_lf)
     return round(memfit.estimate(memfit.read_model_shape(model), spec).total / memfit.GiB, 2)
 
 
@@ -243,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=[*SHAPES, "tiny"], default="7b")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps of each run (default 20)")
     parser.add_argument("--cutoff", type=int, default=None, help="cutoff_len (default 2048; tiny: 128)")
-    parser.add_argument("--runs", default="stock,rocmft")
+    parser.add_argument("--runs", default="stock,rocmft,expert", help="comma-separated: stock, rocmft, expert")
     parser.add_argument("--gpu", default="0", help="the one GPU both runs use (CUDA/HIP_VISIBLE_DEVICES; default 0)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
@@ -268,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "cache"
     os.environ["ROCMFT_CACHE_DIR"] = str(cache)
-    model = out / f"qwen2-{args.shape}-random"
+    model = out / f"random-{args.shape}"
     if args.build_only:
         build_model(model, args.shape, cache)
         return 0
@@ -289,12 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.is_available()
     device = torch.cuda.get_device_name() if gpu else "cpu"
     results = {}
-    if "stock" in args.runs:
-        print(f"[bench] (a) stock recipe, {args.steps} steps ...", flush=True)
-        results["stock"] = run_stock(out, model, data, dataset, args, gpu)
-    if "rocmft" in args.runs:
-        print(f"[bench] (b) rocmft train with planned defaults, {args.steps} steps ...", flush=True)
-        results["rocmft"] = run_rocmft(out, model, data, dataset, args)
+    for name in args.runs.split(","):
+        if name in LF_RUNS:
+            print(f"[bench] {name}: LLaMA-Factory with {LF_RUNS[name]}, {args.steps} steps ...", flush=True)
+            results[name] = run_lf(name, out, model, data, dataset, args, gpu)
+        elif name == "rocmft":
+            print(f"[bench] rocmft train with planned defaults, {args.steps} steps ...", flush=True)
+            results[name] = run_rocmft(out, model, data, dataset, args)
+        else:
+            parser.error(f"--runs: {name!r} is not one of stock, rocmft, expert")
 
     flops = flops_per_token(model)
     print(f"\n{device}; model {args.shape} (N = {flops['N'] / 1e9:.2f}B matmul weights); cutoff {args.cutoff}; "
@@ -326,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         error = f"{row['memory_error_pct']:+.1f}%" if "memory_error_pct" in row else "-"
         print(f"{name:<7} {r['exit']!s:>4} {tps or 0:>9.0f} {steady or 0:>7.0f} {mfu:>7} {mfu_lora:>8} {hfu:>6} "
               f"{measured or '-'!s:>8} {predicted or '-'!s:>9} {error:>7}  {summary}")  # fmt: skip
-    a, b = results.get("stock", {}), results.get("rocmft", {})
+    a, b, x = results.get("stock", {}), results.get("rocmft", {}), results.get("expert", {})
     report = {"device": device, "shape": args.shape, "steps": args.steps, "cutoff_len": args.cutoff,
               "peak_tflops": args.peak_tflops, "flops_per_token": flops, "runs": results}  # fmt: skip
     if a.get("tokens_per_s") and b.get("tokens_per_s"):
@@ -336,6 +350,17 @@ def main(argv: list[str] | None = None) -> int:
             report["steady_ratio_b_over_a"] = round(b["steady_tokens_per_s"] / a["steady_tokens_per_s"], 2)
             print(f", {report['steady_ratio_b_over_a']}x steady", end="")
         print()
+    if x.get("tokens_per_s") and b.get("tokens_per_s"):
+        report["ratio_b_over_c"] = round(b["tokens_per_s"] / x["tokens_per_s"], 3)
+        print(f"ratio rocmft / expert tokens/s: {report['ratio_b_over_c']}x over the whole runs", end="")
+        if x.get("steady_tokens_per_s") and b.get("steady_tokens_per_s"):
+            report["steady_ratio_b_over_c"] = round(b["steady_tokens_per_s"] / x["steady_tokens_per_s"], 3)
+            print(f", {report['steady_ratio_b_over_c']}x steady", end="")
+        print()
+    if b.get("attention"):
+        print(f"rocmft's attention on packed rows: {b['attention']}")
+    if b.get("quantization"):
+        print(f"rocmft's quantized base (worker record): {b['quantization']}")
     if a.get("points") and b.get("points"):
         report["loss_comparison"] = compare_losses(a["points"], b["points"])
         c = report["loss_comparison"]
