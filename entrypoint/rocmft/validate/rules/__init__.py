@@ -39,7 +39,7 @@ from rocmft.facts.modeldir import ModelDir
 
 PHASES = ("inputs", "rendered", "launch")
 # The concern modules, imported (and so registered) on first use.
-MODULES = ("precision", "distributed", "hygiene", "paths", "template", "method", "ranges", "data", "model")
+MODULES = ("precision", "distributed", "hygiene", "paths", "template", "method", "ranges", "data", "model", "runtime")
 
 
 @dataclass(frozen=True)

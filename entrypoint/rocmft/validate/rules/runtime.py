@@ -1,0 +1,168 @@
+"""The PyTorch runtime variables a user sets by hand: the caching allocator's configuration and TunableOp.
+
+Both are read by torch itself, long after rocmft starts: a bad allocator string stops the run at the first GPU
+allocation (while the model loads), and TunableOp's online tuning across ranks looks like a hang. Checked here,
+before anything loads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+from rocmft.errors import ConfigError
+from rocmft.facts.scheduler import job_layout
+from rocmft.render import Plan, processes_per_node
+from rocmft.validate.rules import Inputs, rule
+from rocmft.values import truthy
+
+# The caching allocator's variables. Which one wins differs between torch releases: c10/cuda/CUDAAllocatorConfig.h
+# read PYTORCH_CUDA_ALLOC_CONF, then (ROCm builds) PYTORCH_HIP_ALLOC_CONF, then PYTORCH_ALLOC_CONF; later releases
+# read PYTORCH_ALLOC_CONF first and keep PYTORCH_CUDA_ALLOC_CONF "for backward compatibility" (pytorch/pytorch,
+# c10/cuda/CUDAAllocatorConfig.h, ``instance()``, both versions).
+ALLOC_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+# The options torch's parser accepts (c10/core/AllocatorConfig.cpp and c10/cuda/CUDAAllocatorConfig.h, ``parseArgs``
+# and ``getKeys``); an option it does not know is an error in the releases whose parser ends in TORCH_CHECK(false,
+# "Unrecognized CachingAllocator option").
+ALLOC_OPTIONS = ("max_split_size_mb", "max_non_split_rounding_mb", "garbage_collection_threshold",
+                 "roundup_power2_divisions", "backend", "expandable_segments", "release_lock_on_cudamalloc",
+                 "release_lock_on_hipmalloc", "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
+                 "pinned_num_register_threads", "pinned_use_background_threads")  # fmt: skip
+BOOLEAN_OPTIONS = ("expandable_segments", "release_lock_on_cudamalloc", "release_lock_on_hipmalloc",
+                   "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
+                   "pinned_use_background_threads")  # fmt: skip
+MIN_SPLIT_SIZE_MB = 20  # kLargeBuffer / kMB: "max_split_size_mb too small, must be >= 20"
+
+
+def parse_alloc_conf(name: str, text: str) -> dict[str, str]:
+    """``key:value,key:value`` as torch's allocator parser reads it (spaces dropped; a bracketed
+    ``roundup_power2_divisions:[64:8,>:1]`` kept whole).
+
+    Raises:
+        ConfigError: an entry without ``:``, an unparsable value, or a value torch refuses (booleans are
+            ``True``/``False`` exactly; ``max_split_size_mb`` an integer ≥ 20; ``garbage_collection_threshold``
+            in (0, 1)), naming ``name`` and the entry.
+    """
+    options: dict[str, str] = {}
+    for entry in re.split(r",(?![^\[]*\])", text.replace(" ", "")):
+        if not entry:
+            continue
+        key, sep, value = entry.partition(":")
+        if not sep or not key or not value:
+            raise ConfigError(f"{name}={text!r}: {entry!r} is not option:value.",
+                              f"Write {name} as option:value pairs separated by commas, e.g. "
+                              "expandable_segments:True.")  # fmt: skip
+        options[key] = value
+    for key, value in options.items():
+        if key in BOOLEAN_OPTIONS and value not in ("True", "False"):
+            raise ConfigError(
+                f"{name}={text!r}: {key}:{value} — torch accepts only True or False (capitalized) and "
+                "stops at the first GPU allocation otherwise.",
+                f"Write {key}:True or {key}:False.",
+            )
+        if key in ("max_split_size_mb", "max_non_split_rounding_mb") and (
+            not value.isdigit() or int(value) < MIN_SPLIT_SIZE_MB
+        ):
+            raise ConfigError(
+                f"{name}={text!r}: {key}:{value} — torch needs a whole number of MiB of at least {MIN_SPLIT_SIZE_MB}.",
+                f"Write {key}:<MiB ≥ {MIN_SPLIT_SIZE_MB}>, or remove it.",
+            )
+        if key == "garbage_collection_threshold":
+            try:
+                ok = 0 < float(value) < 1
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError(f"{name}={text!r}: garbage_collection_threshold:{value} — torch needs a number "
+                                  "between 0 and 1.", "Write e.g. garbage_collection_threshold:0.8.")  # fmt: skip
+    return options
+
+
+def allocator_findings(environ: Mapping[str, str]) -> list[str]:
+    """The warnings for the allocator variables in ``environ`` (see :func:`allocator_variables`).
+
+    Raises:
+        ConfigError: two of them set to different values, or a value torch refuses (:func:`parse_alloc_conf`).
+    """
+    given = {name: environ[name].strip() for name in ALLOC_VARIABLES if (environ.get(name) or "").strip()}
+    if not given:
+        return []
+    if len(set(given.values())) > 1:
+        shown = ", ".join(f"{name}={value!r}" for name, value in given.items())
+        raise ConfigError(f"Allocator settings disagree: {shown}. torch reads only one of them, and which one "
+                          "depends on its release, so the run would get either.",
+                          "Keep one: PYTORCH_ALLOC_CONF (the current name); unset the others.")  # fmt: skip
+    name, text = next(iter(given.items()))
+    options = parse_alloc_conf(name, text)
+    warnings = []
+    unknown = [key for key in options if key not in ALLOC_OPTIONS]
+    if unknown:
+        warnings.append(f"{name}: {', '.join(unknown)} is not an allocator option torch 2.11 documents; some "
+                        "releases stop at the first GPU allocation on it (\"Unrecognized CachingAllocator option\"). "
+                        f"Known: {', '.join(ALLOC_OPTIONS)}.")  # fmt: skip
+    if options.get("expandable_segments") == "True" and "max_split_size_mb" in options:
+        warnings.append(f"{name}={text!r}: max_split_size_mb with expandable_segments:True keeps growing reserved "
+                        "memory until the run is out of memory (pytorch/pytorch#123548). Use one of the two "
+                        "(expandable_segments:True alone is the usual cure for fragmentation).")  # fmt: skip
+    if "PYTORCH_CUDA_ALLOC_CONF" in given and "PYTORCH_ALLOC_CONF" not in given:
+        warnings.append("PYTORCH_CUDA_ALLOC_CONF is the allocator variable's old name, kept by torch for backward "
+                        "compatibility; PYTORCH_ALLOC_CONF is the current one.")  # fmt: skip
+    return warnings
+
+
+@rule("inputs", 50)
+def allocator_variables(run: Inputs) -> list[str]:
+    """Lint PYTORCH_ALLOC_CONF / PYTORCH_HIP_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF before the model loads.
+
+    Refused (exit 2): two of them with different values (which one torch reads depends on its release), a value
+    torch's parser refuses (it would stop the run at the first allocation). Warned: an option torch 2.11 does not
+    document, ``max_split_size_mb`` together with ``expandable_segments:True`` (pytorch/pytorch#123548), the old
+    name PYTORCH_CUDA_ALLOC_CONF alone.
+
+    Raises:
+        ConfigError: naming the variables, their values and the fix.
+    """
+    return allocator_findings(os.environ)
+
+
+def tunableop_online_tuning(environ: Mapping[str, str], world_size: int) -> None:
+    """Refuse TunableOp's online tuning in a job of more than one rank.
+
+    ``PYTORCH_TUNABLEOP_ENABLED=1`` tunes every new GEMM shape on first use unless ``PYTORCH_TUNABLEOP_TUNING=0``
+    (PyTorch's TunableOp docs: tuning is on by default once enabled). With several ranks each one tunes on its own
+    while the others wait at the next collective; the tuning ignores its duration and iteration caps there and the
+    job looks hung (pytorch/pytorch#190433).
+
+    Raises:
+        ConfigError: naming both variables and the world size.
+    """
+    if not truthy(environ.get("PYTORCH_TUNABLEOP_ENABLED", "0")) or world_size <= 1:
+        return
+    if not truthy(environ.get("PYTORCH_TUNABLEOP_TUNING", "1")):
+        return
+    tuning = environ.get("PYTORCH_TUNABLEOP_TUNING")
+    where = f"PYTORCH_TUNABLEOP_TUNING={tuning}" if tuning is not None else "PYTORCH_TUNABLEOP_TUNING unset (on)"
+    raise ConfigError(
+        f"PYTORCH_TUNABLEOP_ENABLED={environ['PYTORCH_TUNABLEOP_ENABLED']} with {where} in a job of {world_size} "
+        "ranks: online tuning across ranks ignores its caps and looks like a hang (pytorch/pytorch#190433).",
+        "Tune once with one process (the same model and CUTOFF_LEN, PYTORCH_TUNABLEOP_FILENAME=<file>), then run the "
+        "job with PYTORCH_TUNABLEOP_TUNING=0 and that file; or unset PYTORCH_TUNABLEOP_ENABLED.",
+    )
+
+
+@rule("launch", 20)
+def tunableop(plan: Plan) -> None:
+    """:func:`tunableop_online_tuning` for this job's world size (NNODES × processes per node, or the
+    scheduler's task count).
+
+    Raises:
+        ConfigError: see there.
+    """
+    layout = job_layout()
+    world = layout.world_size if plan.launcher == "task" and layout.world_size else (
+        layout.nnodes * processes_per_node(plan))  # fmt: skip
+    tunableop_online_tuning(os.environ, world)
+
+
+__all__ = ["allocator_findings", "allocator_variables", "parse_alloc_conf", "tunableop", "tunableop_online_tuning"]

@@ -1,0 +1,91 @@
+"""The PyTorch runtime variables users set by hand: the allocator's configuration and TunableOp's online tuning."""
+
+from __future__ import annotations
+
+import pytest
+
+from rocmft.errors import ConfigError, ExitCode
+from rocmft.validate.rules.runtime import allocator_findings, parse_alloc_conf, tunableop_online_tuning
+
+
+def test_nothing_set_is_nothing_to_say():
+    assert allocator_findings({}) == []
+    assert allocator_findings({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}) == []
+
+
+def test_values_torch_refuses_are_refused_before_the_model_loads():
+    for text, word in [("expandable_segments:true", "True or False"), ("max_split_size_mb:8", "at least 20"),
+                       ("max_split_size_mb:1.5e2", "whole number"), ("garbage_collection_threshold:1.5", "0 and 1"),
+                       ("expandable_segments", "option:value")]:  # fmt: skip
+        with pytest.raises(ConfigError) as caught:
+            allocator_findings({"PYTORCH_HIP_ALLOC_CONF": text})
+        assert "PYTORCH_HIP_ALLOC_CONF" in str(caught.value) and word in str(caught.value), text
+        assert caught.value.code == ExitCode.CONFIG_ERROR and caught.value.remedy
+
+
+def test_disagreeing_variables_are_refused_naming_both():
+    with pytest.raises(ConfigError) as caught:
+        allocator_findings({"PYTORCH_ALLOC_CONF": "expandable_segments:True",
+                            "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"})  # fmt: skip
+    assert "PYTORCH_ALLOC_CONF='expandable_segments:True'" in str(caught.value)
+    assert "PYTORCH_CUDA_ALLOC_CONF='max_split_size_mb:128'" in str(caught.value)
+    # the same value under two names is no conflict
+    same = allocator_findings({"PYTORCH_ALLOC_CONF": "expandable_segments:True",
+                               "PYTORCH_HIP_ALLOC_CONF": "expandable_segments:True"})  # fmt: skip
+    assert same == []
+
+
+def test_runnable_but_risky_settings_are_warnings_with_the_cost():
+    (warning,) = allocator_findings({"PYTORCH_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512"})
+    assert "pytorch/pytorch#123548" in warning and "out of memory" in warning
+    (old,) = allocator_findings({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert "PYTORCH_ALLOC_CONF" in old and "old name" in old
+    (unknown,) = allocator_findings({"PYTORCH_ALLOC_CONF": "expandible_segments:True"})
+    assert "expandible_segments" in unknown
+
+
+def test_bracketed_roundup_divisions_are_one_option():
+    options = parse_alloc_conf("PYTORCH_ALLOC_CONF", "roundup_power2_divisions:[256:1,>:4], expandable_segments:True")
+    assert options == {"roundup_power2_divisions": "[256:1,>:4]", "expandable_segments": "True"}
+
+
+def test_tunableop_online_tuning_is_refused_across_ranks():
+    tunableop_online_tuning({"PYTORCH_TUNABLEOP_ENABLED": "1"}, 1)  # one process: fine
+    tunableop_online_tuning({"PYTORCH_TUNABLEOP_ENABLED": "1", "PYTORCH_TUNABLEOP_TUNING": "0"}, 8)  # offline results
+    tunableop_online_tuning({}, 8)
+    with pytest.raises(ConfigError) as caught:
+        tunableop_online_tuning({"PYTORCH_TUNABLEOP_ENABLED": "1"}, 8)
+    text = str(caught.value)
+    assert "PYTORCH_TUNABLEOP_ENABLED=1" in text and "8 ranks" in text and "pytorch/pytorch#190433" in text
+    assert "PYTORCH_TUNABLEOP_TUNING=0" in caught.value.remedy
+
+
+def test_render_refuses_a_bad_allocator_string_with_exit_2(tmp_path, cache_dir, tiny_model, demo_data):
+    """Through the CLI as a user runs it: exit 2, the variable named, no traceback, no rendered files."""
+    from conftest import rocmft_in
+
+    env = {
+        "MODEL_NAME_OR_PATH": str(tiny_model),
+        "DATASET": "rocmft_demo",
+        "DATASET_DIR": str(demo_data),
+        "TEMPLATE": "qwen",
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "PYTORCH_HIP_ALLOC_CONF": "expandable_segments:true",
+    }
+    done = rocmft_in(tmp_path, cache_dir, "render", env=env)
+    assert done.returncode == ExitCode.CONFIG_ERROR, done.stdout[-2000:]
+    assert "PYTORCH_HIP_ALLOC_CONF" in done.stdout and "Traceback" not in done.stdout
+    assert not (tmp_path / "out" / "rocmft" / "train.yaml").exists()
+
+
+def test_train_refuses_online_tunableop_in_a_two_rank_job(tmp_path, cache_dir, tiny_model, demo_data):
+    """The launch rule with the job's real world size (DDP, 2 processes on the CPU): exit 2 before a process starts."""
+    from conftest import rocmft_in
+
+    env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+           "TEMPLATE": "qwen", "OUTPUT_DIR": str(tmp_path / "out"), "MAX_STEPS": "2", "CUTOFF_LEN": "64",
+           "ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2", "PYTORCH_TUNABLEOP_ENABLED": "1"}  # fmt: skip
+    done = rocmft_in(tmp_path, cache_dir, "train", env=env)
+    assert done.returncode == ExitCode.CONFIG_ERROR, done.stdout[-2000:]
+    assert "2 ranks" in done.stdout and "pytorch/pytorch#190433" in done.stdout and "Traceback" not in done.stdout
+    assert not (tmp_path / "out" / "trainer_state.json").exists()
