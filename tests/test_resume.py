@@ -103,3 +103,16 @@ def test_a_changed_world_size_is_explained_and_zero_checkpoints_say_how_to_conve
     (zero / "global_step8" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").touch()
     note = world_size_note(zero, 2, 4)
     assert "partitioned over 2 ranks" in note and "ds_to_universal.py" in note and "load_universal" in note
+
+
+def test_grad_norm_spike_rule():
+    """Above the limit with no history (hiyouga/LlamaFactory#7890: thousands from step 1), or factor x the median."""
+    from rocmft.worker import grad_norm_spike
+
+    assert grad_norm_spike([], 3000.0, 10.0, 1000.0) == (1000.0, "above ROCMFT_GRAD_NORM_LIMIT=1000")
+    assert grad_norm_spike([], 3000.0, 10.0, 0) is None  # limit off, no history yet
+    steady = [0.8, 0.7, 0.75, 0.9, 0.8]
+    reference, why = grad_norm_spike(steady, 12.0, 10.0, 1000.0)
+    assert reference == 0.8 and "15.0x the median 0.8" in why
+    assert grad_norm_spike(steady, 5.0, 10.0, 1000.0) is None  # 6x: noise
+    assert grad_norm_spike(steady, 12.0, 0, 0) is None  # both off

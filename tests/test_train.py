@@ -105,3 +105,21 @@ def test_neat_packing_counts_the_tokens_it_trains_on(run_rocmft, tmp_path, tiny_
     seen = max(h.get("num_input_tokens_seen", 0) for h in state["log_history"])
     assert cutoff < seen <= steps * rows * (cutoff + 1), seen
     assert "tok/s nan" not in result.stdout
+
+
+def test_grad_norm_above_the_limit_warns_or_stops(run_rocmft, tmp_path):
+    """A real CPU run whose gradient norm (~0.5 for the tiny model) is above a limit set below it: by default a
+    warning with the fix and the run finishes; with ROCMFT_ON_GRAD_NORM_SPIKE=stop it stops like a NaN (exit 5)
+    and the manifest names the cause."""
+    base = {"ROCMFT_GRAD_NORM_LIMIT": "0.001", "MAX_STEPS": "10"}
+    warned = run_rocmft("train", env={**base, "OUTPUT_DIR": str(tmp_path / "warn")})
+    assert warned.returncode == ExitCode.OK, warned.stdout[-3000:]
+    assert warned.stdout.count("WARNING: gradient norm") == 1  # at most once per 100 steps
+    assert "above ROCMFT_GRAD_NORM_LIMIT=0.001" in warned.stdout and "rocmft check" in warned.stdout
+    output = tmp_path / "stop"
+    stopped = run_rocmft("train", env={**base, "OUTPUT_DIR": str(output), "ROCMFT_ON_GRAD_NORM_SPIKE": "stop"})
+    assert stopped.returncode == ExitCode.NON_FINITE_LOSS, stopped.stdout[-3000:]
+    assert "STOPPED (grad-norm spike)" in stopped.stdout and "Traceback" not in stopped.stdout
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    assert manifest["worker"]["non_finite"]["cause"] == "grad-norm spike"
+    assert manifest["worker"]["non_finite"]["key"] == "grad_norm"

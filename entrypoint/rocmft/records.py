@@ -50,6 +50,7 @@ class RunStatus(str, enum.Enum):
     FINISHED = "finished"
     NON_FINITE_LOSS = "non-finite loss"  # the loss or the gradient norm is NaN/Inf
     LOSS_SPIKE = "loss spike"  # the loss jumped above ROCMFT_LOSS_SPIKE_FACTOR x its recent median
+    GRAD_NORM_SPIKE = "grad-norm spike"  # ROCMFT_GRAD_NORM_SPIKE_FACTOR / ROCMFT_GRAD_NORM_LIMIT, with ..._SPIKE=stop
     STOPPING = "stopping"
     INTERRUPTED = "interrupted"
     FAILED = "failed"
@@ -110,7 +111,8 @@ class LossRecord:
 class NonFinite:
     """What stopped a diverging run: at optimizer ``step`` the logged ``key`` (``loss`` or ``grad_norm``) was
     ``value`` (its ``str()``: ``"nan"``, ``"inf"``, or the spiking loss); for a spike, ``median`` of the recent
-    logged losses. ``cause``: :attr:`RunStatus.NON_FINITE_LOSS` or :attr:`RunStatus.LOSS_SPIKE`."""
+    logged values (for a norm above ROCMFT_GRAD_NORM_LIMIT, the limit). ``cause``: :attr:`RunStatus.NON_FINITE_LOSS`,
+    :attr:`RunStatus.LOSS_SPIKE` or :attr:`RunStatus.GRAD_NORM_SPIKE`."""
 
     step: int
     key: str
@@ -284,6 +286,8 @@ class RunPolicy:
         fault_nan_at_step, fault_kill_in_save_at_step, fault_slow_final_save_s: the test-only fault injections
             (ROCMFT_FAULT_*; steps, seconds), None when off.
         loss_spike_factor: ROCMFT_LOSS_SPIKE_FACTOR (0 or None: no spike watchdog).
+        grad_norm_spike_factor, grad_norm_limit, on_grad_norm_spike: the gradient-norm watchdog's
+            ROCMFT_GRAD_NORM_SPIKE_FACTOR, ROCMFT_GRAD_NORM_LIMIT (0 or None: off) and ROCMFT_ON_GRAD_NORM_SPIKE.
         demo: whether this is the built-in demo run.
         packed_attention, sample_tokens: the planner's ``varlen`` for neat-packed rows (rocmft.worker.attention)
             and the mean sample length it planned with (tokens); None when not planned.
@@ -297,6 +301,9 @@ class RunPolicy:
     fault_kill_in_save_at_step: int | None = None
     fault_slow_final_save_s: float | None = None
     loss_spike_factor: float | None = None
+    grad_norm_spike_factor: float | None = None
+    grad_norm_limit: float | None = None
+    on_grad_norm_spike: str = "warn"
     demo: bool = False
     packed_attention: str | None = None
     sample_tokens: float | None = None
@@ -314,7 +321,9 @@ class RunPolicy:
                 "fault_nan_at_step": self.fault_nan_at_step,
                 "fault_kill_in_save_at_step": self.fault_kill_in_save_at_step,
                 "fault_slow_final_save_s": self.fault_slow_final_save_s,
-                "loss_spike_factor": self.loss_spike_factor, "demo": self.demo,
+                "loss_spike_factor": self.loss_spike_factor, "grad_norm_spike_factor": self.grad_norm_spike_factor,
+                "grad_norm_limit": self.grad_norm_limit, "on_grad_norm_spike": self.on_grad_norm_spike,
+                "demo": self.demo,
                 "packed_attention": self.packed_attention, "sample_tokens": self.sample_tokens}  # fmt: skip
 
     @classmethod

@@ -115,6 +115,25 @@ class RocmftSettings(BaseSettings):
         description="Stop like a NaN (exit 5) when a logged loss exceeds this factor times the median of the last "
         "20 logged ones (after 5); 0 turns the spike watchdog off.",
     )
+    grad_norm_spike_factor: float = Field(
+        10.0,
+        ge=0,
+        description="Act (ROCMFT_ON_GRAD_NORM_SPIKE) when a logged gradient norm exceeds this factor times the "
+        "median of the last 20 logged ones (after 5); 0 turns it off.",
+    )
+    grad_norm_limit: float = Field(
+        1000.0,
+        ge=0,
+        description="Act (ROCMFT_ON_GRAD_NORM_SPIKE) when a logged gradient norm exceeds this, history or not: "
+        "norms in the thousands from step 1 with no NaN ever were broken GEMMs (hiyouga/LlamaFactory#7890); "
+        "0 turns it off.",
+    )
+    on_grad_norm_spike: Literal["warn", "stop"] = Field(
+        "warn",
+        description="A gradient-norm spike or a norm above ROCMFT_GRAD_NORM_LIMIT: `warn` (a warning with the "
+        "fix, at most once per 100 steps; gradient clipping keeps a single spike harmless), or `stop` like a NaN "
+        "(exit 5; ROCMFT_ON_NAN=fp32 restarts once for this cause).",
+    )
     on_nan: Literal["stop", "fp32"] = Field(
         "stop",
         description="When the loss or gradient norm turns NaN/Inf or the loss spikes: `stop` (exit 5), or `fp32`: "

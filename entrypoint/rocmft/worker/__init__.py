@@ -16,9 +16,10 @@ from rocmft.worker.callbacks import (
     SPIKE_WINDOW,
     Interrupted,
     NonFiniteLoss,
+    grad_norm_spike,
     loss_spike,
     rocmft_callback,
 )
 
-__all__ = ["SPIKE_MIN_HISTORY", "SPIKE_MIN_JUMP", "SPIKE_WINDOW", "Interrupted", "NonFiniteLoss", "loss_spike",
-           "rocmft_callback"]  # fmt: skip
+__all__ = ["SPIKE_MIN_HISTORY", "SPIKE_MIN_JUMP", "SPIKE_WINDOW", "Interrupted", "NonFiniteLoss", "grad_norm_spike",
+           "loss_spike", "rocmft_callback"]  # fmt: skip

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from rocmft.console import say
+from rocmft.console import say, warn
 from rocmft.records import LossRecord, NonFinite, RunPolicy, RunStatus, WorkerResult, with_reason, write_worker_result
 from rocmft.worker.faults import nan_after_step
 
@@ -23,11 +23,15 @@ def under_torchrun() -> bool:
 
 class NonFiniteLoss(RuntimeError):
     """Training diverged at ``step``: the logged loss or gradient norm is NaN/Inf (``cause`` "non-finite loss"),
-    or the loss jumped above ROCMFT_LOSS_SPIKE_FACTOR × its recent median (``cause`` "loss spike")."""
+    the loss jumped above ROCMFT_LOSS_SPIKE_FACTOR × its recent median (``cause`` "loss spike"), or, with
+    ROCMFT_ON_GRAD_NORM_SPIKE=stop, the gradient norm spiked (``cause`` "grad-norm spike"; ``median`` is the recent
+    median, or ROCMFT_GRAD_NORM_LIMIT when ``detail`` says so)."""
 
-    def __init__(self, step: int, key: str, value: float, median: float | None = None) -> None:
-        self.cause = RunStatus.LOSS_SPIKE if median is not None else RunStatus.NON_FINITE_LOSS
-        detail = f" ({value / median:.1f}x the median {median:.4g} of the last logged losses)" if median else ""
+    def __init__(self, step: int, key: str, value: float, median: float | None = None, detail: str = "") -> None:
+        spike = RunStatus.GRAD_NORM_SPIKE if key == "grad_norm" else RunStatus.LOSS_SPIKE
+        self.cause = spike if median is not None else RunStatus.NON_FINITE_LOSS
+        if median and not detail:
+            detail = f" ({value / median:.1f}x the median {median:.4g} of the last logged values)"
         super().__init__(f"{key} is {value} at step {step}{detail}")
         self.step, self.key, self.value, self.median = step, key, value, median
 
@@ -41,6 +45,29 @@ SPIKE_MIN_HISTORY = 5  # no spike judgement before this many logged losses (the 
 # A spike must also be 1 nat (cross-entropy units) above the median: near-zero losses of a memorizing run
 # (0.01 -> 0.15) are relatively large jumps but harmless, while divergence adds whole nats.
 SPIKE_MIN_JUMP = 1.0
+
+
+GRAD_NORM_WARN_EVERY = 100  # optimizer steps between two gradient-norm warnings (a warning per log would drown the log)
+
+
+def grad_norm_spike(recent: list[float], norm: float, factor: float, limit: float) -> tuple[float, str] | None:
+    """``(reference, why)`` when the logged gradient norm ``norm`` is a spike, else None.
+
+    A spike is a norm above ``limit`` (when > 0; no history needed: norms in the thousands from the first step with
+    no NaN ever were broken GEMMs on MI300, hiyouga/LlamaFactory#7890), or above ``factor`` × the median of the
+    last logged norms ``recent`` (when > 0, after SPIKE_MIN_HISTORY of them). ``reference`` is the limit or the
+    median; ``why`` says which, in words.
+    """
+    import statistics
+
+    if limit > 0 and norm > limit:
+        return limit, f"above ROCMFT_GRAD_NORM_LIMIT={limit:g}"
+    if factor <= 0 or len(recent) < SPIKE_MIN_HISTORY:
+        return None
+    median = statistics.median(recent[-SPIKE_WINDOW:])
+    if median > 0 and norm > factor * median:
+        return median, f"{norm / median:.1f}x the median {median:.4g} of the last logged norms"
+    return None
 
 
 def loss_spike(recent: list[float], loss: float, factor: float) -> float | None:
@@ -165,6 +192,8 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
         def __init__(self) -> None:
             self.result = WorkerResult.start()
             self.recent: list[float] = []  # the last logged losses, on every rank, for the spike watchdog
+            self.recent_norms: list[float] = []  # the last logged gradient norms, for the gradient-norm watchdog
+            self.norm_warned_at: int | None = None  # the step of the last gradient-norm warning
             self.started = time.monotonic()
             self.last_time = self.started
             self.last_tokens = 0
@@ -232,6 +261,9 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
                     self._save(state)
                     raise NonFiniteLoss(state.global_step, "loss", loss, median)
                 self.recent = [*self.recent, loss][-SPIKE_WINDOW:]
+            norm = logs.get("grad_norm")
+            if isinstance(norm, (int, float)):
+                self._watch_grad_norm(state, float(norm))
             if "loss" not in logs or not state.is_world_process_zero:
                 return
             now = time.monotonic()
@@ -255,6 +287,28 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
                 f"tok/s {rate:,.0f} elapsed {_fmt_duration(elapsed)} "
                 f"eta {_fmt_duration(eta) if math.isfinite(eta) else '?'}"
             )
+
+        def _watch_grad_norm(self, state, norm: float) -> None:
+            spike = grad_norm_spike(self.recent_norms, norm, policy.grad_norm_spike_factor or 0,
+                                    policy.grad_norm_limit or 0)  # fmt: skip
+            self.recent_norms = [*self.recent_norms, norm][-SPIKE_WINDOW:]
+            if spike is None:
+                return
+            reference, why = spike
+            fix = ("run `rocmft check` (its GEMM probe compares the GPU's matrix products with the CPU's), lower "
+                   "LEARNING_RATE, or ROCMFT_PRECISION=fp32 to rule out mixed precision")  # fmt: skip
+            if policy.on_grad_norm_spike == "stop":
+                self.result = self.result.updated(status=RunStatus.GRAD_NORM_SPIKE, non_finite=NonFinite(
+                    state.global_step, "grad_norm", str(norm), reference, RunStatus.GRAD_NORM_SPIKE.value))  # fmt: skip
+                self._save(state)
+                raise NonFiniteLoss(state.global_step, "grad_norm", norm, reference, f" ({why})")
+            step = state.global_step
+            if self.norm_warned_at is None or step - self.norm_warned_at >= GRAD_NORM_WARN_EVERY:
+                self.norm_warned_at = step
+                warn(f"gradient norm {norm:.4g} at step {step} ({why}); gradient clipping (MAX_GRAD_NORM) keeps a "
+                     f"single spike harmless, but norms that stay this high mean broken numerics: {fix}. "
+                     "ROCMFT_ON_GRAD_NORM_SPIKE=stop stops the run instead (next warning at the earliest "
+                     f"{GRAD_NORM_WARN_EVERY} steps later).")  # fmt: skip
 
         def on_train_end(self, args, state, control, **kwargs):
             stopped = STOP.at_step is not None
