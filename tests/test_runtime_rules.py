@@ -89,3 +89,36 @@ def test_train_refuses_online_tunableop_in_a_two_rank_job(tmp_path, cache_dir, t
     assert done.returncode == ExitCode.CONFIG_ERROR, done.stdout[-2000:]
     assert "2 ranks" in done.stdout and "pytorch/pytorch#190433" in done.stdout and "Traceback" not in done.stdout
     assert not (tmp_path / "out" / "trainer_state.json").exists()
+
+
+def test_gpu_visibility_is_composed_as_rocm_applies_it():
+    from rocmft.validate.rules.runtime import visible_gpus
+
+    assert visible_gpus({}, "rocm") == (None, [])
+    assert visible_gpus({"ROCR_VISIBLE_DEVICES": "2,3"}, "rocm") == (["2", "3"], [])
+    physical, warnings = visible_gpus({"ROCR_VISIBLE_DEVICES": "4,5,6,7", "HIP_VISIBLE_DEVICES": "1,3"}, "rocm")
+    assert physical == ["5", "7"] and "applied one after the other" in warnings[0]
+    # the classic mistake: the same physical ids in both hide every GPU
+    with pytest.raises(ConfigError) as caught:
+        visible_gpus({"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "2,3"}, "rocm")
+    assert "ROCR_VISIBLE_DEVICES='2,3'" in str(caught.value) and "see 0 GPU(s)" in str(caught.value)
+    assert "ROCR_VISIBLE_DEVICES=2,3" in caught.value.remedy
+    with pytest.raises(ConfigError):
+        visible_gpus({"HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "1"}, "rocm")
+    # on NVIDIA only CUDA_VISIBLE_DEVICES counts (the benchmarks set HIP_ as well)
+    assert visible_gpus({"HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "1"}, "cuda") == (["1"], [])
+    assert visible_gpus({"HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "0"}, "rocm") == (["0"], [])
+
+
+def test_render_prints_the_rank_to_gpu_map_and_refuses_hidden_gpus(render_env, monkeypatch, capsys):
+    """Through render with an MI300X's probe result (injected: the CPU cannot show one)."""
+    from rocmft.facts.device import DeviceFacts
+
+    mi300x = DeviceFacts(backend="rocm", count=2, names=["AMD Instinct MI300X"] * 2, archs=["gfx942"] * 2,
+                         memory_gib=[191.98] * 2, bf16=True)  # fmt: skip
+    monkeypatch.setenv("ROCR_VISIBLE_DEVICES", "6,7")
+    render_env({}, device=mi300x)
+    assert "local rank 0 -> GPU 6, local rank 1 -> GPU 7" in capsys.readouterr().out
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "6,7")
+    with pytest.raises(ConfigError, match="hides GPUs"):
+        render_env({}, device=mi300x)

@@ -165,4 +165,96 @@ def tunableop(plan: Plan) -> None:
     tunableop_online_tuning(os.environ, world)
 
 
-__all__ = ["allocator_findings", "allocator_variables", "parse_alloc_conf", "tunableop", "tunableop_online_tuning"]
+# GPU visibility (ROCm docs, "GPU isolation techniques" and "HIP environment variables"): ROCR_VISIBLE_DEVICES is
+# applied by the ROCm runtime to the physical GPUs (indices or UUIDs); HIP_VISIBLE_DEVICES, or CUDA_VISIBLE_DEVICES
+# (its CUDA-compatible name), then indexes into the GPUs ROCR left. So ROCR_VISIBLE_DEVICES=2,3 with
+# HIP_VISIBLE_DEVICES=2,3 leaves no GPU (Parsl#3858, ray-project/ray#53737). On NVIDIA only CUDA_VISIBLE_DEVICES counts.
+VISIBILITY = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+
+
+def _devices(value: str) -> list[str]:
+    return [token.strip() for token in value.split(",") if token.strip()]
+
+
+def visible_gpus(environ: Mapping[str, str], backend: str) -> tuple[list[str] | None, list[str]]:
+    """The physical GPUs the training processes see, in device order, and the warnings.
+
+    Args:
+        environ: the environment; backend: the probed device's ``rocm``, ``cuda`` or ``cpu``.
+
+    Returns:
+        ``(physical, warnings)``: ``physical[i]`` is what local device ``i`` (local rank ``i``) is, as ROCR names it
+        (an index or a UUID) — a ``ROCR_VISIBLE_DEVICES``-relative index when only HIP/CUDA is set; None when no
+        variable is set (every GPU, in the runtime's order).
+
+    Raises:
+        ConfigError: the variables together leave no GPU (an index beyond what the earlier one left), or
+            HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES disagree on ROCm.
+    """
+    given = {name: environ[name] for name in VISIBILITY if name in environ}
+    if backend == "cuda":
+        given = {k: v for k, v in given.items() if k == "CUDA_VISIBLE_DEVICES"}
+    if not given:
+        return None, []
+    shown = ", ".join(f"{k}={v!r}" for k, v in given.items())
+    warnings: list[str] = []
+    hip, cuda = given.get("HIP_VISIBLE_DEVICES"), given.get("CUDA_VISIBLE_DEVICES")
+    if hip is not None and cuda is not None and _devices(hip) != _devices(cuda):
+        raise ConfigError(f"GPU visibility disagrees: {shown}: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are one "
+                          "setting to ROCm's HIP runtime under two names.",
+                          "Keep one: on Linux ROCR_VISIBLE_DEVICES (ROCm's recommendation), and unset the "
+                          "others.")  # fmt: skip
+    later = hip if hip is not None else cuda
+    later_name = "HIP_VISIBLE_DEVICES" if hip is not None else "CUDA_VISIBLE_DEVICES"
+    rocr = given.get("ROCR_VISIBLE_DEVICES")
+    physical = _devices(rocr) if rocr is not None else None
+    if later is not None:
+        picks = _devices(later)
+        if physical is None:
+            physical = picks
+        elif all(p.isdigit() for p in picks):
+            beyond = [p for p in picks if int(p) >= len(physical)]
+            if beyond:
+                raise ConfigError(
+                    f"GPU visibility hides GPUs: {shown}. {later_name} indexes into the {len(physical)} GPU(s) "
+                    f"ROCR_VISIBLE_DEVICES leaves (0..{len(physical) - 1}), so {', '.join(beyond)} do not exist and "
+                    f"the run would see {len(picks) - len(beyond)} GPU(s).",
+                    f"Set only ROCR_VISIBLE_DEVICES={','.join(physical)} (or only {later_name}) and unset the "
+                    "other: they are applied one after the other, not as one list.",
+                )  # fmt: skip
+            physical = [physical[int(p)] for p in picks]
+        if rocr is not None:
+            warnings.append(f"{shown}: several GPU-visibility variables are applied one after the other; one "
+                            "(ROCR_VISIBLE_DEVICES on Linux) says the same and cannot hide GPUs by accident.")  # fmt: skip
+    return physical, warnings
+
+
+@rule("inputs", 60)
+def gpu_visibility(run: Inputs) -> list[str]:
+    """Normalise ROCR/HIP/CUDA_VISIBLE_DEVICES to the GPUs the run will see, print the local rank → physical GPU
+    map, and refuse combinations that hide GPUs (:func:`visible_gpus`).
+
+    Raises:
+        ConfigError: see :func:`visible_gpus`.
+    """
+    from rocmft.console import say
+
+    physical, warnings = visible_gpus(os.environ, run.device.backend)
+    if physical is not None:
+        if not physical:
+            warnings.append("the GPU-visibility variables hide every GPU: the run is on the CPU")
+        else:
+            say("GPUs: " + ", ".join(f"local rank {i} -> GPU {p}" for i, p in enumerate(physical)) +
+                " (" + ", ".join(f"{k}={os.environ[k]}" for k in VISIBILITY if k in os.environ) + ")")  # fmt: skip
+    return warnings
+
+
+__all__ = [
+    "allocator_findings",
+    "allocator_variables",
+    "parse_alloc_conf",
+    "gpu_visibility",
+    "tunableop",
+    "tunableop_online_tuning",
+    "visible_gpus",
+]
