@@ -252,8 +252,8 @@ def gpu_visibility(run: Inputs) -> list[str]:
 __all__ = [
     "allocator_findings",
     "allocator_variables",
-    "parse_alloc_conf",
     "gpu_visibility",
+    "parse_alloc_conf",
     "tunableop",
     "tunableop_online_tuning",
     "visible_gpus",
