@@ -224,8 +224,9 @@ def visible_gpus(environ: Mapping[str, str], backend: str) -> tuple[list[str] | 
                 )  # fmt: skip
             physical = [physical[int(p)] for p in picks]
         if rocr is not None:
-            warnings.append(f"{shown}: several GPU-visibility variables are applied one after the other; one "
-                            "(ROCR_VISIBLE_DEVICES on Linux) says the same and cannot hide GPUs by accident.")  # fmt: skip
+            warnings.append(f"{shown}: several GPU-visibility variables are applied one after the other; "
+                            "one (ROCR_VISIBLE_DEVICES on Linux) says the same and cannot hide GPUs "
+                            "by accident.")  # fmt: skip
     return physical, warnings
 
 
