@@ -243,3 +243,25 @@ def test_run_json_carries_the_packed_attention_to_the_worker(render_env, tiny_mo
     assert worker_policy(render_env({}, device=H200))["packed_attention"] == "varlen"  # flash_attn is not installed
     assert worker_policy(render_env({"PACKING": "false"}, device=H200))["packed_attention"] is None
     assert worker_policy(render_env({}))["packed_attention"] is None  # the CPU: nothing planned
+
+
+def test_evaluation_is_budgeted_too(qwen7b):
+    """hiyouga/LlamaFactory#7781, #6676: training fits, evaluation's full logits do not. The eval batch is planned
+    only when the run evaluates; a value of yours is kept, and said when it would run out of memory."""
+    small = DeviceFacts(backend="cuda", count=1, names=["GPU 32 GB"], archs=["sm_90"], memory_gib=[32.0], bf16=True)
+    assert "per_device_eval_batch_size" not in chosen(run(qwen7b, small))  # no evaluation: nothing to plan
+    plan = run(qwen7b, small, eval_strategy="steps")
+    batch = chosen(plan)["per_device_eval_batch_size"]
+    assert batch in planner.EVAL_BATCHES and batch < 8  # 8 x 2048 x 152k fp32 logits alone are ~28 GiB
+    shape = memfit.read_model_shape(qwen7b)
+    spec = memfit.spec_from_arguments({**SEED, **plan.planned_arguments()}, compute_dtype="bfloat16", zero_stage=0,
+                                      packed_attention=plan.packed_attention)  # fmt: skip
+    usable = plan.usable_gib * (1 - memfit.ALLOCATOR_HEADROOM) * memfit.GiB
+    assert memfit.eval_estimate(shape, spec, batch) <= usable < memfit.eval_estimate(shape, spec, batch * 2)
+    # generation adds a KV cache: never a larger batch
+    generating = run(qwen7b, small, eval_strategy="steps", predict_with_generate=True)
+    assert chosen(generating)["per_device_eval_batch_size"] <= batch
+    mine = run(qwen7b, small, explicit={"per_device_eval_batch_size"}, eval_strategy="steps",
+               per_device_eval_batch_size=8)  # fmt: skip
+    (choice,) = [c for c in mine.choices if c.name == "per_device_eval_batch_size"]
+    assert not choice.planned and choice.value == 8 and "run out of memory" in choice.reason

@@ -861,6 +861,32 @@ def estimate(shape: ModelShape, spec: TrainSpec) -> MemoryEstimate:
 # What to change when it does not fit
 
 
+def eval_estimate(shape: ModelShape, spec: TrainSpec, eval_batch: int, generate_tokens: int = 0) -> int:
+    """Peak bytes of one evaluation step between training steps, for ``eval_batch`` sequences of the training's
+    sequence length (plus ``generate_tokens`` new tokens each with ``predict_with_generate``).
+
+    Evaluation keeps what training holds between steps (weights, fp32 masters, optimizer states, buffers;
+    gradients are freed: transformers zeroes them with ``set_to_none``) and adds, without autograd, the full logits:
+    Liger's fused cross-entropy is for training only (liger-kernel 0.8.5 ``lce_forward``: ``skip_logits =
+    self.training and labels is not None``), so transformers' loss makes the logits, their fp32 upcast and
+    log_softmax's fp32 output (e + 4 + 4 bytes per element of T × V) — a training run that fits can run out of
+    memory at its first evaluation (hiyouga/LlamaFactory#7781, #6676). Generation adds its KV cache
+    (2 × layers × kv_dim per token). One layer's transient activations (~4·h + 2·i per token) and the margin
+    (:data:`WORKSPACE_BYTES` + :data:`MARGIN_FRACTION`) complete it.
+    """
+    train = estimate(shape, spec)
+    e = DTYPE_BYTES[spec.compute_dtype]
+    static = train.weights + train.master_params + train.optimizer_states + train.buffers
+    tokens = eval_batch * (spec.seq_len + generate_tokens)
+    logits = eval_batch * spec.seq_len * shape.vocab_size * ((e + 4 + 4) if e != 4 else 8)
+    if generate_tokens:  # generation scores one new token at a time: the prompt's logits are the peak
+        logits = max(logits, eval_batch * shape.vocab_size * 8)
+    transient = tokens * e * (4 * shape.hidden_size + 2 * shape.intermediate_size)
+    kv_cache = 2 * shape.num_layers * shape.kv_dim * e * tokens if generate_tokens else 0
+    modelled = static + logits + transient + kv_cache
+    return round(modelled + WORKSPACE_BYTES + MARGIN_FRACTION * modelled)
+
+
 def _gib(value: float) -> str:
     return f"{value / GiB:.1f} GiB"
 
@@ -942,6 +968,7 @@ __all__ = [
     "ModelShape",
     "TrainSpec",
     "estimate",
+    "eval_estimate",
     "fixes",
     "layer_saved_tensors",
     "read_model_shape",

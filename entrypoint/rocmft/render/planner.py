@@ -328,8 +328,40 @@ def plan_defaults(
                    "(which costs one more forward per step)")  # fmt: skip
     plan.estimate_gib = round(estimate.total / memfit.GiB, 2)
     plan.breakdown_gib = estimate.breakdown()
+    _plan_eval_batch(choose, arguments, explicit, shape, spec_for(mb, ga, checkpointing), free)
     plan.note = f"planned for {arch} with {usable:.1f} GiB per GPU ({method}, {stage}, {compute_dtype})"
     return plan
+
+
+EVAL_BATCHES = (8, 4, 2, 1)  # transformers' default per_device_eval_batch_size is 8; halved until it fits
+
+
+def _plan_eval_batch(choose: _Chooser, arguments: dict[str, Any], explicit: set[str], shape: memfit.ModelShape,
+                     spec: memfit.TrainSpec, free: int) -> None:  # fmt: skip
+    """``per_device_eval_batch_size`` when the run evaluates (``eval_strategy`` steps/epoch or ``do_eval``): the
+    largest of :data:`EVAL_BATCHES` whose evaluation peak (rocmft.render.memfit.eval_estimate: the full logits,
+    a KV cache with ``predict_with_generate``) fits; a value of yours is kept, and said when it does not fit."""
+    evaluates = str(arguments.get("eval_strategy") or "no").lower() in ("steps", "epoch") or truthy(
+        arguments.get("do_eval"))  # fmt: skip
+    if not evaluates:
+        return
+    generate = int(arguments.get("max_new_tokens") or 1024) if truthy(arguments.get("predict_with_generate")) else 0
+    budget = free * (1 - memfit.ALLOCATOR_HEADROOM)
+
+    def peak(batch: int) -> float:
+        return memfit.eval_estimate(shape, spec, batch, generate) / memfit.GiB
+
+    what = "evaluation makes the full T×V logits (Liger's fused loss is for training only)" + (
+        f" and a KV cache for {generate} new tokens (predict_with_generate)" if generate else "")  # fmt: skip
+    if "per_device_eval_batch_size" in explicit:
+        batch = int(arguments.get("per_device_eval_batch_size") or 8)
+        fits = peak(batch) <= budget / memfit.GiB
+        choose.keep("per_device_eval_batch_size", batch, f"yours; {what}: peak ≈ {peak(batch):.1f} GiB" + (
+            "" if fits else f", more than the {budget / memfit.GiB:.1f} GiB usable: the first evaluation would run "
+            "out of memory; lower PER_DEVICE_EVAL_BATCH_SIZE"))  # fmt: skip
+        return
+    batch = next((b for b in EVAL_BATCHES if peak(b) <= budget / memfit.GiB), 1)
+    choose.set("per_device_eval_batch_size", batch, f"{what}: {batch} fits, peak ≈ {peak(batch):.1f} GiB")
 
 
 class _Chooser:
