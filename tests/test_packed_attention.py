@@ -1,8 +1,8 @@
 """Neat-packed rows through rocmft's variable-length attention: each sample attends only to itself.
 
-The proof the performance issue asks for: the logits of samples packed into rows (several per row, rows of a
-micro-batch flattened into one, LLaMA-Factory's index mask as the input) equal each sample's logits computed
-alone, through a real transformers Qwen2 model with GQA. Runs on the CPU (one SDPA call per sample); with a GPU
+The proof the performance issue asks for: the logits of samples packed into rows (several per row, several rows
+per micro-batch, LLaMA-Factory's index mask as the input) equal each sample's logits computed alone, through a
+real transformers Qwen2 model with GQA. Runs on the CPU (one SDPA call per sample); with a GPU
 visible the same comparison runs through torch's varlen kernel (tests/test_gpu.py covers a training run).
 """
 
@@ -48,12 +48,22 @@ def test_segments_split_samples_rows_and_padding():
     assert cu.tolist() == [0, 2, 4]
 
 
-def test_flatten_packed_makes_one_row_with_positions_restarting():
-    batch = attention.flatten_packed(pack([[5, 6, 7], [8, 9], [10, 11, 12, 13]], 6))
-    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0, 10, 11, 12, 13, 0, 0]]
-    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 0, 1]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0]]
+def test_pack_kwargs_keeps_rows_and_restarts_positions():
+    batch = attention.pack_kwargs(pack([[5, 6, 7], [8, 9], [10, 11, 12, 13]], 6))
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0], [10, 11, 12, 13, 0, 0]]
+    assert batch["labels"].tolist() == batch["input_ids"].tolist()
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]]
     assert batch["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 10, 12] and batch["max_length_q"] == 4
+
+
+def test_only_right_padded_packed_rows_are_packed_batches():
+    assert attention.is_packed_batch(pack([[5, 6, 7], [8, 9]], 6))
+    left = {"input_ids": torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]]),
+            "attention_mask": torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])}  # fmt: skip
+    assert not attention.is_packed_batch(left)  # generation prompts: transformers' own mask
+    mrope = {**pack([[5, 6, 7]], 4), "position_ids": torch.zeros(3, 1, 4, dtype=torch.long)}
+    assert not attention.is_packed_batch(mrope)  # vision-language 3-D positions: left to LLaMA-Factory
 
 
 def _packed_against_alone(device: str, dtype=None, contaminate: bool = False) -> float:
@@ -66,15 +76,16 @@ def _packed_against_alone(device: str, dtype=None, contaminate: bool = False) ->
     packed_model = tiny_qwen2("sdpa", device, dtype)
     attention.use_on(packed_model)
     assert packed_model.config._attn_implementation == attention.NAME
-    batch = attention.flatten_packed(pack(samples, 16))
+    batch = attention.pack_kwargs(pack(samples, 16))
     inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items() if k != "labels"}
-    if contaminate:  # what plain packing does: one causal row, samples see the ones before them
-        inputs = {"input_ids": inputs["input_ids"], "position_ids": inputs["position_ids"]}
-    assert inputs["input_ids"].shape[0] == 1 and inputs["input_ids"].shape[1] > 16  # several rows, flattened
+    if contaminate:  # what plain packing does: causal rows, samples see the ones before them
+        ids = inputs["input_ids"]
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": inputs["position_ids"]}
+    assert inputs["input_ids"].shape[0] > 1  # several rows in the micro-batch
     with torch.no_grad():
-        logits = packed_model(**inputs).logits[0]
+        logits = packed_model(**inputs).logits.reshape(-1, 97)
         worst, scale, offsets = 0.0, 0.0, batch["cu_seq_lens_q"].tolist()
-        starts = [a for a in offsets[:-1] if batch["attention_mask"][0, a]]
+        starts = [a for a in offsets[:-1] if batch["attention_mask"].reshape(-1)[a]]
         assert len(starts) == len(samples)
         for start, sample in zip(starts, samples, strict=True):
             alone = reference(input_ids=torch.tensor([sample], device=device)).logits[0]
@@ -97,15 +108,29 @@ def test_lf_block_mask_agrees_with_varlen_on_cpu():
     samples = [torch.randint(1, 97, (n,)).tolist() for n in (4, 6, 5)]
     batch = pack(samples, 16)
     mask4 = collator.prepare_4d_attention_mask(batch["attention_mask"], torch.float32)
-    position_ids = attention.flatten_packed(dict(batch))["position_ids"].reshape(batch["input_ids"].shape)
+    position_ids = attention.pack_kwargs(dict(batch))["position_ids"]
     model = tiny_qwen2("sdpa")
     with torch.no_grad():
         dense = model(input_ids=batch["input_ids"], attention_mask=mask4, position_ids=position_ids).logits
         attention.use_on(model)
-        flat = attention.flatten_packed(pack(samples, 16))
-        varlen = model(**{k: v for k, v in flat.items() if k != "labels"}).logits
+        packed = attention.pack_kwargs(pack(samples, 16))
+        varlen = model(**{k: v for k, v in packed.items() if k != "labels"}).logits
     real = batch["attention_mask"].reshape(-1) != 0
     assert (dense.reshape(-1, 97)[real] - varlen.reshape(-1, 97)[real]).abs().max().item() < 1e-4
+
+
+def test_generation_with_left_padding_is_transformers_sdpa():
+    """Generation (a KV cache, queries shorter than keys, left padding) is not packed: transformers' own SDPA path."""
+    attention.register()
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    reference, model = tiny_qwen2("sdpa"), tiny_qwen2("sdpa")
+    attention.use_on(model)
+    settings = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        want = reference.generate(input_ids=ids, attention_mask=mask, **settings)
+        got = model.generate(input_ids=ids, attention_mask=mask, **settings)
+    assert torch.equal(want, got)
 
 
 def test_unpacked_calls_take_sdpa_with_the_padding_mask():
@@ -156,20 +181,24 @@ def _worker_losses(folder, cache_dir, run_dir, packed_attention):
 
 
 def test_training_through_the_worker_matches_lf_block_mask(tmp_path, cache_dir, tiny_model, demo_data):
-    """The whole worker path (collator wrapper, flattening, attention set on the loaded model) trains exactly as
-    LLaMA-Factory's own neat packing with its dense mask: same losses step by step, same token count."""
+    """The whole worker path (collator wrapper, padding-free keyword arguments, attention set on the loaded model)
+    trains exactly as LLaMA-Factory's own neat packing with its dense mask: same losses step by step, same token
+    count. With TRAIN_ON_PROMPT every row's first token is a label too (a review found that flattening the rows
+    into one made the row before it predict that label)."""
     from conftest import rocmft_in
 
     output = tmp_path / "out"
     env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
            "TEMPLATE": "qwen", "OUTPUT_DIR": str(output), "MAX_STEPS": "4", "PER_DEVICE_TRAIN_BATCH_SIZE": "2",
            "GRADIENT_ACCUMULATION_STEPS": "1", "CUTOFF_LEN": "256", "NEAT_PACKING": "true", "LOGGING_STEPS": "1",
-           "SAVE_STRATEGY": "no"}  # fmt: skip
+           "SAVE_STRATEGY": "no", "TRAIN_ON_PROMPT": "true"}  # fmt: skip
     rendered = rocmft_in(tmp_path, cache_dir, "render", env=env)
     assert rendered.returncode == 0, rendered.stdout[-3000:]
     run_dir = output / "rocmft"
     varlen, record, tokens = _worker_losses(tmp_path, cache_dir, run_dir, "varlen")
     assert record["chosen"] == attention.NAME  # on the CPU there is nothing to measure (the record says so)
+    # the packed batches took the varlen path, in every layer of every training forward
+    assert record["calls"]["varlen"] >= 4 * 2 and record["calls"]["varlen"] > record["calls"]["sdpa"]
     masked, none, mask_tokens = _worker_losses(tmp_path, cache_dir, run_dir, None)
     assert none is None and len(varlen) == len(masked) == 4
     assert tokens == mask_tokens > 0

@@ -269,7 +269,7 @@ def plan_defaults(
         plan.note = "the model's config.json is not local: memory-based choices were not made"
         return plan
 
-    def spec_for(mb: int, ga: int, checkpointing: bool) -> memfit.TrainSpec:
+    def spec_for(mb: int, ga: int, checkpointing: bool, packed_attention: str | None = "plan") -> memfit.TrainSpec:
         trial = {**arguments, **plan.planned_arguments(), "per_device_train_batch_size": mb,
                  "gradient_accumulation_steps": ga, "disable_gradient_checkpointing": not checkpointing}  # fmt: skip
         trial.pop("gradient_checkpointing", None)
@@ -278,7 +278,8 @@ def plan_defaults(
             trial["gradient_checkpointing"] = arguments.get("gradient_checkpointing", False)
         return memfit.spec_from_arguments(trial, compute_dtype=compute_dtype, zero_stage=zero_stage,
                                           offload=offload, world_size=world_size,
-                                          packed_attention=plan.packed_attention)  # fmt: skip
+                                          packed_attention=plan.packed_attention if packed_attention == "plan"
+                                          else packed_attention)  # fmt: skip
 
     free = int(usable * memfit.GiB)
     gc_now = spec_for(micro, accumulation, True).gradient_checkpointing if gc_fixed else None
@@ -298,7 +299,10 @@ def plan_defaults(
     for checkpointing in options:  # checkpointing off first: recomputation costs a forward per step
         for mb, ga in sizes:
             estimate = memfit.estimate(shape, spec_for(mb, ga, checkpointing))
-            if estimate.fits(free):
+            # the worker keeps LLaMA-Factory's mask when varlen measures slower or fails: that must fit too
+            fallback_fits = plan.packed_attention is None or memfit.estimate(
+                shape, spec_for(mb, ga, checkpointing, None)).fits(free)  # fmt: skip
+            if estimate.fits(free) and fallback_fits:
                 picked = (mb, ga, checkpointing, estimate)
                 break
         if picked:

@@ -10,18 +10,19 @@ mask instead, but only for one row per micro-batch (the collator asserts ``bsz =
 Where the planner chose it (run.json ``packed_attention: varlen``) and the kernel measured faster
 (:func:`choose`), the worker:
 
-* keeps the collator's 2-D index mask (no 4-D mask is built) and flattens the micro-batch of B rows of T tokens
-  into one row of B·T tokens (:func:`flatten_packed`), with ``cu_seq_lens_q``/``cu_seq_lens_k`` (the samples'
-  boundaries, int32, shape (S+1,)) and ``max_length_q``/``max_length_k``: the keyword arguments of transformers'
-  own padding-free path (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``), which its models pass
-  down to the attention function. Positions restart at 0 in each sample; the mask becomes 1 for a token and 0 for
-  padding, which transformers' non-padding token count reads. Computed on the CPU in the data loader: no GPU
-  synchronisation per step.
-* registers the attention function :data:`NAME` through transformers' ``AttentionInterface`` (and the
-  flash-attention mask function, which builds no dense mask) and sets it on the model after LLaMA-Factory loads
-  it (``set_attn_implementation``). On a GPU it calls PyTorch's own ``torch.nn.attention.varlen.varlen_attn``
-  (FlashAttention-2 kernels shipped in torch); on the CPU, one SDPA call per sample. A call without
-  ``cu_seq_lens_q`` (evaluation batches, generation) takes SDPA with a causal mask over the padding mask.
+* keeps the collator's 2-D index mask for batches of packed rows (:func:`is_packed_batch`; no 4-D mask is built)
+  and adds ``cu_seq_lens_q``/``cu_seq_lens_k`` (the samples' boundaries in the B·T tokens read row after row,
+  int32, shape (S+1,)) and ``max_length_q``/``max_length_k`` (:func:`pack_kwargs`): the keyword arguments of
+  transformers' own padding-free path, which its models pass down to the attention function. Positions restart
+  at 0 in each sample; the mask becomes 1 for a token and 0 for padding, which transformers' non-padding token
+  count reads. Rows stay rows, so labels, the loss and per-row metrics are LLaMA-Factory's. Computed on the CPU
+  in the data loader: no GPU synchronisation per step.
+* registers the attention function :data:`NAME` and its mask function through transformers'
+  ``AttentionInterface`` / ``AttentionMaskInterface`` and sets it on the model after LLaMA-Factory loads it
+  (``set_attn_implementation``). On a packed batch no mask is built and the attention runs over the B·T tokens as
+  one sequence of segments: on a GPU PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2
+  kernels shipped in torch), on the CPU one SDPA call per segment. Any other call (evaluation batches that are not
+  packed, generation with a KV cache) is transformers' own SDPA, with its own mask.
 
 Each token attends to exactly the tokens of its own sample, as under the block-diagonal mask:
 tests/test_packed_attention.py compares the packed rows' logits with each sample's unpacked logits.
@@ -43,7 +44,7 @@ KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
 def segments(index_mask) -> tuple[Any, int]:
-    """The samples of a neat-packed micro-batch, as one flattened row.
+    """The samples of a neat-packed micro-batch, in its B·T tokens read row after row.
 
     Args:
         index_mask: LLaMA-Factory's 2-D packed mask, shape (B, T): the sample's index (1, 2, ...) per token, 0 for
@@ -67,15 +68,31 @@ def segments(index_mask) -> tuple[Any, int]:
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
-def flatten_packed(features: dict[str, Any]) -> dict[str, Any]:
-    """A neat-packed batch of B rows as one row of B·T tokens with padding-free keyword arguments (module docstring).
+def is_packed_batch(features: dict[str, Any]) -> bool:
+    """Whether ``features`` is a batch of neat-packed rows this module handles: a 2-D ``attention_mask`` of sample
+    indices whose every row starts with a token (LLaMA-Factory pads packed rows on the right), and 2-D position
+    ids if any (3-D mrope ids of vision-language models are left to LLaMA-Factory). A left-padded batch
+    (generation prompts) is not one."""
+    import torch
+
+    mask = features.get("attention_mask")
+    if not torch.is_tensor(mask) or mask.dim() != 2 or mask.numel() == 0 or not bool((mask[:, 0] != 0).all()):
+        return False
+    position_ids = features.get("position_ids")
+    return not (torch.is_tensor(position_ids) and position_ids.dim() != 2)
+
+
+def pack_kwargs(features: dict[str, Any]) -> dict[str, Any]:
+    """A neat-packed batch with the padding-free keyword arguments (module docstring); shapes are kept.
 
     Args:
         features: the collator's batch: ``input_ids``/``labels`` (B, T), ``attention_mask`` (B, T) sample indices.
 
     Returns:
-        The same dict: ``input_ids``, ``labels``, ``position_ids`` (restarting at 0 per segment) and
-        ``attention_mask`` (1 token, 0 padding) of shape (1, B·T), and :data:`KWARGS`.
+        The same dict with ``position_ids`` (B, T) restarting at 0 in each segment, ``attention_mask`` (B, T)
+        1 for a token and 0 for padding, and :data:`KWARGS`: the segments' offsets in the B·T tokens read row after
+        row (int32, (S+1,)) and the longest segment. Rows stay rows, so labels, their shift, the loss's token
+        count and per-row metrics are exactly LLaMA-Factory's.
     """
     import torch
 
@@ -84,11 +101,8 @@ def flatten_packed(features: dict[str, Any]) -> dict[str, Any]:
     total = mask.numel()
     lengths = (cu[1:] - cu[:-1]).to(torch.int64)
     starts = torch.repeat_interleave(cu[:-1].to(torch.int64), lengths)
-    for key in ("input_ids", "labels", "token_type_ids"):
-        if torch.is_tensor(features.get(key)) and features[key].shape == mask.shape:
-            features[key] = features[key].reshape(1, total)
-    features["position_ids"] = (torch.arange(total) - starts).reshape(1, total)
-    features["attention_mask"] = (mask.reshape(1, total) != 0).to(torch.int64)
+    features["position_ids"] = (torch.arange(total) - starts).reshape(mask.shape)
+    features["attention_mask"] = (mask != 0).to(torch.int64)
     features.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
     return features
 
@@ -106,7 +120,7 @@ def _varlen_kernel():
 
 
 def varlen(query, key, value, cu, max_len: int, scale: float | None):
-    """Causal attention within each segment of one flattened row.
+    """Causal attention within each segment of a packed micro-batch's tokens, read row after row.
 
     Args:
         query: (T, Hq, D); key, value: (T, Hkv, D) with Hq a multiple of Hkv (GQA).
@@ -141,49 +155,71 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
 
     Args:
         query: (B, Hq, T, D); key, value: (B, Hkv, T, D), as transformers' models pass them.
-        attention_mask: None, or the 2-D padding mask (flash-attention mask function), or a 4-D mask.
-        kwargs: ``cu_seq_lens_q`` and ``max_length_q`` from :func:`flatten_packed` select the varlen path (B = 1).
+        attention_mask: what :func:`mask_function` built: None on packed batches, transformers' SDPA mask otherwise.
+        kwargs: ``cu_seq_lens_q`` and ``max_length_q`` from :func:`pack_kwargs` select the varlen path.
 
     Returns:
-        ``(output (B, T, Hq, D), None)``. Raises ValueError for dropout > 0 on the varlen path (no kernel here
-        takes it; LLaMA-Factory's attention dropout is 0 for every family rocmft plans).
+        ``(output (B, T, Hq, D), None)``. Without ``cu_seq_lens_q`` (evaluation batches that are not packed,
+        generation with a KV cache) transformers' own SDPA function runs, with its own mask. Raises ValueError
+        for dropout > 0 on the varlen path (no kernel here takes it; attention dropout is 0 for every family
+        rocmft plans).
     """
     import torch
 
     cu = kwargs.get("cu_seq_lens_q")
-    if cu is not None and query.shape[0] == 1:
-        if dropout:
-            raise ValueError(f"{NAME}: attention dropout {dropout} is not supported on packed rows")
-        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-        out = varlen(q, k, v, cu.to(device=query.device, dtype=torch.int32), int(kwargs["max_length_q"]), scaling)
-        return out.unsqueeze(0), None
-    mask = attention_mask
-    if mask is not None and mask.dim() == 2:  # padding mask: causal over it, and each position sees itself
-        length = query.shape[2]
-        causal = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
-        mask = (causal & mask[:, None, None, -length:].bool()) | torch.eye(length, dtype=torch.bool,
-                                                                           device=query.device)  # fmt: skip
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=mask is None and query.shape[2] > 1,
-        scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
-    )  # fmt: skip
-    return out.transpose(1, 2).contiguous(), None
+    rows, heads, length, dim = query.shape
+    if cu is None or key.shape[2] != length or int(cu[-1]) != rows * length:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        CALLS["sdpa"] += 1
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **{k: v for k, v in kwargs.items() if k not in KWARGS})  # fmt: skip
+    if dropout:
+        raise ValueError(f"{NAME}: attention dropout {dropout} is not supported on packed rows")
+    CALLS["varlen"] += 1
+    q, k, v = (t.transpose(1, 2).reshape(rows * length, t.shape[1], dim) for t in (query, key, value))
+    out = varlen(q, k, v, cu.to(device=query.device, dtype=torch.int32), int(kwargs["max_length_q"]), scaling)
+    return out.reshape(rows, length, heads, dim), None
+
+
+CALLS = {"varlen": 0, "sdpa": 0}  # attention calls of this process by path (the worker records them at train end)
+_PACKED = {"active": False}  # set while a model forward runs with cu_seq_lens_q (:func:`use_on`'s hooks)
+
+
+def mask_function(*args, **kwargs):
+    """transformers' mask interface for :data:`NAME`: no mask while a packed forward runs (the varlen kernel needs
+    none: building transformers' dense block mask there is what this module avoids); otherwise its SDPA mask."""
+    from transformers.masking_utils import sdpa_mask
+
+    return None if _PACKED["active"] else sdpa_mask(*args, **kwargs)
 
 
 def register() -> None:
     """Register :data:`NAME` with transformers' attention and mask interfaces (idempotent)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, flash_attention_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention_forward)
-    if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
-        AttentionMaskInterface.register(NAME, flash_attention_mask)
+    AttentionMaskInterface.register(NAME, mask_function)
 
 
 def use_on(model) -> None:
-    """Set :data:`NAME` as the attention of ``model`` (a PEFT wrapper or a transformers model)."""
+    """Set :data:`NAME` as the attention of ``model`` (a PEFT wrapper or a transformers model), with the forward
+    hooks that tell :func:`mask_function` when a packed batch is running."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.set_attn_implementation(NAME)
+    if getattr(base, "_rocmft_packed_hooks", False):
+        return
+
+    def before(_module, _args, kwargs):
+        _PACKED["active"] = kwargs.get("cu_seq_lens_q") is not None
+
+    def after(_module, _args, _kwargs, _output):
+        _PACKED["active"] = False
+
+    base.register_forward_pre_hook(before, with_kwargs=True)
+    base.register_forward_hook(after, with_kwargs=True)
+    base._rocmft_packed_hooks = True
 
 
 # ------------------------------------------------------------------------------------------------ the measurement
@@ -199,6 +235,9 @@ def _time_ms(step, repeat: int) -> float:
         step()
     torch.cuda.synchronize()
     return round(1000 * (time.perf_counter() - started) / repeat, 3)
+
+
+MASK_ELEMENTS_LIMIT = 2**30  # a (B, T, T) bf16 mask of 2 GiB: beyond it the mask path is not measured, varlen wins
 
 
 def measure(heads: int, kv_heads: int, head_dim: int, rows: int, cutoff: int, sample_tokens: float,
@@ -227,21 +266,29 @@ def measure(heads: int, kv_heads: int, head_dim: int, rows: int, cutoff: int, sa
     q = torch.randn(shape_q, device=device, dtype=dtype, requires_grad=True)
     k, v = (torch.randn(shape_kv, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
     grad = torch.randn(rows, heads, cutoff, head_dim, device=device, dtype=dtype)
-    same = index[:, :, None] == index[:, None, :]
-    dense = torch.where(same & torch.ones(cutoff, cutoff, dtype=torch.bool).tril(), 0.0, torch.finfo(dtype).min)
-    dense = dense[:, None].to(device=device, dtype=dtype)
+    result: dict[str, Any] = {"sdpa_mask_ms": None, "varlen_ms": None, "error": None}
+    if rows * cutoff * cutoff <= MASK_ELEMENTS_LIMIT:
+        index = index.to(device)
+        same = index[:, :, None] == index[:, None, :]  # built on the GPU: no (B, T, T) tensor on the host
+        allowed = same & torch.ones(cutoff, cutoff, dtype=torch.bool, device=device).tril()
+        dense = torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]  # LLaMA-Factory's mask
+        del same, allowed
 
-    def sdpa_step():
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense,
-                                                               enable_gqa=heads != kv_heads)  # fmt: skip
-        out.backward(grad)
+        def sdpa_step():
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense,
+                                                                   enable_gqa=heads != kv_heads)  # fmt: skip
+            out.backward(grad)
+
+        result["sdpa_mask_ms"] = _time_ms(sdpa_step, repeat)
+        del sdpa_step, dense
+    else:  # the dense mask alone would be GiBs: not built to be weighed, varlen is the only sane path
+        result["note"] = f"a {rows} x {cutoff} x {cutoff} dense mask was not built to be measured"
 
     def varlen_step():
         flat = [t.transpose(1, 2).reshape(rows * cutoff, t.shape[1], head_dim) for t in (q, k, v)]
         out = varlen(*flat, cu, longest, None)
         out.backward(grad.transpose(1, 2).reshape(rows * cutoff, heads, head_dim))
 
-    result: dict[str, Any] = {"sdpa_mask_ms": _time_ms(sdpa_step, repeat), "varlen_ms": None, "error": None}
     try:
         result["varlen_ms"] = _time_ms(varlen_step, repeat)
     except Exception as err:  # a kernel that is missing or refuses the shape: SDPA with the mask stays
@@ -280,7 +327,8 @@ def choose(config: dict[str, Any], rows: int, cutoff: int, sample_tokens: float,
     result = {**facts, **measure(heads, kv_heads, head_dim, rows, cutoff, sample_tokens)}
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()  # the run's recorded peak is training's, not this measurement's
-    fast = result["varlen_ms"] is not None and result["varlen_ms"] < result["sdpa_mask_ms"]
+    fast = result["varlen_ms"] is not None and (result["sdpa_mask_ms"] is None
+                                                or result["varlen_ms"] < result["sdpa_mask_ms"])  # fmt: skip
     result["chosen"] = NAME if fast else "sdpa"
     if path:
         from rocmft.fsutil import atomic_write_json
@@ -295,9 +343,11 @@ def choose(config: dict[str, Any], rows: int, cutoff: int, sample_tokens: float,
 def decide(arguments: dict[str, Any], sample_tokens: float | None) -> dict[str, Any]:
     """The worker's choice for a run whose plan asked for varlen (run.json ``packed_attention``).
 
-    On a GPU :func:`choose` measures (cached in ROCMFT_CACHE_DIR, else rocmft's default cache folder); without one
-    there is nothing to measure and :data:`NAME` is taken (its CPU path is exact, tests use it). A model folder
-    without a readable config.json keeps SDPA with the mask (``chosen: sdpa``, ``error`` says why).
+    On a GPU :func:`choose` measures on this rank's GPU (LOCAL_RANK; cached in ROCMFT_CACHE_DIR, else rocmft's
+    default cache folder); without one there is nothing to measure and :data:`NAME` is taken (its CPU path is
+    exact, tests use it). Never raises: a model whose config cannot be read (transformers' AutoConfig, so hub ids
+    and ``~`` paths are found as LLaMA-Factory finds them), an unreadable value, or a kernel that fails keeps SDPA
+    with the mask (``chosen: sdpa``, ``error`` says why).
 
     Args:
         arguments: the run's train.yaml (``model_name_or_path``, ``per_device_train_batch_size``, ``cutoff_len``).
@@ -309,16 +359,20 @@ def decide(arguments: dict[str, Any], sample_tokens: float | None) -> dict[str, 
 
     from rocmft.fsutil import default_cache_dir
 
-    rows = int(arguments.get("per_device_train_batch_size") or 1)
-    cutoff = int(arguments.get("cutoff_len") or 2048)
     if not torch.cuda.is_available():
         return {"chosen": NAME, "reason": "no GPU: nothing to measure (the CPU path is one SDPA call per sample)"}
     try:
-        config = json.loads((Path(str(arguments.get("model_name_or_path"))) / "config.json").read_text())
-        config = config.get("text_config", config) if isinstance(config, dict) else {}
+        from transformers import AutoConfig
+
+        rows = int(arguments.get("per_device_train_batch_size") or 1)
+        cutoff = int(arguments.get("cutoff_len") or 2048)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK") or 0))
+        model = os.path.expanduser(str(arguments.get("model_name_or_path")))
+        config = AutoConfig.from_pretrained(model, trust_remote_code=bool(arguments.get("trust_remote_code")))
+        config = (config.get_text_config() if hasattr(config, "get_text_config") else config).to_dict()
         cache = Path(os.environ.get("ROCMFT_CACHE_DIR") or default_cache_dir())
         result = choose(config, rows, cutoff, float(sample_tokens or cutoff), cache)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except Exception as err:  # anything here only costs the faster kernel: the run goes on with LLaMA-Factory's mask
         return {"chosen": "sdpa", "error": f"{type(err).__name__}: {err}"[:300]}
     faster = result["chosen"] == NAME
     result["reason"] = (f"varlen {result['varlen_ms']} ms against SDPA with the block mask {result['sdpa_mask_ms']} "
@@ -329,5 +383,5 @@ def decide(arguments: dict[str, Any], sample_tokens: float | None) -> dict[str, 
     return result
 
 
-__all__ = ["KWARGS", "NAME", "attention_forward", "choose", "decide", "flatten_packed", "measure", "register",
-           "segments", "use_on", "varlen"]  # fmt: skip
+__all__ = ["KWARGS", "NAME", "attention_forward", "choose", "decide", "is_packed_batch", "mask_function", "measure",
+           "pack_kwargs", "register", "segments", "use_on", "varlen"]  # fmt: skip

@@ -311,6 +311,10 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
                      f"{GRAD_NORM_WARN_EVERY} steps later).")  # fmt: skip
 
         def on_train_end(self, args, state, control, **kwargs):
+            if self.result.attention:  # how many attention calls took each path (layers × forwards, this rank)
+                from rocmft.worker.attention import CALLS
+
+                self.result = self.result.updated(attention={**self.result.attention, "calls": dict(CALLS)})
             stopped = STOP.at_step is not None
             status = with_reason(RunStatus.INTERRUPTED, STOP.requested) if stopped else RunStatus.FINISHED
             self.result = self.result.updated(status=status, last_step=state.global_step,

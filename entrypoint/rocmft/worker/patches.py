@@ -178,7 +178,7 @@ def packed_varlen_attention() -> None:
 
     * transformers' ``AttentionInterface`` / ``AttentionMaskInterface`` get ``rocmft_varlen`` (public API);
     * ``SFTDataCollatorWith4DAttentionMask.__call__`` (llamafactory/data/collator.py): for a model whose attention
-      is ``rocmft_varlen``, the 4-D mask is not built and the batch is flattened with the samples' boundaries;
+      is ``rocmft_varlen``, the 4-D mask is not built and packed batches get the samples' boundaries;
     * ``llamafactory.train.sft.workflow.load_model``: the loaded model's attention is set to ``rocmft_varlen``
       (``set_attn_implementation``) before the workflow builds the collator, which reads it from the config.
     """
@@ -198,7 +198,10 @@ def packed_varlen_attention() -> None:
         if self.attn_implementation != attention.NAME or not self.neat_packing:
             return collate(self, features)
         self.block_diag_attn = False  # keep the 2-D index mask: no dense 4-D mask
-        return attention.flatten_packed(collate(self, features))
+        batch = collate(self, features)
+        # batches that are not packed rows (left-padded prompts for generation) keep their 0/1 padding mask, from
+        # which transformers' SDPA builds the same mask the 4-D one was
+        return attention.pack_kwargs(batch) if attention.is_packed_batch(batch) else batch
 
     def load_model_with_varlen(*args, **kwargs):
         model = load_model(*args, **kwargs)
@@ -216,8 +219,9 @@ def lora_inputs_uncast_under_autocast() -> None:
     LLaMA-Factory keeps adapters in fp32), and under bf16/fp16 autocast ``lora_A`` casts it back to a *new*
     bf16 tensor, which it saves for backward: two elementwise copies per adapted Linear in forward, two more for
     the gradients in backward, and one saved input per adapter instead of one per input. Both casts are exact
-    (bf16 → fp32 → bf16), so skipping them changes no value: tests/test_packed_attention.py checks the loss and
-    every gradient bit for bit and the saved bytes. peft does exactly this for its own bitsandbytes layers
+    (bf16 → fp32 → bf16), so skipping them changes no value for plain LoRA (no dropout, no DoRA: those compute on
+    the cast input, and keep it): tests/test_packed_attention.py checks the loss and every gradient bit for bit and
+    the saved bytes. peft does exactly this for its own bitsandbytes layers
     (``tuners/lora/bnb.py``: ``requires_conversion = not torch.is_autocast_enabled()``), which is why QLoRA ran
     faster than bf16 LoRA (BENCHMARKS.md). Without autocast (DeepSpeed, the fp32 policy) peft's cast is kept.
     """
@@ -231,7 +235,11 @@ def lora_inputs_uncast_under_autocast() -> None:
     cast = layer.Linear._cast_input_dtype
 
     def cast_unless_autocast(self, x, dtype):
-        if x is not None and torch.is_autocast_enabled(x.device.type):
+        # plain LoRA only: dropout and DoRA compute on the cast input, so skipping the cast changes their values
+        plain = not getattr(self, "lora_variant", None) and all(
+            isinstance(self.lora_dropout[name], torch.nn.Identity) for name in self.active_adapters
+            if name in self.lora_dropout)  # fmt: skip
+        if x is not None and plain and torch.is_autocast_enabled(x.device.type):
             return x
         return cast(self, x, dtype)
 
