@@ -224,3 +224,66 @@ def test_a_full_disk_while_saving_exits_4_and_keeps_the_earlier_checkpoint(run_r
     from rocmft.render.resume import checkpoint_problem
 
     assert checkpoint_problem(output / "checkpoint-5") is None
+
+
+def _node_workers(run_dir) -> list[int]:
+    """The pids of the worker processes (ranks) started for ``run_dir`` (``python -u -m rocmft.worker RUN_DIR``)."""
+    import subprocess
+
+    found = subprocess.run(["pgrep", "-f", "--", f"python -u -m rocmft[.]worker {run_dir}$"], capture_output=True,
+                           text=True)  # fmt: skip
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def test_a_frozen_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
+    start_rocmft, run_rocmft, tmp_path, tiny_model, demo_data
+):
+    """Two rocmft "nodes" on this machine (NNODES=2, gloo). Node 1's ranks are frozen (SIGSTOP: a hung driver or a
+    network partition; its TCP connections stay open, so gloo waits and LLaMA-Factory's ddp_timeout is 180000000
+    s). Node 0 must end within ROCMFT_PEER_TIMEOUT_S + the heartbeat interval + teardown, naming node 1 and the
+    checkpoint to resume from; then both nodes resume from the last complete checkpoint and finish."""
+    import os
+    import time
+
+    from rocmft.proc import free_port
+    from rocmft.worker.peers import INTERVAL_S
+
+    output, timeout_s = tmp_path / "two-nodes", 10
+    env = {
+        "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+        "CUTOFF_LEN": "64", "MAX_STEPS": "5000", "SAVE_STEPS": "20", "LOGGING_STEPS": "10", "OUTPUT_DIR": str(output),
+        "ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "1", "ROCMFT_SKIP_CHECKS": "gpu-runtime",
+        "NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
+        "PREPROCESSING_NUM_WORKERS": "1", "ROCMFT_PEER_TIMEOUT_S": str(timeout_s),
+    }  # fmt: skip
+    nodes = [start_rocmft("train", env={**env, "NODE_RANK": str(rank)}) for rank in (0, 1)]
+    try:
+        deadline = time.monotonic() + 300
+        while not (output / "checkpoint-40" / "trainer_state.json").is_file():
+            assert time.monotonic() < deadline and all(n.poll() is None for n in nodes), "no checkpoint-40"
+            time.sleep(1)
+        frozen = _node_workers(output / "rocmft-node1")
+        assert frozen, "node 1's rank was not found"
+        for pid in frozen:
+            os.killpg(os.getpgid(pid), signal.SIGSTOP)
+        froze_at = time.monotonic()
+        text, _ = nodes[0].communicate(timeout=timeout_s + INTERVAL_S + 60)
+        took = time.monotonic() - froze_at
+    finally:
+        for node in nodes:
+            for pid in _node_workers(output / ("rocmft-node1" if node is nodes[1] else "rocmft")):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            node.kill()
+            node.wait()
+    assert nodes[0].returncode == ExitCode.TRAINING_FAILED, text[-3000:]
+    assert took <= timeout_s + INTERVAL_S + 30, took  # the documented bound, with the teardown's seconds
+    assert "LOST: node 1 of 2" in text and "resumes from checkpoint-" in text, text[-3000:]
+    assert json.loads((output / "rocmft" / "worker-result.json").read_text())["error"].startswith("LOST")
+
+    newest = max(int(p.name.split("-")[1]) for p in output.glob("checkpoint-*") if (p / "trainer_state.json").is_file())
+    again = {**env, "MAX_STEPS": str(newest + 10), "MASTER_PORT": str(free_port())}
+    resumed = [start_rocmft("train", env={**again, "NODE_RANK": str(rank)}) for rank in (0, 1)]
+    outputs = [node.communicate(timeout=300)[0] for node in resumed]
+    assert [node.returncode for node in resumed] == [ExitCode.OK, ExitCode.OK], outputs[0][-3000:]
+    assert f"resuming from {output / f'checkpoint-{newest}'}" in outputs[0], outputs[0][-3000:]
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == newest + 10

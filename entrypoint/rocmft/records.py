@@ -288,6 +288,7 @@ class RunPolicy:
         loss_spike_factor: ROCMFT_LOSS_SPIKE_FACTOR (0 or None: no spike watchdog).
         grad_norm_spike_factor, grad_norm_limit, on_grad_norm_spike: the gradient-norm watchdog's
             ROCMFT_GRAD_NORM_SPIKE_FACTOR, ROCMFT_GRAD_NORM_LIMIT (0 or None: off) and ROCMFT_ON_GRAD_NORM_SPIKE.
+        peer_timeout_s: ROCMFT_PEER_TIMEOUT_S, the lost-node watch of multi-node runs (rocmft.worker.peers).
         demo: whether this is the built-in demo run.
         packed_attention, sample_tokens: the planner's ``varlen`` for neat-packed rows (rocmft.worker.attention)
             and the mean sample length it planned with (tokens); None when not planned.
@@ -304,6 +305,7 @@ class RunPolicy:
     grad_norm_spike_factor: float | None = None
     grad_norm_limit: float | None = None
     on_grad_norm_spike: str = "warn"
+    peer_timeout_s: float | None = None
     demo: bool = False
     packed_attention: str | None = None
     sample_tokens: float | None = None
@@ -323,6 +325,7 @@ class RunPolicy:
                 "fault_slow_final_save_s": self.fault_slow_final_save_s,
                 "loss_spike_factor": self.loss_spike_factor, "grad_norm_spike_factor": self.grad_norm_spike_factor,
                 "grad_norm_limit": self.grad_norm_limit, "on_grad_norm_spike": self.on_grad_norm_spike,
+                "peer_timeout_s": self.peer_timeout_s,
                 "demo": self.demo,
                 "packed_attention": self.packed_attention, "sample_tokens": self.sample_tokens}  # fmt: skip
 

@@ -125,7 +125,9 @@ def _attempt(restarts: list[Restart], given: CommandLine) -> tuple[int, Restart 
         trend = f", loss {losses[0]:.3f} → {losses[-1]:.3f}" if losses else ""
         say(f"training finished in {timings['train']:.0f} s{trend}; outputs in {plan.output_dir}", all_ranks=True)
     else:
-        say(f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}", all_ranks=True)
+        lost = worker.error if worker and (worker.error or "").startswith("LOST") else None
+        say(lost or f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}",
+            all_ranks=True)  # fmt: skip
     return code, None
 
 

@@ -134,6 +134,14 @@ class RocmftSettings(BaseSettings):
         "fix, at most once per 100 steps; gradient clipping keeps a single spike harmless), or `stop` like a NaN "
         "(exit 5; ROCMFT_ON_NAN=fp32 restarts once for this cause).",
     )
+    peer_timeout_s: float = Field(
+        120.0,
+        ge=0,
+        description="Multi-node runs: a node whose heartbeat (every 5 s, through the rendezvous store) stops for "
+        "this many seconds is lost, and the other nodes end the job with a message naming it (exit 4) instead of "
+        "waiting in a collective (LLaMA-Factory's ddp_timeout is 180000000 s); `rocmft train` resumes from the last "
+        "complete checkpoint. 0 turns it off.",
+    )
     on_nan: Literal["stop", "fp32"] = Field(
         "stop",
         description="When the loss or gradient norm turns NaN/Inf or the loss spikes: `stop` (exit 5), or `fp32`: "

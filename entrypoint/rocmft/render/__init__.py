@@ -537,6 +537,7 @@ def worker_policy(plan: Plan) -> dict[str, Any]:
         grad_norm_spike_factor=rocmft.grad_norm_spike_factor,
         grad_norm_limit=rocmft.grad_norm_limit,
         on_grad_norm_spike=rocmft.on_grad_norm_spike,
+        peer_timeout_s=rocmft.peer_timeout_s,
         demo=plan.demo,
         packed_attention=getattr(plan.perf, "packed_attention", None),
         sample_tokens=getattr(plan.perf, "sample_tokens", None),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -223,6 +224,7 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
             quantized = quantization_record(model) if model is not None else None
             if quantized:
                 self.result = self.result.updated(quantization=quantized)
+            self._watch_nodes(args)
             if policy.precision_policy == "fp32" and set(dtypes) - {"float32"}:
                 raise RuntimeError(
                     f"precision policy fp32 is not in effect: parameters are {dict(dtypes)}. "
@@ -287,6 +289,21 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
                 f"tok/s {rate:,.0f} elapsed {_fmt_duration(elapsed)} "
                 f"eta {_fmt_duration(eta) if math.isfinite(eta) else '?'}"
             )
+
+        def _watch_nodes(self, args) -> None:
+            """Multi-node runs: the lost-node watch (rocmft.worker.peers) on this node's local rank 0."""
+            from rocmft.worker import peers
+
+            def on_lost(message: str) -> None:
+                if not message.startswith("LOST"):
+                    warn(message, all_ranks=True)
+                    return
+                message = f"{message}. {peers.resume_hint(Path(args.output_dir))}."
+                say(message, stream=sys.stderr, all_ranks=True)
+                self.result = self.result.updated(status=RunStatus.FAILED, error=message)
+                write_worker_result(run_dir, self.result)
+
+            peers.start(policy.peer_timeout_s or 0, on_lost)
 
         def _watch_grad_norm(self, state, norm: float) -> None:
             spike = grad_norm_spike(self.recent_norms, norm, policy.grad_norm_spike_factor or 0,
