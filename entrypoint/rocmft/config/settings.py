@@ -551,8 +551,9 @@ def _validation_messages(err: ValidationError, env_name: typing.Callable[[str], 
         if name in arguments:
             expected = f" (expected {arguments[name].type_text})"
         hint = REPLACED_VALUES.get((name, str(given).strip().lower()))
-        messages.append(f"{env_name(name)}={given!r}: {hint}" if hint else
-                        f"{env_name(name)}={given!r}: {item['msg']}{expected}")  # fmt: skip
+        shown = "<not repeated: a secret's name>" if is_secret_name(name) else repr(given)  # a token given by mistake
+        messages.append(f"{env_name(name)}={shown}: {hint}" if hint else
+                        f"{env_name(name)}={shown}: {item['msg']}{expected}")  # fmt: skip
     return messages
 
 

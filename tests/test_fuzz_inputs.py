@@ -1,0 +1,261 @@
+"""Issue 21: no input makes rocmft print a traceback. A property test drives `rocmft render` and `rocmft check` with
+generated values for every variable rocmft reads (its ROCMFT_* settings and every LLaMA-Factory argument read from
+the environment), each by its type, and with damaged files; the only outcomes allowed are exit 0, 2 or 3 with
+rocmft's own message, and nothing half-written.
+
+In-process first (fast: ~0.1 s an example): :func:`rocmft.cli.main` itself, the function the console script calls,
+so its own exception handling turns rocmft's errors into exit codes and anything else escapes as the crash it would
+be. Only what needs other processes is replaced: the GPU probes by the test hook ROCMFT_TEST_PROBES (a CPU machine
+or one MI300X, the shapes of tests/test_rules_checks_cli.py) and LLaMA-Factory's parser child by a stub that
+accepts (the parser runs for real in the subprocess cases at the end, which also prove that the console script turns
+the damaged files into exit 2/3 with a message and no "Traceback").
+
+Budget: ROCMFT_FUZZ_EXAMPLES examples per property (default 120, CI; the whole file ~60 s on 2 cores), derandomized
+(a fixed seed: the same examples on every run). A longer local hunt: ``ROCMFT_FUZZ_EXAMPLES=3000 pytest
+tests/test_fuzz_inputs.py`` (``ROCMFT_FUZZ_SEED`` picks another fixed sequence). A crash it found is kept below as an
+``@example`` of the property or a plain regression test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import pytest
+from hypothesis import HealthCheck, event, example, given, seed, settings
+from hypothesis import strategies as st
+
+from conftest import all_text_under, rocmft_in
+from rocmft.errors import ExitCode
+
+EXAMPLES = int(os.environ.get("ROCMFT_FUZZ_EXAMPLES", "120"))
+SEED = int(os.environ.get("ROCMFT_FUZZ_SEED", "21"))
+SECRET = "hf_rocmftFuzzSecret2121"
+ALLOWED = {ExitCode.OK, ExitCode.CONFIG_ERROR, ExitCode.CHECK_FAILED}
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                       HealthCheck.filter_too_much])  # fmt: skip
+
+# ---- the variables and their values, by type ---------------------------------------------------------------------
+
+
+def _variables() -> dict[str, Any]:
+    """Every variable rocmft reads as a setting: env name -> type annotation."""
+    from rocmft.config.lfargs import env_arguments
+    from rocmft.config.settings import PREFIX, RocmftSettings
+
+    found: dict[str, Any] = {name: argument.annotation for name, argument in env_arguments().items()}
+    found.update({PREFIX + name.upper(): f.annotation for name, f in RocmftSettings.model_fields.items()})
+    return dict(sorted(found.items()))
+
+
+VARIABLES = _variables()
+
+# "{work}" is the example's own folder (the working directory too): paths that do not exist, are files, are folders
+PATHS = ["{work}/no/such/place", "{work}/a_file.txt", "{work}/a_dir", "{work}/a_dir/", "relative/missing",
+         "a_file.txt", "a_dir", "/dev/null", "/proc/self/status", "{work}/a_dir/../a_file.txt", "{work}/[x]/{{y}}"]  # fmt: skip
+TEXTS = ["", " ", "\n", "\t", "[", "]", "{", "}", "[/x]", "[bold]", "'", '"', "''", '"a', "a\nb: c", "key: value",
+         "- item", "{{ x }}", "{% if %}", "{#", "ünïcødé", "日本語", "🤖", "\u202e", "caf\udce9", "${oc.env:HOME}", "${x}",
+         "*", "&a", "!!python/object:os.system", "%", "\\", "null", "None", "~", "a,b", ",", "0", "-1", "1e400",
+         "x" * 5000, "a=b", "#comment", "|", ">", "@", "`"]  # fmt: skip
+# by type: values the type takes but rocmft may not (out of range, negative, huge, nan/inf), then values it refuses
+INTS = ["-1", "0", "-2147483649", "9223372036854775808", "1" + "0" * 30, " 7 ", "+3", "-0", "3"]
+BAD_INTS = ["1" + "0" * 400, "9" * 5000, "1.5", "1e3", "0x10", "nan", "١٢", "1_000", "2**31"]
+FLOATS = ["nan", "inf", "-inf", "1e309", "-1e309", "1e-400", "-0.0", "0", "-1", "1e30", "-5e-5", "NaN", "infinity"]
+BAD_FLOATS = ["0x1p3", "1,5", "1e", "."]
+BOOLS = ["true", "false", "1", "0", "yes", "no", "on", "off", "TRUE", "  true  "]
+BAD_BOOLS = ["maybe", "t", "2"]
+LISTS = ["a,b", "[a,b]", '["a", "b"]', ",", ",,", "[1]", "[]", '[{"a": 1}]', "a, ,b", "[[]]"]
+BAD_LISTS = ["[", '["a",']
+DICTS = ["{}", '{"a": 1}', '{"a": {"b": null}}', "null", '{"a": NaN}', '{"": 1}']
+BAD_DICTS = ["{", '{"a": [}', "[1,2]", '"x"', "1"]
+VALID = {int: INTS, float: FLOATS + INTS[:4], bool: BOOLS, list: LISTS, dict: DICTS, Path: PATHS,
+         str: PATHS + TEXTS}  # fmt: skip
+INVALID = {int: BAD_INTS, float: BAD_FLOATS, bool: BAD_BOOLS, list: BAD_LISTS, dict: BAD_DICTS}
+ALPHABET = st.characters(codec="utf-8", exclude_characters="\x00") | st.sampled_from("[]{}'\"\n\\,:=#${}%")
+
+
+def _kinds(annotation: Any) -> set[Any]:
+    """The basic kinds an annotation admits: int, float, bool, str, list, dict, or a Literal's values (a tuple)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (Union, types.UnionType):
+        return set().union(*(_kinds(a) for a in args))
+    if origin is Literal:
+        return {tuple(str(a.value if isinstance(a, enum.Enum) else a) for a in args)}
+    if origin in (list, dict):
+        return {origin}
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return {tuple(str(m.value) for m in annotation)}
+    if isinstance(annotation, type) and issubclass(annotation, os.PathLike):
+        return {Path}
+    return {annotation}
+
+
+def values_for(name: str) -> st.SearchStrategy[str]:
+    """Values for the variable ``name``, from its type: numbers out of range, empty, unicode, brackets, quotes,
+    newlines, paths that do not exist or are files or folders; secrets hold :data:`SECRET`."""
+    from rocmft.config.lfargs import is_secret_name
+
+    if is_secret_name(name):
+        return st.sampled_from([SECRET, SECRET + "\n", f"[{SECRET}]", f"'{SECRET}"])
+    valid, invalid = [], list(TEXTS)
+    for kind in _kinds(VARIABLES[name]):
+        if isinstance(kind, tuple):  # a Literal: each value, and near misses
+            valid += kind
+            invalid += [*(v.upper() for v in kind), *(f" {v} " for v in kind), *(v + "x" for v in kind)]
+        valid += VALID.get(kind, [])
+        invalid += INVALID.get(kind, [])
+    valid = valid or TEXTS
+    # mostly values of the type (they get past the settings into render, the rules and the checks)
+    return st.sampled_from(valid) | st.sampled_from(valid) | st.sampled_from(invalid) | st.text(ALPHABET, max_size=12)
+
+
+_settings_names = st.sampled_from(list(VARIABLES))
+
+
+@st.composite
+def assignments(draw) -> list[tuple[str, str, bool]]:
+    """1-4 (variable, value, on the command line instead of the environment) triples."""
+    names = draw(st.lists(_settings_names, min_size=1, max_size=4, unique=True))
+    return [(n, draw(values_for(n)), not n.startswith("ROCMFT_") and draw(st.booleans())) for n in names]
+
+
+# ---- running rocmft in-process, as the console script does ------------------------------------------------------
+
+CPU_PROBES = {"devices": {"backend": "cpu", "torch": "2.13.0+cpu", "gpus": []}, "shm_bytes": 64 << 30}
+
+
+def _gpu_probes() -> dict:
+    from test_rules_checks_cli import HEALTHY, devices, gpu
+
+    return {**HEALTHY, "devices": devices(gpu(0)), "allreduce": {"skipped": "one GPU"}}
+
+
+@pytest.fixture(scope="module")
+def parser_stubbed():
+    """LLaMA-Factory's parser child replaced by one that accepts (it runs for real in the subprocess cases)."""
+    import rocmft.validate as validate
+
+    saved = validate.start_validator, validate.validate
+    validate.start_validator = lambda: None
+    validate.validate = lambda plan, keep=False: types.SimpleNamespace(import_s=0.0, seconds=0.0, ok=True)
+    yield
+    validate.start_validator, validate.validate = saved
+
+
+@pytest.fixture(scope="module")
+def fuzz_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fuzz")
+
+
+def new_folder(root: Path) -> Path:
+    """A fresh working folder for one example, with a file and a folder for the path values to name."""
+    work = Path(tempfile.mkdtemp(dir=root))
+    (work / "a_file.txt").write_text("not a folder\n")
+    (work / "a_dir").mkdir()
+    return work
+
+
+def tree(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+@contextlib.contextmanager
+def environment(environ: dict[str, str]):
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def base_environment(work: Path, cache_dir: Path, tiny_model: Path, demo_data: Path, probes: dict) -> dict[str, str]:
+    (work / "probes.json").write_text(json.dumps(probes))
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "HF_HUB_OFFLINE": "1",
+            "ROCMFT_CACHE_DIR": str(cache_dir), "ROCMFT_TEST_PROBES": str(work / "probes.json"),
+            "OUTPUT_DIR": str(work / "out"), "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo",
+            "DATASET_DIR": str(demo_data), "TEMPLATE": "qwen", "CUTOFF_LEN": "128", "HF_TOKEN": SECRET}  # fmt: skip
+
+
+def run_main(command: str, environ: dict[str, str], work: Path, tokens: list[str] = ()) -> tuple[int, str]:
+    """``rocmft <command> [tokens]`` through :func:`rocmft.cli.main` in ``work`` with exactly ``environ``:
+    (exit code, what it printed). Any exception but rocmft's own (which main turns into its code) escapes."""
+    from rocmft.cli import main
+
+    out = io.StringIO()
+    with environment(environ), contextlib.chdir(work), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(out):  # fmt: skip
+        code = main([command, *tokens])
+    return code, out.getvalue()
+
+
+def assert_clean_outcome(code: int, printed: str, work: Path, before: set[str], environ: dict[str, str]) -> None:
+    """Exit 0, 2 or 3 with rocmft's own message; on 2 nothing new in the folder, on 3 only checks.json; never a
+    staging folder left, never the secret in a file or the output, never a check that crashed."""
+    assert code in ALLOWED, (code, printed[-3000:])
+    new = tree(work) - before
+    cache = Path(environ.get("ROCMFT_CACHE_DIR", "")).expanduser()
+    cache = cache if cache.is_absolute() else work / cache
+    new = {p for p in new if not (work / p).is_relative_to(cache) or cache == work}  # the tiny model may be built
+    assert not [p for p in new if ".rocmft-staging-" in p], (new, printed[-3000:])
+    if code == ExitCode.CONFIG_ERROR:
+        assert "CONFIGURATION ERROR: " in printed, printed[-3000:]
+        assert not [p for p in new if (work / p).is_file()], (new, printed[-3000:])
+    elif code == ExitCode.CHECK_FAILED:
+        assert "Health checks failed: " in printed, printed[-3000:]
+        files = [p for p in new if (work / p).is_file()]
+        assert all(Path(p).name == "checks.json" for p in files), (files, printed[-3000:])
+    assert "The check itself failed" not in printed, printed[-3000:]  # a crash inside a check is a crash too
+    assert "Traceback" not in printed, printed[-3000:]
+    assert SECRET not in printed
+    assert SECRET not in all_text_under(work), "the secret was written into a file"
+
+
+# ---- the property: any variable, any value ------------------------------------------------------------------------
+
+
+@FUZZ
+@seed(SEED)
+@given(given_values=assignments(), command=st.sampled_from(["render", "check"]), gpu=st.booleans())
+def test_any_value_of_any_variable_exits_0_2_or_3_and_leaves_nothing_half_written(
+    parser_stubbed, fuzz_root, cache_dir, tiny_model, demo_data, given_values, command, gpu
+):
+    work = new_folder(fuzz_root)
+    environ = base_environment(work, cache_dir, tiny_model, demo_data, _gpu_probes() if gpu else CPU_PROBES)
+    tokens = []
+    for name, value, on_command_line in given_values:
+        value = value.replace("{work}", str(work))
+        if on_command_line:
+            tokens.append(f"{name.lower()}={value}")
+        else:
+            environ[name] = value
+    before = tree(work)
+    code, printed = run_main(command, environ, work, tokens)
+    event(f"{command} exit {code}")
+    assert_clean_outcome(code, printed, work, before, environ)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.parametrize("name", list(VARIABLES))
+def test_every_variable_empty_and_a_bracket(parser_stubbed, fuzz_root, cache_dir, tiny_model, demo_data, name):
+    """Every variable at least once (the property samples them): empty, and an unbalanced bracket."""
+    for value in ("", "[", "x" * 300):
+        work = new_folder(fuzz_root)
+        environ = {**base_environment(work, cache_dir, tiny_model, demo_data, CPU_PROBES), name: value}
+        before = tree(work)
+        code, printed = run_main("render", environ, work)
+        assert_clean_outcome(code, printed, work, before, environ)
+        shutil.rmtree(work, ignore_errors=True)
