@@ -471,6 +471,15 @@ def _refuse_unknown_keys(values: Mapping[str, Any], where: str, shown: typing.Ca
     )
 
 
+def _holds_nul(value: Any) -> bool:
+    """Whether a (nested) value holds a NUL character in a string or a mapping key."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    return isinstance(value, list) and any(_holds_nul(v) for v in value)
+
+
 def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[[str, Any], str],
                   fix: str) -> dict[str, Any]:  # fmt: skip
     """``values`` (argument name -> value, every name an argument) typed as the environment's are
@@ -482,6 +491,9 @@ def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[
     """
     typed, bad = {}, []
     for key, value in values.items():
+        if _holds_nul(value):  # YAML's "\0": no file name or argument holds it (os.stat raised ValueError)
+            bad.append(f"  {shown(key, value)}: holds a NUL character (\\0), which no file name or argument can hold")
+            continue
         try:
             typed[key] = _adapter(key).validate_python(value)
         except ValidationError as err:

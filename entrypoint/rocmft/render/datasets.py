@@ -321,8 +321,15 @@ def build_registry(names: list[str], source_dir: Path) -> Registry:
             info = {}
     for name in names:
         if name in info:
+            if not isinstance(info[name], dict):
+                registry.missing[name] = (f"its entry in {info_path} is a JSON {type(info[name]).__name__}, not an "
+                                          'object such as {"file_name": "data.json"}')  # fmt: skip
+                continue
             entry = dict(info[name])
             file_name = entry.get("file_name")
+            if file_name is not None and (not isinstance(file_name, str) or "\x00" in file_name):
+                registry.missing[name] = f'its "file_name" in {info_path} is {file_name!r}, not a file name'
+                continue
             if file_name and not any(key in entry for key in HUB_KEYS):
                 entry["file_name"] = str((source_dir / file_name).resolve())
             registry.entries[name] = entry
@@ -374,15 +381,21 @@ def token_counter(model_dir: Path, trust_remote_code: bool = False):
     wrap): 0.2 s, where importing transformers for AutoTokenizer cost 12 s of `rocmft check` on the H200 host
     once nothing else had imported it (BENCHMARKS.md). Other folders (slow/sentencepiece-only tokenizers) go
     through AutoTokenizer.
+
+    Raises:
+        ValueError: the tokenizer cannot be loaded (a damaged tokenizer.json raised tokenizers' bare Exception).
     """
-    if (model_dir / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
+    try:
+        if (model_dir / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
 
-        fast = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        return lambda texts: [len(e.ids) for e in fast.encode_batch(texts, add_special_tokens=False)]
-    from transformers import AutoTokenizer
+            fast = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+            return lambda texts: [len(e.ids) for e in fast.encode_batch(texts, add_special_tokens=False)]
+        from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    except Exception as err:  # tokenizers raises Exception itself; transformers OSError, ValueError, KeyError, ...
+        raise ValueError(f"the tokenizer in {model_dir} cannot be loaded ({type(err).__name__}: {err})") from err
     return lambda texts: [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
@@ -392,7 +405,11 @@ def sample_token_lengths(entries: list[dict[str, Any]], model_dir: Path, trust_r
     trainable text only (:func:`trainable_text`: the chat template's markup is not counted), with the model's
     tokenizer; unreadable or missing files are skipped (the dataset check reports them). Each file's counts are
     kept for the process (:func:`_file_token_lengths`): render's planner and the ``lengths`` check ask for the
-    same files, and a .json data file is read whole."""
+    same files, and a .json data file is read whole.
+
+    Raises:
+        ValueError: the model's tokenizer cannot be loaded (:func:`token_counter`).
+    """
     lengths: list[int] = []
     for entry in entries:
         path = Path(entry.get("file_name", ""))
