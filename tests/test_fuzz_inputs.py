@@ -22,7 +22,6 @@ import contextlib
 import enum
 import io
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -35,7 +34,6 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, seed, settings
 from hypothesis import strategies as st
 
-from conftest import rocmft_in
 from rocmft.errors import ExitCode
 
 EXAMPLES = int(os.environ.get("ROCMFT_FUZZ_EXAMPLES", "120"))
@@ -63,10 +61,11 @@ VARIABLES = _variables()
 
 # "{work}" is the example's own folder (the working directory too): paths that do not exist, are files, are folders
 PATHS = ["{work}/no/such/place", "{work}/a_file.txt", "{work}/a_dir", "{work}/a_dir/", "relative/missing",
-         "a_file.txt", "a_dir", "/dev/null", "/proc/self/status", "{work}/a_dir/../a_file.txt", "{work}/[x]/{{y}}"]  # fmt: skip
+         "a_file.txt", "a_dir", "/dev/null", "/proc/self/status", "{work}/a_dir/../a_file.txt",
+         "{work}/[x]/{{y}}"]  # fmt: skip
 TEXTS = ["", " ", "\n", "\t", "[", "]", "{", "}", "[/x]", "[bold]", "'", '"', "''", '"a', "a\nb: c", "key: value",
-         "- item", "{{ x }}", "{% if %}", "{#", "ünïcødé", "日本語", "🤖", "\u202e", "caf\udce9", "${oc.env:HOME}", "${x}",
-         "*", "&a", "!!python/object:os.system", "%", "\\", "null", "None", "~", "a,b", ",", "0", "-1", "1e400",
+         "- item", "{{ x }}", "{% if %}", "{#", "ünïcødé", "日本語", "🤖", "\u202e", "caf\udce9", "${oc.env:HOME}",
+         "${x}", "*", "&a", "!!python/object:os.system", "%", "\\", "null", "None", "~", "a,b", ",", "0", "-1", "1e400",
          "x" * 5000, "a=b", "#comment", "|", ">", "@", "`"]  # fmt: skip
 # by type: values the type takes but rocmft may not (out of range, negative, huge, nan/inf), then values it refuses
 INTS = ["-1", "0", "-2147483649", "9223372036854775808", "1" + "0" * 30, " 7 ", "+3", "-0", "3"]
@@ -231,8 +230,9 @@ def assert_clean_outcome(code: int, printed: str, work: Path, before: set[str], 
 
 @FUZZ
 @seed(SEED)
-# found by this test: a bad value of a secret-named variable was repeated in the settings error (IGNORE_PAD_TOKEN_FOR_LOSS
-# is one by its name), and a malformed secret on the command line in the malformed-token error
+# found by this test: a bad value of a secret-named variable was repeated in the settings error
+# (IGNORE_PAD_TOKEN_FOR_LOSS is one by its name), and a malformed secret on the command line in the malformed-token
+# error
 @example(given_values=[("IGNORE_PAD_TOKEN_FOR_LOSS", SECRET, False)], command="render", gpu=False)
 @example(given_values=[("HUB_TOKEN", f"'{SECRET}", True)], command="render", gpu=False)
 @given(given_values=assignments(), command=st.sampled_from(["render", "check"]), gpu=st.booleans())
@@ -338,7 +338,7 @@ def damaged_model(work, draw, env):
                                     "num_attention_heads", "num_key_value_heads", "intermediate_size", "torch_dtype",
                                     "dtype", "quantization_config", "model_type", "architectures", "rope_scaling",
                                     "tie_word_embeddings", "head_dim"]))  # fmt: skip
-        config[key] = draw(st.sampled_from(ODD_VALUES + [{"quant_method": 3, "bits": "four"}]))
+        config[key] = draw(st.sampled_from([*ODD_VALUES, {"quant_method": 3, "bits": "four"}]))
         path.write_text(json.dumps(config))
     elif name == "model.safetensors" and draw(st.booleans()):  # a header whose length or JSON is wrong
         header = draw(st.sampled_from([b"[]", b"{", b"\xff\xfe", b'{"a.weight": 3}', b'{"a.weight": {"shape": "x"}}']))
@@ -350,7 +350,7 @@ def damaged_model(work, draw, env):
                                      "additional_special_tokens"]))] = draw(st.sampled_from(ODD_VALUES))  # fmt: skip
         path.write_text(json.dumps(config))
     else:
-        _damage(path, draw, original, ODD_JSON + ['{"weight_map": []}', '{"weight_map": {"a": 3}}'])
+        _damage(path, draw, original, [*ODD_JSON, '{"weight_map": []}', '{"weight_map": {"a": 3}}'])
 
 
 DS_CONFIGS = [
@@ -400,7 +400,8 @@ def damaged_earlier_run(work, draw, env):
     record = out / "rocmft"
     record.mkdir(parents=True)
     (record / "train.yaml").write_text(f"model_name_or_path: {env['MODEL_NAME_OR_PATH']}\ncutoff_len: 128\n")
-    (record / "manifest.json").write_text(json.dumps({"started_at": "2026-01-01T00:00:00", "worker": {"world_size": 1}}))
+    manifest = {"started_at": "2026-01-01T00:00:00", "worker": {"world_size": 1}}
+    (record / "manifest.json").write_text(json.dumps(manifest))
     checkpoint = out / "checkpoint-5"
     checkpoint.mkdir()
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
@@ -409,8 +410,9 @@ def damaged_earlier_run(work, draw, env):
         (checkpoint / name).write_bytes(b"state")
     target = draw(st.sampled_from([record / "train.yaml", record / "manifest.json", checkpoint / "trainer_state.json",
                                    checkpoint / "model.safetensors"]))  # fmt: skip
-    odd = ODD_JSON + ['{"worker": []}', '{"worker": {"world_size": "two"}}', '{"started_at": 3}', '{"started_at": "../x"}',
-                      '{"global_step": "5"}', '{"global_step": [5]}', "- a", "cutoff_len: [", "model_name_or_path: {}"]  # fmt: skip
+    odd = [*ODD_JSON, '{"worker": []}', '{"worker": {"world_size": "two"}}', '{"started_at": 3}',
+           '{"started_at": "../x"}', '{"global_step": "5"}', '{"global_step": [5]}', "- a", "cutoff_len: [",
+           "model_name_or_path: {}"]  # fmt: skip
     _damage(target, draw, target.read_bytes(), odd)
     env["ROCMFT_RESUME"] = draw(st.sampled_from(["auto", "force", "never", str(checkpoint)]))
 
@@ -434,7 +436,8 @@ def damaged_probes(work, draw, env):
 
 
 DAMAGES = {f.__name__: f for f in (damaged_dataset, damaged_dataset_info, damaged_model, damaged_ds_config,
-                                   damaged_user_yaml, damaged_earlier_run, damaged_templates, damaged_probes)}  # fmt: skip
+                                   damaged_user_yaml, damaged_earlier_run, damaged_templates,
+                                   damaged_probes)}  # fmt: skip
 
 
 @FUZZ

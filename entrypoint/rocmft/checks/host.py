@@ -238,8 +238,12 @@ def lengths(plan) -> Outcome:
         lengths_all = sample_token_lengths(list(plan.registry.entries.values()), local,
                                            bool(plan.arguments.get("trust_remote_code")), LENGTH_SAMPLE)  # fmt: skip
     except ValueError as err:
-        return Outcome(FAIL, "tokenizer unreadable", f"{err}; training loads the same tokenizer and would fail.",
-                       f"Put back the tokenizer files that came with the model in {local} (download it again).")
+        return Outcome(
+            FAIL,
+            "tokenizer unreadable",
+            f"{err}; training loads the same tokenizer and would fail.",
+            f"Put back the tokenizer files that came with the model in {local} (download it again).",
+        )
     if not lengths_all:
         return Outcome(SKIP, "no local records", "No local data file to measure.")
     lengths_all.sort()

@@ -43,7 +43,7 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     with path.open("rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
         if length > path.stat().st_size - 8:  # read() of a damaged length (2**62) was a MemoryError
-            raise ValueError(f"{path}: the safetensors header says {length} bytes, more than the file holds (cut short)")
+            raise ValueError(f"{path}: the safetensors header says {length} bytes, more than the file holds")
         header = json.loads(handle.read(length))
     if not isinstance(header, dict) or not all(isinstance(v, dict) for v in header.values()):  # a list: a traceback
         raise ValueError(f"{path}: the safetensors header is not an object of tensor name: {{dtype, shape, ...}}")

@@ -353,9 +353,11 @@ def available_names(source_dir: Path) -> list[str]:
     info_path = source_dir / "dataset_info.json"
     if info_path.is_file():
         try:
-            names.update(json.loads(info_path.read_text(encoding="utf-8")))
+            info = json.loads(info_path.read_text(encoding="utf-8"))
         except (ValueError, OSError):
-            pass
+            info = None
+        if isinstance(info, dict):  # a list of names ([1, 2]) is not dataset_info.json: build_registry says so
+            names.update(info)
     if source_dir.is_dir():
         names.update(
             p.stem for p in source_dir.iterdir() if p.suffix in DATA_FILE_SUFFIXES and p.name != "dataset_info.json"

@@ -134,7 +134,6 @@ the weights; with LoRA, LF computes the reference with the adapter disabled (no 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -282,8 +281,11 @@ def read_model_shape(model_dir: Path | str | ModelDir) -> ModelShape:
     text = config.get("text_config")
     if isinstance(text, dict) and "hidden_size" not in config:
         config = {**{k: v for k, v in config.items() if k != "text_config"}, **text}
-    missing = [key for key in _REQUIRED_KEYS
-               if not isinstance(config.get(key), int) or isinstance(config[key], bool) or config[key] <= 0]
+    missing = [
+        key
+        for key in _REQUIRED_KEYS
+        if not isinstance(config.get(key), int) or isinstance(config[key], bool) or config[key] <= 0
+    ]
     odd = [key for key in ("num_key_value_heads", "head_dim") if config.get(key) is not None
            and (not isinstance(config[key], int) or isinstance(config[key], bool) or config[key] <= 0)]  # fmt: skip
     if missing or odd:
