@@ -321,6 +321,12 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
             ds_config = json.loads(text)
         except json.JSONDecodeError as err:
             raise ConfigError(f"The rendered deepspeed.json.j2 is not JSON: {err}", "Fix the template.") from err
+        zero = ds_config.get("zero_optimization", {}) if isinstance(ds_config, dict) else None
+        stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+        if not isinstance(stage, int) or isinstance(stage, bool):  # the planner and memory-fit read the stage
+            raise ConfigError("The rendered deepspeed.json.j2 is not a DeepSpeed config object with a whole-number "
+                              f"zero_optimization.stage (it has {json.dumps(ds_config)[:120]}).",
+                              "Fix the template (or unset ROCMFT_TEMPLATES to use the built-in one).")  # fmt: skip
         fixed["deepspeed"] = str(where.run_dir / "ds_config.json")
         fixed_sources["deepspeed"] = f"ROCMFT_DISTRIBUTED=deepspeed, ZeRO-{rocmft.zero_stage}, offload {rocmft.offload}"
     if rocmft.distributed == "fsdp":

@@ -191,7 +191,8 @@ def _tags_found(records: list[tuple[int, dict[str, Any]]], messages: str) -> tup
     keys: set[str] = set()
     values: dict[str, set[str]] = {}
     for _, record in records:
-        for turn in record.get(messages) or []:
+        turns = record.get(messages)
+        for turn in turns if isinstance(turns, list) else []:  # {"messages": 3} is the problem being described
             if isinstance(turn, dict):
                 keys.update(turn)
                 for key, value in turn.items():
@@ -306,6 +307,22 @@ def detect_entry(path: Path) -> dict[str, Any]:
     return entry
 
 
+def entry_problem(entry: dict[str, Any]) -> str | None:
+    """Why a dataset_info entry cannot be read as LLaMA-Factory's data/README.md describes it (``file_name`` a file
+    name, ``formatting`` alpaca or sharegpt, ``columns`` and ``tags`` objects of names), or None. Every later reader
+    (the record checks, the token counts) takes those shapes for granted."""
+    file_name = entry.get("file_name")
+    if file_name is not None and (not isinstance(file_name, str) or "\x00" in file_name):
+        return f'"file_name" is {file_name!r}, not a file name'
+    if entry.get("formatting", "alpaca") not in ("alpaca", "sharegpt"):
+        return f'"formatting" is {entry["formatting"]!r}; LLaMA-Factory reads "alpaca" or "sharegpt"'
+    for key in ("columns", "tags"):
+        value = entry.get(key, {})
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            return f'"{key}" is {json.dumps(value)[:80]}, not an object of names (e.g. {{"prompt": "instruction"}})'
+    return None
+
+
 def build_registry(names: list[str], source_dir: Path) -> Registry:
     """Resolve data set names against ``source_dir`` (see the module docstring)."""
     registry = Registry(source_dir=source_dir)
@@ -327,8 +344,9 @@ def build_registry(names: list[str], source_dir: Path) -> Registry:
                 continue
             entry = dict(info[name])
             file_name = entry.get("file_name")
-            if file_name is not None and (not isinstance(file_name, str) or "\x00" in file_name):
-                registry.missing[name] = f'its "file_name" in {info_path} is {file_name!r}, not a file name'
+            problem = entry_problem(entry)
+            if problem:
+                registry.missing[name] = f"its entry in {info_path}: {problem}"
                 continue
             if file_name and not any(key in entry for key in HUB_KEYS):
                 entry["file_name"] = str((source_dir / file_name).resolve())
@@ -373,6 +391,7 @@ def trainable_text(record: dict[str, Any], entry: dict[str, Any]) -> str:
         return "\n".join(str(record.get(k) or "") for k in keys)
     content = entry.get("tags", {}).get("content_tag", "value")
     turns = record.get(columns.get("messages", "conversations")) or []
+    turns = turns if isinstance(turns, list) else []  # {"messages": 3}: nothing to count (the dataset check says why)
     return "\n".join(str(t.get(content, "")) for t in turns if isinstance(t, dict))
 
 
