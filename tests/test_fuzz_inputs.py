@@ -34,6 +34,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, seed, settings
 from hypothesis import strategies as st
 
+from conftest import rocmft_in
 from rocmft.errors import ExitCode
 
 EXAMPLES = int(os.environ.get("ROCMFT_FUZZ_EXAMPLES", "120"))
@@ -455,3 +456,153 @@ def test_damaged_files_exit_0_2_or_3_and_leave_nothing_half_written(
     event(f"{damage} {command} exit {code}")
     assert_clean_outcome(code, printed, work, before, environ)
     shutil.rmtree(work, ignore_errors=True)
+
+
+# ---- the crashes this test found, kept as plain cases (file, content, command, device, expected exit) -----------
+
+
+def _in_model(name: str, content: bytes):
+    def setup(work, env):
+        shutil.copytree(env["MODEL_NAME_OR_PATH"], work / "model")
+        (work / "model" / name).write_bytes(content)
+        env["MODEL_NAME_OR_PATH"] = str(work / "model")
+
+    return setup
+
+
+def _model_config(key: str, value):
+    def setup(work, env):
+        config = json.loads((Path(env["MODEL_NAME_OR_PATH"]) / "config.json").read_text())
+        _in_model("config.json", json.dumps({**config, key: value}).encode())(work, env)
+
+    return setup
+
+
+def _dataset_info(text: str):
+    def setup(work, env):
+        shutil.copytree(env["DATASET_DIR"], work / "data")
+        shutil.copy(work / "data" / "rocmft_demo.json", work / "data" / "mine.json")
+        (work / "data" / "dataset_info.json").write_text(text)
+        env.update(DATASET_DIR=str(work / "data"), DATASET="mine")
+
+    return setup
+
+
+def _dataset(text: str):
+    def setup(work, env):
+        (work / "data").mkdir()
+        (work / "data" / "mine.json").write_text(text)
+        env.update(DATASET_DIR=str(work / "data"), DATASET="mine")
+
+    return setup
+
+
+def _earlier(relative: str, content: bytes):
+    def setup(work, env):
+        out = Path(env["OUTPUT_DIR"])
+        (out / "rocmft").mkdir(parents=True)
+        (out / "rocmft" / "train.yaml").write_text(f"model_name_or_path: {env['MODEL_NAME_OR_PATH']}\n")
+        (out / "checkpoint-5").mkdir()
+        (out / relative).write_bytes(content)
+
+    return setup
+
+
+def _file_env(variable: str, name: str, content: bytes, **extra: str):
+    def setup(work, env):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_bytes(content)
+        env.update(
+            {
+                variable: str(
+                    work / name if variable not in ("ROCMFT_TEMPLATES", "DATASET_DIR") else (work / name).parent
+                ),
+                **extra,
+            }
+        )
+
+    return setup
+
+
+REGRESSIONS = {  # name: (set-up, command, GPU, expected exit)
+    "safetensors header a list": (_in_model("model.safetensors", (2).to_bytes(8, "little") + b"[]"), "render", False,
+                                  ExitCode.OK),
+    "safetensors header length 2**62": (_in_model("model.safetensors", (2**62).to_bytes(8, "little") + b"{}"),
+                                        "render", False, ExitCode.OK),
+    "tokenizer_config added_tokens_decoder a string": (_in_model("tokenizer_config.json",
+                                                                 b'{"added_tokens_decoder": "x"}'), "render", False,
+                                                       ExitCode.OK),
+    "tokenizer.json not UTF-8": (_in_model("tokenizer.json", NON_UTF8), "check", True, ExitCode.CHECK_FAILED),
+    "config.json num_key_value_heads a string": (_model_config("num_key_value_heads", "x"), "check", True,
+                                                  ExitCode.CHECK_FAILED),
+    "config.json a list": (_in_model("config.json", b"[]"), "check", True, ExitCode.CHECK_FAILED),
+    "dataset_info entry a string": (_dataset_info('{"mine": "mine.json"}'), "check", False, ExitCode.CHECK_FAILED),
+    "dataset_info file_name NUL": (_dataset_info('{"mine": {"file_name": "\\u0000"}}'), "check", False,
+                                   ExitCode.CHECK_FAILED),
+    "dataset_info a list of numbers": (_dataset_info("[1, 2]"), "check", False, ExitCode.CHECK_FAILED),
+    "dataset_info tags a list": (_dataset_info('{"mine": {"file_name": "mine.json", "formatting": "sharegpt", '
+                                               '"tags": []}}'), "check", True, ExitCode.CHECK_FAILED),
+    "records whose messages are a number": (_dataset('[{"messages": 3}]'), "check", True, ExitCode.CHECK_FAILED),
+    "earlier train.yaml not UTF-8": (_earlier("rocmft/train.yaml", NON_UTF8), "render", False, ExitCode.OK),
+    "earlier manifest.json a list": (_earlier("rocmft/manifest.json", b"[]"), "render", False, ExitCode.OK),
+    "earlier trainer_state.json a list": (_earlier("checkpoint-5/trainer_state.json", b"[]"), "render", False,
+                                          ExitCode.OK),
+    "DEEPSPEED a list": (_file_env("DEEPSPEED", "ds.json", b"[]"), "render", False, ExitCode.CONFIG_ERROR),
+    "DEEPSPEED zero_optimization a list": (_file_env("DEEPSPEED", "ds.json", b'{"zero_optimization": []}'), "render",
+                                           False, ExitCode.CONFIG_ERROR),
+    "template divides by zero": (_file_env("ROCMFT_TEMPLATES", "t/train.yaml.j2", b"{{ 1 / 0 }}"), "render", False,
+                                 ExitCode.CONFIG_ERROR),
+    "deepspeed template stage a string": (_file_env("ROCMFT_TEMPLATES", "t/deepspeed.json.j2",
+                                                    b'{"zero_optimization": {"stage": "x"}}',
+                                                    ROCMFT_DISTRIBUTED="deepspeed"), "render", True,
+                                          ExitCode.CONFIG_ERROR),
+    "ROCMFT_CONFIG value with NUL": (_file_env("ROCMFT_CONFIG", "my.yaml", b'dataset: "a\\0b"\n'), "render", False,
+                                     ExitCode.CONFIG_ERROR),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(REGRESSIONS))
+def test_damaged_file_regressions(parser_stubbed, fuzz_root, cache_dir, tiny_model, demo_data, case):
+    setup, command, gpu, expected = REGRESSIONS[case]
+    work = new_folder(fuzz_root)
+    environ = base_environment(work, cache_dir, tiny_model, demo_data, _gpu_probes() if gpu else CPU_PROBES)
+    setup(work, environ)
+    before = tree(work)
+    code, printed = run_main(command, environ, work)
+    assert_clean_outcome(code, printed, work, before, environ)
+    assert code == expected, printed[-3000:]
+
+
+# ---- the console script itself: real `python -m rocmft`, LLaMA-Factory's parser and the probes included ---------
+
+CLI_CASES = {  # name: (set-up, command, expected exit, words the message holds)
+    "dataset JSON cut short": (lambda work, env: _dataset('[{"instruction": "a", "output": "b"}, {"instr')(work, env),
+                               "check", ExitCode.CHECK_FAILED, ["mine.json", "not valid JSON"]),
+    "dataset_info.json not UTF-8": (_file_env("DATASET_DIR", "data/dataset_info.json", NON_UTF8, DATASET="mine"),
+                                    "check", ExitCode.CHECK_FAILED, ["dataset_info.json", "is not valid"]),
+    "config.json a list": (_in_model("config.json", b"[]"), "check", ExitCode.CHECK_FAILED, ["config.json"]),
+    "ds_config with strings for numbers": (_file_env("DEEPSPEED", "ds.json", json.dumps(DS_CONFIGS[0]).encode()),
+                                           "render", ExitCode.CONFIG_ERROR, ["DEEPSPEED=", "ds.json"]),
+    "earlier manifest.json a list, template that raises": (
+        lambda work, env: (_earlier("rocmft/manifest.json", b"[]")(work, env),
+                           _file_env("ROCMFT_TEMPLATES", "t/train.yaml.j2", b"{{ 1 / 0 }}")(work, env)),
+        "render", ExitCode.CONFIG_ERROR, ["train.yaml.j2", "ZeroDivisionError"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_the_console_script_turns_damaged_files_into_exit_2_or_3(tmp_path, cache_dir, tiny_model, demo_data, case):
+    """`python -m rocmft render|check` as a user runs it: exit 2/3, rocmft's message naming the file, no traceback,
+    nothing half-written (on 3 only checks.json)."""
+    setup, command, expected, words = CLI_CASES[case]
+    work = new_folder(tmp_path)
+    environ = base_environment(work, cache_dir, tiny_model, demo_data, CPU_PROBES)
+    for name in ("PATH", "HOME", "ROCMFT_TEST_PROBES"):  # the console script probes this machine for real
+        environ.pop(name)
+    setup(work, environ)
+    before = tree(work)
+    result = rocmft_in(work, cache_dir, command, env=environ, timeout=300)
+    assert result.returncode == expected, result.stdout[-3000:]
+    assert_clean_outcome(result.returncode, result.stdout, work, before, environ)
+    for word in words:
+        assert word in result.stdout, (word, result.stdout[-3000:])
