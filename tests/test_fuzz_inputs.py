@@ -257,9 +257,10 @@ def test_any_value_of_any_variable_exits_0_2_or_3_and_leaves_nothing_half_writte
 
 
 @pytest.mark.parametrize("name", list(VARIABLES))
-def test_every_variable_empty_and_a_bracket(parser_stubbed, fuzz_root, cache_dir, tiny_model, demo_data, name):
-    """Every variable at least once (the property samples them): empty, and an unbalanced bracket."""
-    for value in ("", "[", "x" * 300):
+def test_every_variable_empty_and_overlong(parser_stubbed, fuzz_root, cache_dir, tiny_model, demo_data, name):
+    """Every variable at least once (the property samples them): empty, and a name longer than a file name may be
+    (a path setting of 300 characters made pathlib's is_file() raise ENAMETOOLONG: found here)."""
+    for value in ("", "x" * 300):
         work = new_folder(fuzz_root)
         environ = {**base_environment(work, cache_dir, tiny_model, demo_data, CPU_PROBES), name: value}
         before = tree(work)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -608,6 +609,7 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
             "Use one of the values listed (see the README's variable reference).",
         ) from err
     explicit = {name for name in RocmftSettings.model_fields if PREFIX + name.upper() in {k.upper() for k in environ}}
+    _refuse_overlong_names({PREFIX + name.upper(): getattr(rocmft, name) for name in PATH_SETTINGS})
 
     arguments_by_name = lf_arguments()
     try:
@@ -648,7 +650,33 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
         settings.arguments[key] = value
         settings.sources[key] = argument.env
     _apply_command_line(settings, command_line)
+    _refuse_overlong_names({f"{name} ({settings.source_of(name)})": value for name, value in settings.arguments.items()
+                            if PATH_ARGUMENT.fullmatch(name) and isinstance(value, str | list)})  # fmt: skip
     return settings
+
+
+# Arguments that name files or folders (a list of data set names counts: each is looked up as a file), and the file
+# system's limit on one name in a path (NAME_MAX on Linux): a longer one made pathlib's is_file() raise OSError
+# ENAMETOOLONG, where it returns False for a missing file.
+PATH_ARGUMENT = re.compile(r".*(_path|_dir|_file|_or_path)$|^(dataset|eval_dataset|deepspeed|resume_from_checkpoint)$")
+NAME_MAX = 255
+PATH_SETTINGS = ("config", "templates", "saves_dir", "cache_dir", "run_name", "test_probes", "resume")
+
+
+def _refuse_overlong_names(given: Mapping[str, Any]) -> None:
+    """Raise when a path-valued setting (``where`` -> value) has a name (a part between slashes, or one data set
+    name of a list) longer than :data:`NAME_MAX` bytes.
+
+    Raises:
+        ConfigError: naming each variable or key and where it came from (exit 2).
+    """
+    parts = {where: re.split(r"[/,\[\]'\"]", str(value)) for where, value in given.items() if value is not None}
+    long = [where for where, split in parts.items()
+            if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in split)]  # fmt: skip
+    if long:
+        raise ConfigError(f"These settings name a file or folder longer than {NAME_MAX} bytes (the file system's "
+                          f"limit for one name in a path): {', '.join(long)}.",
+                          "Give a shorter name (a part between slashes may have at most 255 bytes).")  # fmt: skip
 
 
 def _apply_command_line(settings: Settings, command_line: CommandLine) -> None:
