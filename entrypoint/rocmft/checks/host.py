@@ -234,8 +234,16 @@ def lengths(plan) -> Outcome:
     if local is None:
         return Outcome(SKIP, "no local tokenizer", "Lengths are measured with a local model's tokenizer only.")
     cutoff = int(plan.arguments.get("cutoff_len", 2048))
-    lengths_all = sample_token_lengths(list(plan.registry.entries.values()), local,
-                                       bool(plan.arguments.get("trust_remote_code")), LENGTH_SAMPLE)  # fmt: skip
+    try:
+        lengths_all = sample_token_lengths(list(plan.registry.entries.values()), local,
+                                           bool(plan.arguments.get("trust_remote_code")), LENGTH_SAMPLE)  # fmt: skip
+    except ValueError as err:
+        return Outcome(
+            FAIL,
+            "tokenizer unreadable",
+            f"{err}; training loads the same tokenizer and would fail.",
+            f"Put back the tokenizer files that came with the model in {local} (download it again).",
+        )
     if not lengths_all:
         return Outcome(SKIP, "no local records", "No local data file to measure.")
     lengths_all.sort()
@@ -277,13 +285,19 @@ def _param_count(plan) -> tuple[int | None, dict[str, Any]]:
 
 def _lora_params(config: dict[str, Any], rank: int) -> int:
     """LoRA parameters for all linear layers of a decoder block: rank × (in + out) per projection
-    (q, k, v, o, gate, up, down; Hu et al. 2021), summed over the layers."""
-    h = int(config.get("hidden_size", 0))
-    inter = int(config.get("intermediate_size", 4 * h))
-    heads = int(config.get("num_attention_heads", 1))
-    kv = int(config.get("num_key_value_heads", heads)) * (h // max(heads, 1))
+    (q, k, v, o, gate, up, down; Hu et al. 2021), summed over the layers. A key that is not a whole number
+    (``"hidden_size": "x"`` in a damaged config.json) counts as absent."""
+
+    def number(key: str, default: int) -> int:
+        value = config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+    h = number("hidden_size", 0)
+    inter = number("intermediate_size", 4 * h)
+    heads = number("num_attention_heads", 1)
+    kv = number("num_key_value_heads", heads) * (h // max(heads, 1))
     per_layer = (h + h) + 2 * (h + kv) + (h + h) + 2 * (h + inter) + (inter + h)
-    return rank * per_layer * int(config.get("num_hidden_layers", 0))
+    return rank * per_layer * number("num_hidden_layers", 0)
 
 
 def disk_estimate(plan) -> dict[str, Any] | None:

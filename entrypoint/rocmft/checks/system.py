@@ -15,6 +15,7 @@ from typing import Any
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
 from rocmft.checks.gpu import devices_probe
+from rocmft.errors import ConfigError
 
 LIBS_TIMEOUT_S = 60
 
@@ -223,7 +224,10 @@ def memory_fit(plan) -> Outcome:
         zero = 3
     offload = settings.offload if settings.distributed == "deepspeed" else "none"
     world = world_size(plan.settings, plan.device, plan.launcher)
-    shape = read_model_shape(model_dir)
+    try:
+        shape = read_model_shape(model_dir)
+    except ConfigError as err:  # a damaged config.json is this check's finding, not its crash
+        return Outcome(FAIL, "config.json unreadable", err.message, err.remedy)
     spec = spec_from_arguments(plan.arguments, compute_dtype=plan.precision.compute_dtype, zero_stage=zero,
                                offload=offload, world_size=world)  # fmt: skip
     peak = estimate(shape, spec)

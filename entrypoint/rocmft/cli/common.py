@@ -5,6 +5,7 @@ of the current run for ``rocmft status``."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -79,8 +80,12 @@ class Workspace:
         manifest = run_dir / MANIFEST_FILE
         if manifest.is_file():
             try:
-                started = json.loads(manifest.read_text()).get("started_at", "")
+                record = json.loads(manifest.read_text(encoding="utf-8"))
             except (OSError, ValueError):
+                record = None
+            started = record.get("started_at") if isinstance(record, dict) else None
+            # a folder name: the manifest's own time (a damaged one, "../x" or 3, gives the time now)
+            if not isinstance(started, str) or not re.fullmatch(r"[0-9T:.+\-Z]+", started):
                 started = ""
             stamp = (started or time.strftime("%Y-%m-%dT%H:%M:%S")).replace(":", "")
             keep = run_dir.parent / "rocmft-history" / stamp

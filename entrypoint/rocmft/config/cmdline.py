@@ -24,6 +24,7 @@ environment's and ROCMFT_CONFIG's rules by :func:`rocmft.config.settings.load_se
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,14 +147,17 @@ def _parse_token(token: str) -> tuple[str | None, dict[str, Any]]:
         return f"{token!r}: the key before `=` is empty", {}
     if value == "" and not key.endswith("\\"):  # an escaped `\=` belongs to the key (OmegaConf >= 2.4)
         return f"{token!r}: no value after `=` (an unset shell variable?); write {key}=null to mean null", {}
+    # a malformed secret (hub_token='hf_...) is named without its value, as parse_command_line names a well-formed one
+    secret = any(is_secret_name(part) for part in re.split(r"[.\[\]]", key))
+    shown = repr(f"{key}=<a secret's value, not repeated>") if secret else repr(token)
     try:
         parsed = OmegaConf.to_container(OmegaConf.from_dotlist([token]), resolve=False)
     except Exception as err:  # yaml's ParserError/ScannerError, OmegaConf's key grammar errors
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return f"{token!r}: OmegaConf cannot read it ({first_line})", {}
+        return f"{shown}: OmegaConf cannot read it" + ("" if secret else f" ({first_line})"), {}
     assert isinstance(parsed, dict)
     if len(parsed) != 1 or not str(next(iter(parsed))).strip():
-        return f"{token!r}: the key before `=` is empty", {}
+        return f"{shown}: the key before `=` is empty", {}
     return None, parsed
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -498,6 +499,15 @@ def _refuse_unknown_keys(values: Mapping[str, Any], where: str, shown: typing.Ca
     )
 
 
+def _holds_nul(value: Any) -> bool:
+    """Whether a (nested) value holds a NUL character in a string or a mapping key."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    return isinstance(value, list) and any(_holds_nul(v) for v in value)
+
+
 def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[[str, Any], str],
                   fix: str) -> dict[str, Any]:  # fmt: skip
     """``values`` (argument name -> value, every name an argument) typed as the environment's are
@@ -509,6 +519,9 @@ def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[
     """
     typed, bad = {}, []
     for key, value in values.items():
+        if _holds_nul(value):  # YAML's "\0": no file name or argument holds it (os.stat raised ValueError)
+            bad.append(f"  {shown(key, value)}: holds a NUL character (\\0), which no file name or argument can hold")
+            continue
         try:
             typed[key] = _adapter(key).validate_python(value)
         except ValidationError as err:
@@ -578,8 +591,9 @@ def _validation_messages(err: ValidationError, env_name: typing.Callable[[str], 
         if name in arguments:
             expected = f" (expected {arguments[name].type_text})"
         hint = REPLACED_VALUES.get((name, str(given).strip().lower()))
-        messages.append(f"{env_name(name)}={given!r}: {hint}" if hint else
-                        f"{env_name(name)}={given!r}: {item['msg']}{expected}")  # fmt: skip
+        shown = "<not repeated: a secret's name>" if is_secret_name(name) else repr(given)  # a token given by mistake
+        messages.append(f"{env_name(name)}={shown}: {hint}" if hint else
+                        f"{env_name(name)}={shown}: {item['msg']}{expected}")  # fmt: skip
     return messages
 
 
@@ -622,6 +636,7 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
             "Use one of the values listed (see the README's variable reference).",
         ) from err
     explicit = {name for name in RocmftSettings.model_fields if PREFIX + name.upper() in {k.upper() for k in environ}}
+    _refuse_overlong_names({PREFIX + name.upper(): getattr(rocmft, name) for name in PATH_SETTINGS})
 
     arguments_by_name = lf_arguments()
     try:
@@ -662,7 +677,33 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
         settings.arguments[key] = value
         settings.sources[key] = argument.env
     _apply_command_line(settings, command_line)
+    _refuse_overlong_names({f"{name} ({settings.source_of(name)})": value for name, value in settings.arguments.items()
+                            if PATH_ARGUMENT.fullmatch(name) and isinstance(value, str | list)})  # fmt: skip
     return settings
+
+
+# Arguments that name files or folders (a list of data set names counts: each is looked up as a file), and the file
+# system's limit on one name in a path (NAME_MAX on Linux): a longer one made pathlib's is_file() raise OSError
+# ENAMETOOLONG, where it returns False for a missing file.
+PATH_ARGUMENT = re.compile(r".*(_path|_dir|_file|_or_path)$|^(dataset|eval_dataset|deepspeed|resume_from_checkpoint)$")
+NAME_MAX = 255
+PATH_SETTINGS = ("config", "templates", "saves_dir", "cache_dir", "run_name", "test_probes", "resume")
+
+
+def _refuse_overlong_names(given: Mapping[str, Any]) -> None:
+    """Raise when a path-valued setting (``where`` -> value) has a name (a part between slashes, or one data set
+    name of a list) longer than :data:`NAME_MAX` bytes.
+
+    Raises:
+        ConfigError: naming each variable or key and where it came from (exit 2).
+    """
+    parts = {where: re.split(r"[/,\[\]'\"]", str(value)) for where, value in given.items() if value is not None}
+    long = [where for where, split in parts.items()
+            if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in split)]  # fmt: skip
+    if long:
+        raise ConfigError(f"These settings name a file or folder longer than {NAME_MAX} bytes (the file system's "
+                          f"limit for one name in a path): {', '.join(long)}.",
+                          "Give a shorter name (a part between slashes may have at most 255 bytes).")  # fmt: skip
 
 
 def _apply_command_line(settings: Settings, command_line: CommandLine) -> None:

@@ -42,7 +42,12 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     """
     with path.open("rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
-        return json.loads(handle.read(length))
+        if length > path.stat().st_size - 8:  # read() of a damaged length (2**62) was a MemoryError
+            raise ValueError(f"{path}: the safetensors header says {length} bytes, more than the file holds")
+        header = json.loads(handle.read(length))
+    if not isinstance(header, dict) or not all(isinstance(v, dict) for v in header.values()):  # a list: a traceback
+        raise ValueError(f"{path}: the safetensors header is not an object of tensor name: {{dtype, shape, ...}}")
+    return header
 
 
 def looks_like_path(value: str, nested: bool = False) -> bool:
@@ -204,17 +209,24 @@ class ModelDir:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
+            if not isinstance(data, dict):
+                continue
             found = True
-            tokens.update(t.get("content", "") for t in data.get("added_tokens", []) if isinstance(t, dict))
-            tokens.update(t.get("content", "") for t in (data.get("added_tokens_decoder") or {}).values()
-                          if isinstance(t, dict))  # fmt: skip
+            listed = data.get("added_tokens")
+            decoder = data.get("added_tokens_decoder")
+            # a key of another type (added_tokens_decoder: "x") is read as absent, as an unreadable file is
+            for entry in [*(listed if isinstance(listed, list) else []),
+                          *(decoder.values() if isinstance(decoder, dict) else [])]:  # fmt: skip
+                if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+                    tokens.add(entry["content"])
             for key in ("extra_special_tokens", "additional_special_tokens"):
                 extra = data.get(key) or []
-                tokens.update(extra.values() if isinstance(extra, dict) else [t for t in extra if isinstance(t, str)])
+                extra = list(extra.values()) if isinstance(extra, dict) else extra if isinstance(extra, list) else []
+                tokens.update(t for t in extra if isinstance(t, str))
             for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
                 if isinstance(data.get(key), str):
                     tokens.add(data[key])
-            vocab = (data.get("model") or {}).get("vocab")
+            vocab = data["model"].get("vocab") if isinstance(data.get("model"), dict) else None
             if isinstance(vocab, dict):
                 tokens.update(k for k in vocab if re.fullmatch(MARKER, k))
             template = data.get("chat_template")

@@ -176,11 +176,12 @@ def _environment(settings: Settings) -> jinja2.Environment:
 def _render(env: jinja2.Environment, name: str, **context: Any) -> str:
     try:
         return env.get_template(name).render(**context)
-    except jinja2.TemplateError as err:
+    except Exception as err:  # a template is code: {{ 1 / 0 }}, arg() without a name, a file not UTF-8, ...
         where = getattr(err, "filename", None) or name
         line = getattr(err, "lineno", None)
+        detail = str(err) if isinstance(err, jinja2.TemplateError) else f"{type(err).__name__}: {err}"
         raise ConfigError(
-            f"Template {where}{f' line {line}' if line else ''} failed to render: {err}",
+            f"Template {where}{f' line {line}' if line else ''} failed to render: {detail}",
             "Fix the template (or unset ROCMFT_TEMPLATES to use the built-in ones).",
         ) from err
 
@@ -320,6 +321,12 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
             ds_config = json.loads(text)
         except json.JSONDecodeError as err:
             raise ConfigError(f"The rendered deepspeed.json.j2 is not JSON: {err}", "Fix the template.") from err
+        zero = ds_config.get("zero_optimization", {}) if isinstance(ds_config, dict) else None
+        stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+        if not isinstance(stage, int) or isinstance(stage, bool):  # the planner and memory-fit read the stage
+            raise ConfigError("The rendered deepspeed.json.j2 is not a DeepSpeed config object with a whole-number "
+                              f"zero_optimization.stage (it has {json.dumps(ds_config)[:120]}).",
+                              "Fix the template (or unset ROCMFT_TEMPLATES to use the built-in one).")  # fmt: skip
         fixed["deepspeed"] = str(where.run_dir / "ds_config.json")
         fixed_sources["deepspeed"] = f"ROCMFT_DISTRIBUTED=deepspeed, ZeRO-{rocmft.zero_stage}, offload {rocmft.offload}"
     if rocmft.distributed == "fsdp":
@@ -487,7 +494,10 @@ def _plan_performance(settings: Settings, arguments: dict[str, Any], device: Dev
         from rocmft.render.datasets import sample_token_lengths
 
         train = [registry.entries[n] for n in split_names(arguments.get("dataset")) if n in registry.entries]
-        lengths = sample_token_lengths(train, model_dir, bool(arguments.get("trust_remote_code")))
+        try:
+            lengths = sample_token_lengths(train, model_dir, bool(arguments.get("trust_remote_code")))
+        except ValueError:  # a damaged tokenizer: planned without the lengths; the lengths check reports it
+            lengths = []
         sample_tokens = sum(lengths) / len(lengths) if lengths else None
     return planner.plan_defaults(arguments, set(settings.arguments), device, compute_dtype=precision.compute_dtype,
                                  zero_stage=zero, offload=offload, world_size=world_size, demo=demo,
@@ -505,16 +515,19 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
     """ROCMFT_RESUME against the checkpoints in OUTPUT_DIR and the earlier run's record in OUTPUT_DIR/rocmft
     (its train.yaml, and the world size its worker reported in manifest.json; unknown parts are not compared)."""
     current = {**arguments, "world_size": world_size}
-    try:
-        previous = yaml.safe_load((run_dir / "train.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+    try:  # unreadable (not UTF-8, not YAML, not a mapping): no earlier record to compare, as when it is missing
+        previous = yaml.safe_load((run_dir / "train.yaml").read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
         previous = None
     if not isinstance(previous, dict):
         return choose(settings.rocmft.resume, output_dir, None, current)
     try:
-        world = (json.loads((run_dir / "manifest.json").read_text()).get("worker") or {}).get("world_size")
+        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        world = None
+        manifest = None
+    worker = manifest.get("worker") if isinstance(manifest, dict) else None
+    world = worker.get("world_size") if isinstance(worker, dict) else None
+    world = world if isinstance(world, int) and not isinstance(world, bool) else None
     previous["world_size"] = world if world is not None else world_size  # unknown: not compared
     return choose(settings.rocmft.resume, output_dir, previous, current)
 

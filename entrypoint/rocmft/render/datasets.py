@@ -191,7 +191,8 @@ def _tags_found(records: list[tuple[int, dict[str, Any]]], messages: str) -> tup
     keys: set[str] = set()
     values: dict[str, set[str]] = {}
     for _, record in records:
-        for turn in record.get(messages) or []:
+        turns = record.get(messages)
+        for turn in turns if isinstance(turns, list) else []:  # {"messages": 3} is the problem being described
             if isinstance(turn, dict):
                 keys.update(turn)
                 for key, value in turn.items():
@@ -306,6 +307,22 @@ def detect_entry(path: Path) -> dict[str, Any]:
     return entry
 
 
+def entry_problem(entry: dict[str, Any]) -> str | None:
+    """Why a dataset_info entry cannot be read as LLaMA-Factory's data/README.md describes it (``file_name`` a file
+    name, ``formatting`` alpaca or sharegpt, ``columns`` and ``tags`` objects of names), or None. Every later reader
+    (the record checks, the token counts) takes those shapes for granted."""
+    file_name = entry.get("file_name")
+    if file_name is not None and (not isinstance(file_name, str) or "\x00" in file_name):
+        return f'"file_name" is {file_name!r}, not a file name'
+    if entry.get("formatting", "alpaca") not in ("alpaca", "sharegpt"):
+        return f'"formatting" is {entry["formatting"]!r}; LLaMA-Factory reads "alpaca" or "sharegpt"'
+    for key in ("columns", "tags"):
+        value = entry.get(key, {})
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            return f'"{key}" is {json.dumps(value)[:80]}, not an object of names (e.g. {{"prompt": "instruction"}})'
+    return None
+
+
 def build_registry(names: list[str], source_dir: Path) -> Registry:
     """Resolve data set names against ``source_dir`` (see the module docstring)."""
     registry = Registry(source_dir=source_dir)
@@ -321,8 +338,16 @@ def build_registry(names: list[str], source_dir: Path) -> Registry:
             info = {}
     for name in names:
         if name in info:
+            if not isinstance(info[name], dict):
+                registry.missing[name] = (f"its entry in {info_path} is a JSON {type(info[name]).__name__}, not an "
+                                          'object such as {"file_name": "data.json"}')  # fmt: skip
+                continue
             entry = dict(info[name])
             file_name = entry.get("file_name")
+            problem = entry_problem(entry)
+            if problem:
+                registry.missing[name] = f"its entry in {info_path}: {problem}"
+                continue
             if file_name and not any(key in entry for key in HUB_KEYS):
                 entry["file_name"] = str((source_dir / file_name).resolve())
             registry.entries[name] = entry
@@ -346,9 +371,11 @@ def available_names(source_dir: Path) -> list[str]:
     info_path = source_dir / "dataset_info.json"
     if info_path.is_file():
         try:
-            names.update(json.loads(info_path.read_text(encoding="utf-8")))
+            info = json.loads(info_path.read_text(encoding="utf-8"))
         except (ValueError, OSError):
-            pass
+            info = None
+        if isinstance(info, dict):  # a list of names ([1, 2]) is not dataset_info.json: build_registry says so
+            names.update(info)
     if source_dir.is_dir():
         names.update(
             p.stem for p in source_dir.iterdir() if p.suffix in DATA_FILE_SUFFIXES and p.name != "dataset_info.json"
@@ -364,6 +391,7 @@ def trainable_text(record: dict[str, Any], entry: dict[str, Any]) -> str:
         return "\n".join(str(record.get(k) or "") for k in keys)
     content = entry.get("tags", {}).get("content_tag", "value")
     turns = record.get(columns.get("messages", "conversations")) or []
+    turns = turns if isinstance(turns, list) else []  # {"messages": 3}: nothing to count (the dataset check says why)
     return "\n".join(str(t.get(content, "")) for t in turns if isinstance(t, dict))
 
 
@@ -374,15 +402,21 @@ def token_counter(model_dir: Path, trust_remote_code: bool = False):
     wrap): 0.2 s, where importing transformers for AutoTokenizer cost 12 s of `rocmft check` on the H200 host
     once nothing else had imported it (BENCHMARKS.md). Other folders (slow/sentencepiece-only tokenizers) go
     through AutoTokenizer.
+
+    Raises:
+        ValueError: the tokenizer cannot be loaded (a damaged tokenizer.json raised tokenizers' bare Exception).
     """
-    if (model_dir / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
+    try:
+        if (model_dir / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
 
-        fast = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        return lambda texts: [len(e.ids) for e in fast.encode_batch(texts, add_special_tokens=False)]
-    from transformers import AutoTokenizer
+            fast = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+            return lambda texts: [len(e.ids) for e in fast.encode_batch(texts, add_special_tokens=False)]
+        from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    except Exception as err:  # tokenizers raises Exception itself; transformers OSError, ValueError, KeyError, ...
+        raise ValueError(f"the tokenizer in {model_dir} cannot be loaded ({type(err).__name__}: {err})") from err
     return lambda texts: [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
@@ -392,7 +426,11 @@ def sample_token_lengths(entries: list[dict[str, Any]], model_dir: Path, trust_r
     trainable text only (:func:`trainable_text`: the chat template's markup is not counted), with the model's
     tokenizer; unreadable or missing files are skipped (the dataset check reports them). Each file's counts are
     kept for the process (:func:`_file_token_lengths`): render's planner and the ``lengths`` check ask for the
-    same files, and a .json data file is read whole."""
+    same files, and a .json data file is read whole.
+
+    Raises:
+        ValueError: the model's tokenizer cannot be loaded (:func:`token_counter`).
+    """
     lengths: list[int] = []
     for entry in entries:
         path = Path(entry.get("file_name", ""))

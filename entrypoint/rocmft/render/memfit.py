@@ -134,7 +134,6 @@ the weights; with LoRA, LF computes the reference with the adapter disabled (no 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -275,16 +274,22 @@ def read_model_shape(model_dir: Path | str | ModelDir) -> ModelShape:
         raise ConfigError(f"{path}: no such file; the memory estimate reads the model's shape from it.", remedy)
     try:
         config = model.config_json()
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # not JSON, not UTF-8, or JSON that is not an object
         raise ConfigError(f"{path} cannot be read as JSON: {err}", remedy) from err
     if not isinstance(config, dict):
         raise ConfigError(f"{path} is not a JSON object of model settings.", remedy)
     text = config.get("text_config")
     if isinstance(text, dict) and "hidden_size" not in config:
         config = {**{k: v for k, v in config.items() if k != "text_config"}, **text}
-    missing = [key for key in _REQUIRED_KEYS if not isinstance(config.get(key), int) or config[key] <= 0]
-    if missing:
-        raise ConfigError(f"{path} lacks positive integer values for: {', '.join(missing)}.", remedy)
+    missing = [
+        key
+        for key in _REQUIRED_KEYS
+        if not isinstance(config.get(key), int) or isinstance(config[key], bool) or config[key] <= 0
+    ]
+    odd = [key for key in ("num_key_value_heads", "head_dim") if config.get(key) is not None
+           and (not isinstance(config[key], int) or isinstance(config[key], bool) or config[key] <= 0)]  # fmt: skip
+    if missing or odd:
+        raise ConfigError(f"{path} lacks positive integer values for: {', '.join(missing + odd)}.", remedy)
     heads = config["num_attention_heads"]
     model_type = str(config.get("model_type") or "")
     qkv_bias = model_type in _QKV_BIAS_TYPES or bool(config.get("attention_bias", False))

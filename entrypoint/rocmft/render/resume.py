@@ -56,6 +56,8 @@ def checkpoint_problem(folder: Path) -> str | None:
         return "no trainer_state.json (written last: the save did not finish)"
     except (OSError, ValueError) as err:
         return f"trainer_state.json unreadable ({err})"
+    if not isinstance(state, dict):
+        return f"trainer_state.json holds a JSON {type(state).__name__}, not the trainer's state object"
     if state.get("global_step") != int(match.group(1)):
         return f"trainer_state.json says step {state.get('global_step')}"
     weights = [folder / name for name in CHECKPOINT_WEIGHT_FILES if (folder / name).is_file()]

@@ -153,6 +153,13 @@ def user_ds_config(run: Rendered) -> list[str]:
         raise ConfigError(f"DEEPSPEED={path} ({source}) cannot be read as JSON: {err}.",
                           "Point DEEPSPEED at a DeepSpeed JSON config, or use ROCMFT_DISTRIBUTED=deepspeed "
                           "(rocmft renders one from the same settings as the trainer).") from err  # fmt: skip
+    zero = ds.get("zero_optimization", {}) if isinstance(ds, dict) else None
+    if not isinstance(ds, dict) or not isinstance(zero, dict):
+        what = "the file" if not isinstance(ds, dict) else "its zero_optimization"
+        found = type(ds if not isinstance(ds, dict) else zero).__name__
+        raise ConfigError(f"DEEPSPEED={path} ({source}): {what} is a JSON {found}, where DeepSpeed reads an object.",
+                          "Point DEEPSPEED at a DeepSpeed JSON config (an object of its keys), or use "
+                          "ROCMFT_DISTRIBUTED=deepspeed.")  # fmt: skip
     micro = int(arguments.get("per_device_train_batch_size") or 8)
     accumulation = int(arguments.get("gradient_accumulation_steps") or 1)
     expected = {
