@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rocmft.errors import ConfigError, ExitCode
 from rocmft.validate.rules.runtime import allocator_findings, parse_alloc_conf, tunableop_online_tuning
@@ -122,3 +124,24 @@ def test_render_prints_the_rank_to_gpu_map_and_refuses_hidden_gpus(render_env, m
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "6,7")
     with pytest.raises(ConfigError, match="hides GPUs"):
         render_env({}, device=mi300x)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(values=st.dictionaries(st.sampled_from(["PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
+                                               "PYTORCH_CUDA_ALLOC_CONF", "ROCR_VISIBLE_DEVICES",
+                                               "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
+                                               "PYTORCH_TUNABLEOP_ENABLED", "PYTORCH_TUNABLEOP_TUNING"]),
+                              st.one_of(st.text(max_size=40), st.sampled_from(["²", "0,²", "max_split_size_mb:²",
+                                                                               "[", "a:b:c", ",,", " : "]))),
+       backend=st.sampled_from(["rocm", "cuda", "cpu"]), world=st.integers(0, 16))  # fmt: skip
+def test_the_runtime_rules_answer_any_text_with_their_own_error(values, backend, world):
+    """Whatever these variables hold: a result, or rocmft's ConfigError naming the variable (the fuzz test of every
+    setting, tests/test_fuzz_inputs.py, does not know these: torch reads them, not rocmft's settings)."""
+    from rocmft.validate.rules.runtime import visible_gpus
+
+    for check in (lambda: allocator_findings(values), lambda: visible_gpus(values, backend),
+                  lambda: tunableop_online_tuning(values, world)):  # fmt: skip
+        try:
+            check()
+        except ConfigError as err:
+            assert any(name in str(err) for name in values), str(err)

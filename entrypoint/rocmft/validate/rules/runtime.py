@@ -62,7 +62,7 @@ def parse_alloc_conf(name: str, text: str) -> dict[str, str]:
                 f"Write {key}:True or {key}:False.",
             )
         if key in ("max_split_size_mb", "max_non_split_rounding_mb") and (
-            not value.isdigit() or int(value) < MIN_SPLIT_SIZE_MB
+            not (value.isascii() and value.isdigit()) or int(value) < MIN_SPLIT_SIZE_MB
         ):
             raise ConfigError(
                 f"{name}={text!r}: {key}:{value} — torch needs a whole number of MiB of at least {MIN_SPLIT_SIZE_MB}.",
@@ -212,7 +212,7 @@ def visible_gpus(environ: Mapping[str, str], backend: str) -> tuple[list[str] | 
         picks = _devices(later)
         if physical is None:
             physical = picks
-        elif all(p.isdigit() for p in picks):
+        elif all(p.isascii() and p.isdigit() for p in picks):  # str.isdigit() is also true of "²"
             beyond = [p for p in picks if int(p) >= len(physical)]
             if beyond:
                 raise ConfigError(
