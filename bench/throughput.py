@@ -209,6 +209,19 @@ def _run(command: list[str], env: dict[str, str], log: Path, timeout: float, cwd
             return None
 
 
+def _ratios(report: dict, b: dict, other: dict, letter: str, name: str, digits: int, lead: str = "") -> None:
+    """rocmft's tokens/s over ``other``'s (whole runs and steady) into ``report`` (``ratio_b_over_<letter>``,
+    ``steady_ratio_b_over_<letter>``), printed on one line."""
+    if not (other.get("tokens_per_s") and b.get("tokens_per_s")):
+        return
+    report[f"ratio_b_over_{letter}"] = round(b["tokens_per_s"] / other["tokens_per_s"], digits)
+    line = f"{lead}ratio rocmft / {name} tokens/s: {report[f'ratio_b_over_{letter}']}x over the whole runs"
+    if other.get("steady_tokens_per_s") and b.get("steady_tokens_per_s"):
+        report[f"steady_ratio_b_over_{letter}"] = round(b["steady_tokens_per_s"] / other["steady_tokens_per_s"], digits)
+        line += f", {report[f'steady_ratio_b_over_{letter}']}x steady"
+    print(line)
+
+
 def compare_losses(stock: list, planned: list) -> dict:
     """(b)'s losses against (a)'s interpolated at the same tokens seen (see the module docstring)."""
     if len(stock) < 3 or not planned:
@@ -343,20 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     a, b, x = results.get("stock", {}), results.get("rocmft", {}), results.get("expert", {})
     report = {"device": device, "shape": args.shape, "steps": args.steps, "cutoff_len": args.cutoff,
               "peak_tflops": args.peak_tflops, "flops_per_token": flops, "runs": results}  # fmt: skip
-    if a.get("tokens_per_s") and b.get("tokens_per_s"):
-        report["ratio_b_over_a"] = round(b["tokens_per_s"] / a["tokens_per_s"], 2)
-        print(f"\nratio rocmft / stock tokens/s: {report['ratio_b_over_a']}x over the whole runs", end="")
-        if a.get("steady_tokens_per_s") and b.get("steady_tokens_per_s"):
-            report["steady_ratio_b_over_a"] = round(b["steady_tokens_per_s"] / a["steady_tokens_per_s"], 2)
-            print(f", {report['steady_ratio_b_over_a']}x steady", end="")
-        print()
-    if x.get("tokens_per_s") and b.get("tokens_per_s"):
-        report["ratio_b_over_c"] = round(b["tokens_per_s"] / x["tokens_per_s"], 3)
-        print(f"ratio rocmft / expert tokens/s: {report['ratio_b_over_c']}x over the whole runs", end="")
-        if x.get("steady_tokens_per_s") and b.get("steady_tokens_per_s"):
-            report["steady_ratio_b_over_c"] = round(b["steady_tokens_per_s"] / x["steady_tokens_per_s"], 3)
-            print(f", {report['steady_ratio_b_over_c']}x steady", end="")
-        print()
+    _ratios(report, b, a, "a", "stock", 2, lead="\n")
+    _ratios(report, b, x, "c", "expert", 3)
     if b.get("attention"):
         print(f"rocmft's attention on packed rows: {b['attention']}")
     if b.get("quantization"):
