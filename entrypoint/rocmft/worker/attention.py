@@ -30,6 +30,7 @@ tests/test_packed_attention.py compares the packed rows' logits with each sample
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import itertools
@@ -107,6 +108,7 @@ def pack_kwargs(features: dict[str, Any]) -> dict[str, Any]:
     return features
 
 
+@functools.cache  # looked up once per process, not in every layer of every forward
 def _varlen_kernel():
     """``(function, gqa_keyword, causal_keywords)`` for torch's varlen_attn, or None when torch has none."""
     try:
@@ -168,7 +170,10 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
 
     cu = kwargs.get("cu_seq_lens_q")
     rows, heads, length, dim = query.shape
-    if cu is None or key.shape[2] != length or int(cu[-1]) != rows * length:
+    # the offsets were checked against the forward's tokens once, by use_on's hook (reading cu[-1] from the GPU in
+    # every layer would wait for the GPU in every layer); the same tensor comes back in a checkpointed layer's
+    # recomputation, after the forward
+    if cu is None or cu is not _PACKED["checked"] or key.shape[2] != length:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         CALLS["sdpa"] += 1
@@ -183,7 +188,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
 
 
 CALLS = {"varlen": 0, "sdpa": 0}  # attention calls of this process by path (the worker records them at train end)
-_PACKED = {"active": False}  # set while a model forward runs with cu_seq_lens_q (:func:`use_on`'s hooks)
+# "active": while a decoder forward runs with cu_seq_lens_q covering its tokens; "checked": that cu_seq_lens_q
+# (kept after the forward, for the recomputation of checkpointed layers). Set by :func:`use_on`'s hooks.
+_PACKED: dict[str, Any] = {"active": False, "checked": None}
 
 
 def mask_function(*args, **kwargs):
@@ -205,21 +212,30 @@ def register() -> None:
 
 def use_on(model) -> None:
     """Set :data:`NAME` as the attention of ``model`` (a PEFT wrapper or a transformers model), with the forward
-    hooks that tell :func:`mask_function` when a packed batch is running."""
+    hooks that tell :func:`mask_function` and :func:`attention_forward` when a packed batch is running.
+
+    The hooks sit on the decoder (``get_decoder()``: the module that builds the mask), which the causal-LM forward
+    calls as a module; peft calls the causal-LM's ``forward`` itself, where a hook on it would never fire."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.set_attn_implementation(NAME)
-    if getattr(base, "_rocmft_packed_hooks", False):
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base
+    if getattr(decoder, "_rocmft_packed_hooks", False):
         return
 
-    def before(_module, _args, kwargs):
-        _PACKED["active"] = kwargs.get("cu_seq_lens_q") is not None
+    def before(_module, args, kwargs):
+        cu = kwargs.get("cu_seq_lens_q")
+        tokens = kwargs.get("input_ids", args[0] if args else None)
+        if tokens is None and kwargs.get("inputs_embeds") is not None:
+            tokens = kwargs["inputs_embeds"][..., 0]
+        _PACKED["active"] = cu is not None and tokens is not None and int(cu[-1]) == tokens.numel()
+        _PACKED["checked"] = cu if _PACKED["active"] else None
 
     def after(_module, _args, _kwargs, _output):
         _PACKED["active"] = False
 
-    base.register_forward_pre_hook(before, with_kwargs=True)
-    base.register_forward_hook(after, with_kwargs=True)
-    base._rocmft_packed_hooks = True
+    decoder.register_forward_pre_hook(before, with_kwargs=True)
+    decoder.register_forward_hook(after, with_kwargs=True)
+    decoder._rocmft_packed_hooks = True
 
 
 # ------------------------------------------------------------------------------------------------ the measurement
