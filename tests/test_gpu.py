@@ -83,3 +83,20 @@ def test_more_processes_than_visible_gpus_fails_the_check_with_exit_3(run_rocmft
                                       "ROCMFT_NPROC_PER_NODE": "2", "CUDA_VISIBLE_DEVICES": "0"})  # fmt: skip
     assert result.returncode == ExitCode.CHECK_FAILED, result.stdout[-4000:]
     assert "asks for 2 processes per node but 1 GPU(s) are visible" in result.stdout
+
+
+def test_grad_norm_spike_on_gpu_warns_then_stops(run_rocmft, tmp_path):
+    """On the GPU in bf16, the gradients of step 8 multiplied by 1000 (ROCMFT_FAULT_GRAD_SPIKE_AT_STEP; no NaN):
+    by default one warning naming the spike and the run finishes; with ROCMFT_ON_GRAD_NORM_SPIKE=stop it stops at
+    step 8 with exit 5. The absolute limit is off, so the relative rule (10x the median) is the one proved."""
+    base = {"ROCMFT_FAULT_GRAD_SPIKE_AT_STEP": "8", "ROCMFT_GRAD_NORM_LIMIT": "0", "MAX_STEPS": "12",
+            "LOGGING_STEPS": "1"}  # fmt: skip
+    warned = run_rocmft("train", env={**base, "OUTPUT_DIR": str(tmp_path / "warn")})
+    assert warned.returncode == ExitCode.OK, warned.stdout[-3000:]
+    assert "TEST FAULT: gradients of step 8" in warned.stdout and "WARNING: gradient norm" in warned.stdout
+    output = tmp_path / "stop"
+    stopped = run_rocmft("train", env={**base, "OUTPUT_DIR": str(output), "ROCMFT_ON_GRAD_NORM_SPIKE": "stop"})
+    assert stopped.returncode == ExitCode.NON_FINITE_LOSS, stopped.stdout[-3000:]
+    manifest = manifest_of(output)
+    assert manifest["precision"]["policy"] == "bf16"
+    assert manifest["worker"]["non_finite"]["step"] == 8, manifest["worker"]["non_finite"]

@@ -107,6 +107,23 @@ def test_neat_packing_counts_the_tokens_it_trains_on(run_rocmft, tmp_path, tiny_
     assert "tok/s nan" not in result.stdout
 
 
+def test_grad_norm_spike_from_real_gradients_stops_the_run(run_rocmft, tmp_path):
+    """A real CPU run whose gradients at step 8 are multiplied by 1000 (ROCMFT_FAULT_GRAD_SPIKE_AT_STEP: no NaN, no
+    lowered limit): the logged gradient norm of step 8 (~3,800 where the others are 2-3) is far above 10x the median
+    of the earlier ones, and with ROCMFT_ON_GRAD_NORM_SPIKE=stop the run stops at that step (exit 5) with the median
+    it was judged against. The absolute limit is turned off so that the relative rule is the one proved."""
+    output = tmp_path / "spike"
+    env = {"ROCMFT_FAULT_GRAD_SPIKE_AT_STEP": "8", "ROCMFT_ON_GRAD_NORM_SPIKE": "stop", "MAX_STEPS": "12",
+           "ROCMFT_GRAD_NORM_LIMIT": "0", "LOGGING_STEPS": "1", "OUTPUT_DIR": str(output)}  # fmt: skip
+    result = run_rocmft("train", env=env)
+    assert result.returncode == ExitCode.NON_FINITE_LOSS, result.stdout[-3000:]
+    assert "TEST FAULT: gradients of step 8 multiplied by 1000" in result.stdout
+    assert "STOPPED (grad-norm spike)" in result.stdout and "x the median" in result.stdout
+    worker = json.loads((output / "rocmft" / "manifest.json").read_text())["worker"]
+    assert worker["non_finite"]["step"] == 8 and worker["non_finite"]["key"] == "grad_norm", worker["non_finite"]
+    assert float(worker["non_finite"]["value"]) > 10 * float(worker["non_finite"]["median"]), worker["non_finite"]
+
+
 def test_grad_norm_above_the_limit_warns_or_stops(run_rocmft, tmp_path):
     """A real CPU run whose gradient norm (~0.5 for the tiny model) is above a limit set below it: by default a
     warning with the fix and the run finishes; with ROCMFT_ON_GRAD_NORM_SPIKE=stop it stops like a NaN (exit 5)

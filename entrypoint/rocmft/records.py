@@ -283,7 +283,8 @@ class RunPolicy:
         rocmft_version: the rocmft that rendered the run.
         precision: the resolved precision; ``precision["policy"] == "fp32"`` makes the worker force float32 weights.
         distributed: ROCMFT_DISTRIBUTED; launcher: ``python`` or ``torchrun``.
-        fault_nan_at_step, fault_kill_in_save_at_step, fault_slow_final_save_s: the test-only fault injections
+        fault_nan_at_step, fault_kill_in_save_at_step, fault_slow_final_save_s,
+        fault_grad_spike_at_step: the test-only fault injections
             (ROCMFT_FAULT_*; steps, seconds), None when off.
         loss_spike_factor: ROCMFT_LOSS_SPIKE_FACTOR (0 or None: no spike watchdog).
         grad_norm_spike_factor, grad_norm_limit, on_grad_norm_spike: the gradient-norm watchdog's
@@ -301,6 +302,7 @@ class RunPolicy:
     fault_nan_at_step: int | None = None
     fault_kill_in_save_at_step: int | None = None
     fault_slow_final_save_s: float | None = None
+    fault_grad_spike_at_step: int | None = None
     loss_spike_factor: float | None = None
     grad_norm_spike_factor: float | None = None
     grad_norm_limit: float | None = None
@@ -323,6 +325,7 @@ class RunPolicy:
                 "fault_nan_at_step": self.fault_nan_at_step,
                 "fault_kill_in_save_at_step": self.fault_kill_in_save_at_step,
                 "fault_slow_final_save_s": self.fault_slow_final_save_s,
+                "fault_grad_spike_at_step": self.fault_grad_spike_at_step,
                 "loss_spike_factor": self.loss_spike_factor, "grad_norm_spike_factor": self.grad_norm_spike_factor,
                 "grad_norm_limit": self.grad_norm_limit, "on_grad_norm_spike": self.on_grad_norm_spike,
                 "peer_timeout_s": self.peer_timeout_s,

@@ -224,6 +224,13 @@ class RocmftSettings(BaseSettings):
         "training, as a large model's write takes; proves that under torchrun the other ranks finishing first "
         "does not cut that write short.",
     )
+    fault_grad_spike_at_step: int | None = Field(
+        None,
+        ge=1,
+        description="TEST ONLY: multiply the gradients of optimizer step N by 1000 (no NaN), so its logged gradient "
+        "norm is a real spike; proves the gradient-norm watchdog (ROCMFT_GRAD_NORM_SPIKE_FACTOR, "
+        "ROCMFT_ON_GRAD_NORM_SPIKE).",
+    )
     vocabulary: Literal["cached", "live"] = Field(
         "cached",
         description="TEST ONLY: `live` reads LLaMA-Factory's training arguments from its dataclasses at every start "

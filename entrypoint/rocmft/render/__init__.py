@@ -546,6 +546,7 @@ def worker_policy(plan: Plan) -> dict[str, Any]:
         fault_nan_at_step=rocmft.fault_nan_at_step,
         fault_kill_in_save_at_step=rocmft.fault_kill_in_save_at_step,
         fault_slow_final_save_s=rocmft.fault_slow_final_save_s,
+        fault_grad_spike_at_step=rocmft.fault_grad_spike_at_step,
         loss_spike_factor=rocmft.loss_spike_factor,
         grad_norm_spike_factor=rocmft.grad_norm_spike_factor,
         grad_norm_limit=rocmft.grad_norm_limit,

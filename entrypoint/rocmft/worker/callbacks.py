@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rocmft.console import say, warn
 from rocmft.records import LossRecord, NonFinite, RunPolicy, RunStatus, WorkerResult, with_reason, write_worker_result
-from rocmft.worker.faults import nan_after_step
+from rocmft.worker.faults import GradSpike, nan_after_step
 
 
 def under_torchrun() -> bool:
@@ -185,6 +185,8 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
           parameters are not all float32 stops the run (the policy must never silently not apply);
         * ``fault_nan_at_step`` (ROCMFT_FAULT_NAN_AT_STEP, tests only; rocmft.worker.faults) fills the weights
           with NaN after that optimizer step, so the following loss is non-finite for real;
+        * ``fault_grad_spike_at_step`` (ROCMFT_FAULT_GRAD_SPIKE_AT_STEP, tests only) multiplies that step's
+          gradients by 1000, so its logged gradient norm is a real spike (rocmft.worker.faults.GradSpike);
         * on a GPU, ``peak_gpu_memory_gib`` (``torch.cuda.max_memory_allocated()`` of this rank, GiB) is
           recorded at each log and at the end, and printed in the final line (rank 0's in the result
           file); it is what :mod:`rocmft.render.memfit` estimates.
@@ -198,6 +200,8 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
             self.started = time.monotonic()
             self.last_time = self.started
             self.last_tokens = 0
+            spike_step = policy.fault_grad_spike_at_step
+            self.grad_spike = GradSpike(spike_step) if spike_step else None  # TEST ONLY fault
 
         def _save(self, state) -> None:
             # each node's local rank 0 writes its node's record (RUN_DIR is per node: rocmft-node<N>), so a node
@@ -221,6 +225,8 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
                 parameter_dtypes=dict(dtypes), trainable_dtypes=dict(trainable), max_steps=state.max_steps,
                 world_size=args.world_size,
             )  # fmt: skip
+            if self.grad_spike is not None and model is not None:
+                self.grad_spike.attach(model)
             quantized = quantization_record(model) if model is not None else None
             if quantized:
                 self.result = self.result.updated(quantization=quantized)
@@ -231,6 +237,10 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
                     "This is a rocmft bug (LLaMA-Factory changed how it picks the dtype); please report it."
                 )
             self._save(state)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if self.grad_spike is not None:
+                self.grad_spike.arm(state.global_step, state.is_world_process_zero)
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if _stop_everywhere(STOP.requested, args):

@@ -32,6 +32,37 @@ def nan_after_step(policy: RunPolicy, step: int, model) -> None:
         say(f"TEST FAULT: weights set to NaN after step {step}", all_ranks=True)
 
 
+GRAD_SPIKE_FACTOR = 1000.0  # far above ROCMFT_GRAD_NORM_SPIKE_FACTOR's default 10, like #7890's norms in the thousands
+
+
+class GradSpike:
+    """TEST ONLY (ROCMFT_FAULT_GRAD_SPIKE_AT_STEP): multiply every trainable parameter's gradient by
+    :data:`GRAD_SPIKE_FACTOR` during the backward passes of optimizer step ``step`` (1-based, as logged), so the
+    gradient norm the trainer computes and logs for that step is a real spike with no NaN in it (the gradients are
+    then clipped by ``max_grad_norm`` as usual). Hooks on the parameters (``Tensor.register_hook``) run before
+    gradient accumulation and DDP's all-reduce. The worker's callback calls :meth:`attach` at train start and
+    :meth:`arm` at each step's start."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.on = step, False
+
+    def _scale(self, grad):
+        return grad * GRAD_SPIKE_FACTOR if self.on else grad
+
+    def attach(self, model) -> None:
+        """Hook every trainable parameter of ``model``; raises ValueError when it has none (no fault is no test)."""
+        hooked = [p.register_hook(self._scale) for p in model.parameters() if p.requires_grad]
+        if not hooked:
+            raise ValueError("ROCMFT_FAULT_GRAD_SPIKE_AT_STEP: the model has no trainable parameter to hook")
+
+    def arm(self, global_step: int, world_zero: bool) -> None:
+        """Turn the multiplication on for the step after ``global_step`` (the trainer's count of finished steps)
+        when it is the fault's step, off otherwise."""
+        self.on = global_step + 1 == self.step
+        if self.on and world_zero:
+            say(f"TEST FAULT: gradients of step {self.step} multiplied by {GRAD_SPIKE_FACTOR:g}")
+
+
 def kill_in_save(step: int) -> None:
     """TEST ONLY (ROCMFT_FAULT_KILL_IN_SAVE_AT_STEP): SIGKILL this process in the middle of writing the checkpoint
     of ``step``: transformers' Trainer._save_checkpoint has written the weights and is about to write the
