@@ -100,3 +100,36 @@ def test_grad_norm_spike_on_gpu_warns_then_stops(run_rocmft, tmp_path):
     manifest = manifest_of(output)
     assert manifest["precision"]["policy"] == "bf16"
     assert manifest["worker"]["non_finite"]["step"] == 8, manifest["worker"]["non_finite"]
+
+
+ALLOC_VALUES = [
+    "expandable_segments:True",
+    "expandable_segments:true",  # lowercase: torch's parser wants True/False exactly
+    "max_split_size_mb:10",  # below torch's 20 MiB floor
+    "max_split_size_mb:128,garbage_collection_threshold:0.8",
+    "garbage_collection_threshold:1.5",
+    "expandable_segments",  # no value
+]
+
+
+@pytest.mark.parametrize("value", ALLOC_VALUES)
+def test_allocator_lint_agrees_with_torch_on_the_gpu(value):
+    """rocmft refuses a PYTORCH_ALLOC_CONF value (exit 2 before the model loads) exactly when this GPU's torch
+    fails at its first allocation with it: each value is given to a fresh torch process that allocates on the GPU,
+    and the outcome is compared with rocmft's parser (rocmft.validate.rules.runtime.parse_alloc_conf)."""
+    import subprocess
+    import sys
+
+    from rocmft.errors import ConfigError
+    from rocmft.validate.rules.runtime import parse_alloc_conf
+
+    child = subprocess.run([sys.executable, "-c", "import torch; torch.zeros(1, device='cuda'); print('ok')"],
+                           env={**__import__("os").environ, "PYTORCH_ALLOC_CONF": value},
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    torch_accepts = child.returncode == 0 and "ok" in child.stdout
+    try:
+        parse_alloc_conf("PYTORCH_ALLOC_CONF", value)
+        rocmft_accepts = True
+    except ConfigError:
+        rocmft_accepts = False
+    assert rocmft_accepts == torch_accepts, (value, child.stderr[-1500:])
