@@ -375,3 +375,73 @@ def test_memory_fit_passes_fails_with_fixes_and_skips(tmp_path):
     not_local = memory_fit(plan(image=None, probe=h200, arguments=lora_arguments(tmp_path / "hub-id", 2, True)))
     assert not_local.status == SKIP
     assert memory_fit(plan(probe=devices(backend="cpu"))).status == SKIP
+
+
+# Unified-memory APUs, injected: no MI300A or Strix Halo here. The records follow rocmft.records.GpuRecord; the
+# mem_get_info numbers are the two misreadings the budget corrects (an MI300A reporting all 128 GB of HBM as free
+# although the OS holds part of it; a Strix Halo reporting its 512 MiB BIOS carve-out, the "total capacity of 512.00
+# MiB" of the kernel commit "drm/amdkfd: Let VRAM allocations go to GTT domain on small APUs").
+MI300A = dict(name="AMD Instinct MI300A", arch="gfx942:sramecc+:xnack-", total=128.0, free=127.5)
+STRIX_HALO = dict(name="AMD Radeon 8060S Graphics", arch="gfx1151", total=0.5, free=0.5)
+
+
+def apu(shared, integrated=True, **kind):
+    record = gpu(**kind)
+    record["integrated"] = integrated
+    if shared is not None:
+        record["unified_memory"] = shared
+    return record
+
+
+def test_an_apu_is_budgeted_from_system_memory_capped_by_the_gtt_pool():
+    from rocmft.facts.device import facts_from_probe, memory_budget
+
+    mi300a = memory_budget(apu({"mem_total_gib": 125.0, "mem_available_gib": 110.0, "gtt_total_gib": 120.0,
+                                "gtt_used_gib": 0.2}, **MI300A))  # fmt: skip
+    assert (mi300a.total_gib, mi300a.free_gib) == (110.0, 110.0) and "GTT 119.8 of 120.0" in mi300a.source
+    # Strix Halo with the default GTT (half of 64 GB): the GTT pool, not the 512 MiB carve-out, nor all of RAM
+    strix = apu({"mem_total_gib": 62.0, "mem_available_gib": 55.0, "gtt_total_gib": 31.0, "gtt_used_gib": 1.0},
+                **STRIX_HALO)  # fmt: skip
+    assert (memory_budget(strix).total_gib, memory_budget(strix).free_gib) == (31.0, 30.0)
+    assert facts_from_probe(devices(strix)).memory_gib == [31.0]  # what the planner plans with
+    no_gtt = memory_budget(apu({"mem_total_gib": 62.0, "mem_available_gib": 55.0}, **STRIX_HALO))
+    assert (no_gtt.total_gib, no_gtt.free_gib) == (55.0, 55.0) and "no GTT size" in no_gtt.source
+
+
+def test_discrete_gpus_and_old_records_keep_torchs_numbers():
+    from rocmft.facts.device import is_unified, memory_budget
+
+    mi300x = memory_budget(gpu())
+    assert (mi300x.total_gib, mi300x.free_gib, mi300x.source) == (191.98, 191.4, "torch.cuda.mem_get_info")
+    old = gpu(**STRIX_HALO)  # a record written before "integrated": the gfx target still tells an APU
+    assert is_unified(old) and "no system memory was recorded" in memory_budget(old).source
+    assert is_unified(gpu(**MI300A)) and not is_unified(apu(None, integrated=False, **MI300A))
+
+
+def test_memory_fit_uses_the_apu_budget(tmp_path):
+    from rocmft.checks.system import memory_fit
+
+    model = tmp_path / "qwen2-7b"
+    model.mkdir()
+    (model / "config.json").write_text(__import__("json").dumps(QWEN2_7B))
+    strix = apu({"mem_total_gib": 62.0, "mem_available_gib": 55.0, "gtt_total_gib": 31.0, "gtt_used_gib": 1.0},
+                **STRIX_HALO)  # fmt: skip
+    outcome = memory_fit(plan(image=None, probe=devices(strix), arguments=lora_arguments(model, 1, True)))
+    assert "GiB of 30.0 GiB free" in outcome.value and "unified memory" in outcome.data["memory_source"]
+
+
+def test_unified_memory_is_read_from_meminfo_and_amdgpu_sysfs(tmp_path):
+    """Synthetic tree: /proc/meminfo in proc(5)'s format and amdgpu's mem_info_gtt_total/_used (bytes, one integer;
+    drivers/gpu/drm/amd/amdgpu/amdgpu_gtt_mgr.c) under the GPU's PCI address."""
+    from rocmft.facts.device import unified_memory
+
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal:       65011712 kB\nMemFree:  1 kB\nMemAvailable:   57671680 kB\n")
+    device = tmp_path / "sys/bus/pci/devices/0000:c2:00.0"
+    device.mkdir(parents=True)
+    (device / "mem_info_gtt_total").write_text(f"{32 << 30}\n")
+    (device / "mem_info_gtt_used").write_text(f"{1 << 29}\n")
+    assert unified_memory("0000:c2:00.0", tmp_path) == {"mem_total_gib": 62.0, "mem_available_gib": 55.0,
+                                                        "gtt_total_gib": 32.0, "gtt_used_gib": 0.5}  # fmt: skip
+    assert unified_memory("0000:00:00.0", tmp_path) == {"mem_total_gib": 62.0, "mem_available_gib": 55.0}
+    assert unified_memory(None, tmp_path / "nothing") == {}
