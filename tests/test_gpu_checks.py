@@ -98,6 +98,88 @@ def test_compute_fails_on_wrong_results(bad, words):
     assert checks.gpu_compute(plan()).status == PASS
 
 
+# Injected probe results for gpu-compute: the shape of `python -m rocmft.facts.probe devices`
+# (rocmft.records.GemmRecord, BlasRecord); the numbers are made up to land on each side of GEMM_TOLERANCE, the
+# warning texts are torch's own
+# (aten/src/ATen/Context.cpp's override; AMDResearch/hpcfund#86's per-call recovery on MI300X, torch 2.11.0+rocm7.2).
+OVERRIDE_WARNING = ("Attempting to use hipBLASLt on an unsupported architecture! Overriding blas backend to hipblas "
+                    "(Triggered internally at /pytorch/aten/src/ATen/Context.cpp:373.)")  # fmt: skip
+RECOVER_WARNING = ("bgemm_internal_cublaslt error: HIPBLAS_STATUS_INTERNAL_ERROR when calling hipblasLtMatmul with "
+                   "transpose_mat1 n transpose_mat2 n m 1024 n 1024 k 1024 lda 1024 ldb 1024 ldc 1024 abType 0 cType 0 "
+                   "computeType 2 scaleType 0. Will attempt to recover by calling cublas instead. "
+                   "(Triggered internally at /pytorch/aten/src/ATen/hip/HIPBlas.cpp:575.)")  # fmt: skip
+
+
+def with_gemm(gpu_record, dtype, **changes):
+    gpu_record["gemm"][dtype] = {**gpu_record["gemm"][dtype], **changes}
+    return gpu_record
+
+
+def with_blas(probe, after="hipblaslt", warnings=(), prefer=None):
+    probe["blas"] = {"before": after, "after": after, "fallback_warnings": list(warnings), "prefer_hipblaslt": prefer,
+                     "prefer_cublaslt": None}  # fmt: skip
+    return probe
+
+
+def test_compute_judges_every_dtype_the_probe_ran():
+    """Injected: all three dtypes within tolerance and fp32 recorded as IEEE -> pass, naming each dtype."""
+    probe = with_blas(devices(with_gemm(gpu(0), "float32", precision="ieee"), gpu(1)))
+    outcome = checks.gpu_compute(plan(probe=probe))
+    assert outcome.status == PASS and "bfloat16, float16, float32 GEMMs correct" in outcome.message
+    assert outcome.value == "max rel. error 3.0e-03, hipblaslt"
+
+
+def test_a_wrong_gemm_in_another_dtype_warns_and_says_what_would_use_it():
+    """Injected: the bf16 run is right, fp32 is 100x over its tolerance (what TF32 or a broken fp32 kernel gives)."""
+    probe = devices(gpu(0), with_gemm(gpu(1), "float32", max_rel_error=1e-2))
+    outcome = checks.gpu_compute(plan(probe=probe))
+    assert outcome.status == WARN and "GPU 1 (AMD Instinct MI300X): error 1.00e-02 in float32" in outcome.message
+    assert "ROCMFT_ON_NAN=fp32" in outcome.message and "ROCMFT_PRECISION=fp32" in outcome.message
+    fp16 = checks.gpu_compute(plan(probe=devices(with_gemm(gpu(0), "float16", finite=False))))
+    assert fp16.status == WARN and "non-finite result in float16" in fp16.message and "fp16" in fp16.message
+
+
+def test_a_wrong_fp32_gemm_fails_when_the_nan_restart_would_train_in_fp32():
+    probed = plan(probe=devices(with_gemm(gpu(0), "float32", max_rel_error=1e-2)))
+    probed.settings.rocmft.on_nan = "fp32"
+    outcome = checks.gpu_compute(probed)
+    assert outcome.status == FAIL and "ROCMFT_ON_NAN=fp32 restarts in it" in outcome.message
+
+
+def test_fp32_that_ran_as_tf32_is_not_fp32():
+    """Injected: an fp32 GEMM whose recorded precision is tf32 is wrong even when its error would pass."""
+    outcome = checks.gpu_compute(plan(probe=devices(with_gemm(gpu(0), "float32", precision="tf32"))))
+    assert outcome.status == WARN and "fp32 ran in tf32 precision, not IEEE fp32" in outcome.message
+
+
+def test_a_gemm_that_raised_in_the_runs_dtype_fails():
+    """Injected: the record _gemm writes when the product raised (hpcfund#86's AcceleratorError)."""
+    raised = with_gemm(gpu(0), "bfloat16", finite=False, max_rel_error=float("inf"),
+                       error="AcceleratorError: CUDA error: file not found")  # fmt: skip
+    outcome = checks.gpu_compute(plan(probe=devices(raised)))
+    assert outcome.status == FAIL and "raised AcceleratorError: CUDA error: file not found" in outcome.message
+
+
+def test_a_hipblaslt_fallback_fails_with_the_fix_and_a_chosen_hipblas_passes():
+    """Injected: torch's two fallback warnings as the probe records them."""
+    recovered = checks.gpu_compute(
+        plan(probe=with_blas(devices(gpu(0)), after="hipblaslt", warnings=[RECOVER_WARNING]))
+    )
+    assert recovered.status == FAIL and "BLAS fallback: bgemm_internal_cublaslt error" in recovered.message
+    assert "Triggered internally" not in recovered.message
+    assert "hpcfund#86" in recovered.remedy and "built for this gfx target" in recovered.remedy
+    strix = devices(gpu(0, arch="gfx1151", name="AMD Radeon 8060S Graphics"))
+    overridden = checks.gpu_compute(plan(probe=with_blas(strix, after="hipblas", warnings=[OVERRIDE_WARNING],
+                                                         prefer="1")))  # fmt: skip
+    assert overridden.status == FAIL and "Overriding blas backend to hipblas" in overridden.message
+    assert (
+        overridden.remedy.startswith("TORCH_BLAS_PREFER_HIPBLASLT=1 asks for hipBLASLt")
+        and "unset it" in overridden.remedy
+    )
+    chosen = checks.gpu_compute(plan(probe=with_blas(devices(gpu(0)), after="hipblas")))
+    assert chosen.status == PASS and chosen.value.endswith("hipblas")
+
+
 def test_shm_is_sized_for_ranks_and_loader_workers():
     small = plan(probe=devices(gpu(0), gpu(1)), launcher="torchrun", workers=2, shm_bytes=64 << 20)
     outcome = checks.shm(small)
@@ -293,3 +375,73 @@ def test_memory_fit_passes_fails_with_fixes_and_skips(tmp_path):
     not_local = memory_fit(plan(image=None, probe=h200, arguments=lora_arguments(tmp_path / "hub-id", 2, True)))
     assert not_local.status == SKIP
     assert memory_fit(plan(probe=devices(backend="cpu"))).status == SKIP
+
+
+# Unified-memory APUs, injected: no MI300A or Strix Halo here. The records follow rocmft.records.GpuRecord; the
+# mem_get_info numbers are the two misreadings the budget corrects (an MI300A reporting all 128 GB of HBM as free
+# although the OS holds part of it; a Strix Halo reporting its 512 MiB BIOS carve-out, the "total capacity of 512.00
+# MiB" of the kernel commit "drm/amdkfd: Let VRAM allocations go to GTT domain on small APUs").
+MI300A = dict(name="AMD Instinct MI300A", arch="gfx942:sramecc+:xnack-", total=128.0, free=127.5)
+STRIX_HALO = dict(name="AMD Radeon 8060S Graphics", arch="gfx1151", total=0.5, free=0.5)
+
+
+def apu(shared, integrated=True, **kind):
+    record = gpu(**kind)
+    record["integrated"] = integrated
+    if shared is not None:
+        record["unified_memory"] = shared
+    return record
+
+
+def test_an_apu_is_budgeted_from_system_memory_capped_by_the_gtt_pool():
+    from rocmft.facts.device import facts_from_probe, memory_budget
+
+    mi300a = memory_budget(apu({"mem_total_gib": 125.0, "mem_available_gib": 110.0, "gtt_total_gib": 120.0,
+                                "gtt_used_gib": 0.2}, **MI300A))  # fmt: skip
+    assert (mi300a.total_gib, mi300a.free_gib) == (110.0, 110.0) and "GTT 119.8 of 120.0" in mi300a.source
+    # Strix Halo with the default GTT (half of 64 GB): the GTT pool, not the 512 MiB carve-out, nor all of RAM
+    strix = apu({"mem_total_gib": 62.0, "mem_available_gib": 55.0, "gtt_total_gib": 31.0, "gtt_used_gib": 1.0},
+                **STRIX_HALO)  # fmt: skip
+    assert (memory_budget(strix).total_gib, memory_budget(strix).free_gib) == (31.0, 30.0)
+    assert facts_from_probe(devices(strix)).memory_gib == [31.0]  # what the planner plans with
+    no_gtt = memory_budget(apu({"mem_total_gib": 62.0, "mem_available_gib": 55.0}, **STRIX_HALO))
+    assert (no_gtt.total_gib, no_gtt.free_gib) == (55.0, 55.0) and "no GTT size" in no_gtt.source
+
+
+def test_discrete_gpus_and_old_records_keep_torchs_numbers():
+    from rocmft.facts.device import is_unified, memory_budget
+
+    mi300x = memory_budget(gpu())
+    assert (mi300x.total_gib, mi300x.free_gib, mi300x.source) == (191.98, 191.4, "torch.cuda.mem_get_info")
+    old = gpu(**STRIX_HALO)  # a record written before "integrated": the gfx target still tells an APU
+    assert is_unified(old) and "no system memory was recorded" in memory_budget(old).source
+    assert is_unified(gpu(**MI300A)) and not is_unified(apu(None, integrated=False, **MI300A))
+
+
+def test_memory_fit_uses_the_apu_budget(tmp_path):
+    from rocmft.checks.system import memory_fit
+
+    model = tmp_path / "qwen2-7b"
+    model.mkdir()
+    (model / "config.json").write_text(__import__("json").dumps(QWEN2_7B))
+    strix = apu({"mem_total_gib": 62.0, "mem_available_gib": 55.0, "gtt_total_gib": 31.0, "gtt_used_gib": 1.0},
+                **STRIX_HALO)  # fmt: skip
+    outcome = memory_fit(plan(image=None, probe=devices(strix), arguments=lora_arguments(model, 1, True)))
+    assert "GiB of 30.0 GiB free" in outcome.value and "unified memory" in outcome.data["memory_source"]
+
+
+def test_unified_memory_is_read_from_meminfo_and_amdgpu_sysfs(tmp_path):
+    """Synthetic tree: /proc/meminfo in proc(5)'s format and amdgpu's mem_info_gtt_total/_used (bytes, one integer;
+    drivers/gpu/drm/amd/amdgpu/amdgpu_gtt_mgr.c) under the GPU's PCI address."""
+    from rocmft.facts.device import unified_memory
+
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal:       65011712 kB\nMemFree:  1 kB\nMemAvailable:   57671680 kB\n")
+    device = tmp_path / "sys/bus/pci/devices/0000:c2:00.0"
+    device.mkdir(parents=True)
+    (device / "mem_info_gtt_total").write_text(f"{32 << 30}\n")
+    (device / "mem_info_gtt_used").write_text(f"{1 << 29}\n")
+    assert unified_memory("0000:c2:00.0", tmp_path) == {"mem_total_gib": 62.0, "mem_available_gib": 55.0,
+                                                        "gtt_total_gib": 32.0, "gtt_used_gib": 0.5}  # fmt: skip
+    assert unified_memory("0000:00:00.0", tmp_path) == {"mem_total_gib": 62.0, "mem_available_gib": 55.0}
+    assert unified_memory(None, tmp_path / "nothing") == {}

@@ -460,19 +460,35 @@ def read_parse_result(path: Path) -> ParseResult | None:
 # ----------------------------------------------------------------------------------------- the probe child's line
 
 
-class GemmRecord(TypedDict):
-    """One dtype's matrix product on a GPU against a float64 reference: ``max_rel_error`` is
-    max|gpu - reference| / max|reference|; ``seconds`` the product and its copy back."""
-
+class _GemmResult(TypedDict):
     finite: bool
     max_rel_error: float
     seconds: float
 
 
-class GpuRecord(TypedDict):
-    """One visible GPU as ``devices`` reports it: memory in GiB, ``arch`` the gfx target (``gcnArchName``) or
-    ``sm_<major><minor>``, ``pci`` its sysfs address (None on an old torch), ``gemm`` by dtype name."""
+class GemmRecord(_GemmResult, total=False):
+    """One dtype's matrix product on a GPU against a float64 reference: ``max_rel_error`` is
+    max|gpu - reference| / max|reference|; ``seconds`` the product and its copy back. For float32, ``precision``:
+    torch.backends.cuda.matmul.fp32_precision while it ran (``"ieee"``: real fp32; ``"tf32"``). A product that
+    raised has ``error`` (its exception), ``finite`` False and ``max_rel_error`` inf."""
 
+    precision: str
+    error: str
+
+
+class UnifiedMemory(TypedDict, total=False):
+    """What an integrated GPU (MI300A, Ryzen APUs) may use of the system memory it shares, GiB
+    (:func:`rocmft.facts.device.unified_memory`): ``mem_total_gib``/``mem_available_gib`` (psutil, MemTotal and
+    MemAvailable of /proc/meminfo), ``gtt_total_gib``/``gtt_used_gib`` (amdgpu's mem_info_gtt_total/_used; absent
+    where the driver has no such files)."""
+
+    mem_total_gib: float
+    mem_available_gib: float
+    gtt_total_gib: float
+    gtt_used_gib: float
+
+
+class _GpuIdentity(TypedDict):
     index: int
     name: str
     arch: str
@@ -483,9 +499,34 @@ class GpuRecord(TypedDict):
     gemm: dict[str, GemmRecord]
 
 
+class GpuRecord(_GpuIdentity, total=False):
+    """One visible GPU as ``devices`` reports it: memory in GiB as torch.cuda.mem_get_info reads it (misread on
+    APUs: see :func:`rocmft.facts.device.memory_budget`), ``arch`` the gfx target (``gcnArchName``) or
+    ``sm_<major><minor>``, ``pci`` its sysfs address (None on an old torch), ``gemm`` by dtype name;
+    ``integrated`` (torch's is_integrated: an APU sharing system memory) and, when True, ``unified_memory``.
+    Records written before these keys existed lack them."""
+
+    integrated: bool
+    unified_memory: UnifiedMemory
+
+
+class BlasRecord(TypedDict, total=False):
+    """The BLAS library torch preferred ``before`` and ``after`` the probe's GEMMs (``hipblaslt``, ``hipblas``,
+    ``ck`` on ROCm; ``cublaslt``, ``cublas`` on CUDA), the ``fallback_warnings`` torch gave when a GEMM left
+    hipBLASLt for hipBLAS (rocmft.facts.probe.BLAS_FALLBACK_WARNINGS), and TORCH_BLAS_PREFER_HIPBLASLT /
+    TORCH_BLAS_PREFER_CUBLASLT as the probe saw them (None: unset)."""
+
+    before: str
+    after: str
+    fallback_warnings: list[str]
+    prefer_hipblaslt: str | None
+    prefer_cublaslt: str | None
+
+
 class DevicesProbe(TypedDict, total=False):
     """``devices``: the backend (rocm, cuda, cpu), torch's and its toolkit's versions, the *_VISIBLE_DEVICES
-    variables it saw, and the GPUs. A failed probe is ``{"error", "timed_out"}`` instead (rocmft.facts.device)."""
+    variables it saw, the GPUs, the BLAS library of their GEMMs (``blas``) and the fp32 matmul precision after
+    them (``fp32_precision``). A failed probe is ``{"error", "timed_out"}`` instead (rocmft.facts.device)."""
 
     backend: str
     torch: str
@@ -493,6 +534,8 @@ class DevicesProbe(TypedDict, total=False):
     cuda: str | None
     visible: dict[str, str]
     gpus: list[GpuRecord]
+    blas: BlasRecord
+    fp32_precision: str
     error: str
     timed_out: bool
 

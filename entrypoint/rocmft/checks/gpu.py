@@ -195,29 +195,106 @@ def gpu_memory(plan) -> Outcome:
     return Outcome(PASS, "free", "every GPU has more than 90% of its memory free")
 
 
-@check("gpu-compute", "GPU matrix product correct", timeout_s=10, needs=("gpu-runtime",))
-def gpu_compute(plan) -> Outcome:
-    """Per GPU, a 1024×1024 matrix product in the run's precision is finite and within the dtype's tolerance
-    of a float64 reference (see rocmft.facts.probe.GEMM_TOLERANCE)."""
+# What else runs a GEMM in a dtype other than the run's compute dtype (the gpu-compute check's warning says it):
+# fp32 GEMMs are the fp32 policy's (ROCMFT_PRECISION=fp32) and the automatic restart after a non-finite loss
+# (ROCMFT_ON_NAN=fp32, rocmft.cli.train); fp16 is the policy of GPUs without bf16. Under bf16 autocast the model's
+# matmuls (the LM head's included) run in bf16; the fp32 parts (loss, softmax, the optimizer) are not GEMMs.
+OTHER_DTYPE_USE = {
+    "float32": "fp32 GEMMs run only after a switch to fp32: ROCMFT_PRECISION=fp32, or the automatic restart "
+    "after a non-finite loss (ROCMFT_ON_NAN=fp32)",
+    "float16": "fp16 GEMMs run only with ROCMFT_PRECISION=fp16 (the policy of GPUs without bf16)",
+    "bfloat16": "bf16 GEMMs run only with ROCMFT_PRECISION=bf16",
+}
+_GEMM_REMEDY = ("Do not train on these GPUs: check the gfx target and HSA_OVERRIDE_GFX_VERSION, the driver and "
+                "firmware; exclude a bad GPU with HIP_VISIBLE_DEVICES.")  # fmt: skip
+_FALLBACK_REMEDY = (
+    "torch fell back from hipBLASLt to hipBLAS, so this torch's hipBLASLt cannot run GEMMs on this GPU (in "
+    "AMDResearch/hpcfund#86 the retry itself then failed with 'CUDA error: file not found'). Use an image whose "
+    "torch and hipBLASLt were built for this gfx target (a rocmft image for it: docker/arch/<arch>.env) and do not "
+    "mix ROCm libraries from the host into it (LD_LIBRARY_PATH, HIPBLASLT_TENSILE_LIBPATH)."
+)
+
+
+def _gemm_problem(gemm: dict[str, Any], dtype: str) -> str | None:
+    """What is wrong with one probed GEMM (rocmft.records.GemmRecord), or None."""
     from rocmft.facts.probe import GEMM_TOLERANCE
 
+    if gemm.get("error"):
+        return f"raised {gemm['error']}"
+    if not gemm["finite"]:
+        return f"non-finite result in {dtype}"
+    if not gemm["max_rel_error"] <= GEMM_TOLERANCE[dtype]:
+        return f"error {gemm['max_rel_error']:.2e} in {dtype} (tolerance {GEMM_TOLERANCE[dtype]:.0e})"
+    if dtype == "float32" and gemm.get("precision") not in (None, "ieee"):
+        return f"fp32 ran in {gemm['precision']} precision, not IEEE fp32"
+    return None
+
+
+def _blas_fallback(probe: dict[str, Any]) -> str | None:
+    """The probe's hipBLASLt -> hipBLAS fallback, in words (None without one)."""
+    blas = probe.get("blas") or {}
+    warnings = blas.get("fallback_warnings") or []
+    if not warnings:
+        return None
+    switched = f" (preferred library {blas.get('before')} -> {blas.get('after')})"
+    return f"{warnings[0].split(' (Triggered internally')[0]}{switched}"
+
+
+@check("gpu-compute", "GPU matrix product correct", timeout_s=10, needs=("gpu-runtime",))
+def gpu_compute(plan) -> Outcome:
+    """Per GPU, a 1024×1024 matrix product in every dtype the probe ran (bf16, fp16, fp32 in IEEE precision: TF32
+    off) is finite and within the dtype's tolerance of a float64 reference (rocmft.facts.probe.GEMM_TOLERANCE),
+    and no GEMM fell back from hipBLASLt to hipBLAS (rocmft.facts.probe.BLAS_FALLBACK_WARNINGS).
+
+    * wrong in the run's compute dtype, a GPU without it, or a BLAS fallback: **fail**;
+    * wrong in another dtype: **warn** (the run's GEMMs do not use it: :data:`OTHER_DTYPE_USE` says what would), but
+      **fail** for fp32 when ROCMFT_ON_NAN=fp32 would restart the run in it.
+
+    hipBLAS chosen without a fallback warning (preferred_blas_library("hipblas"), or torch's own default on a gfx
+    target outside its hipBLASLt list) passes: only a switch torch made behind the run's back fails. Note that
+    TORCH_BLAS_PREFER_HIPBLASLT=0 does not choose hipBLAS in torch 2.11: only =1 changes anything (ATen/Context.h
+    of the 2.11.0 wheel: ``check_env(...) == true ? Cublaslt : Default``).
+    """
+    probe = devices_probe(plan)
     dtype = plan.precision.compute_dtype
-    wrong = []
-    worst = 0.0
-    for gpu in devices_probe(plan)["gpus"]:
-        gemm = gpu["gemm"].get(dtype)
-        if gemm is None:
-            wrong.append(f"GPU {gpu['index']} ({gpu['name']}): no {dtype} support")
-            continue
-        worst = max(worst, gemm["max_rel_error"])
-        if not gemm["finite"] or not gemm["max_rel_error"] <= GEMM_TOLERANCE[dtype]:
-            wrong.append(f"GPU {gpu['index']} ({gpu['name']}): {'non-finite' if not gemm['finite'] else 'error'} "
-                         f"{gemm['max_rel_error']:.2e} in {dtype}")  # fmt: skip
+    on_nan = getattr(getattr(getattr(plan, "settings", None), "rocmft", None), "on_nan", "stop")
+    wrong, other, worst = [], [], 0.0
+    for gpu in probe["gpus"]:
+        where = f"GPU {gpu['index']} ({gpu['name']})"
+        if dtype not in gpu["gemm"]:
+            wrong.append(f"{where}: no {dtype} support")
+        for name, gemm in gpu["gemm"].items():
+            problem = _gemm_problem(gemm, name)
+            if problem is None:
+                if name == dtype:
+                    worst = max(worst, gemm["max_rel_error"])
+                continue
+            if name == dtype or (name == "float32" and on_nan == "fp32"):
+                wrong.append(f"{where}: {problem}" + ("" if name == dtype else " (ROCMFT_ON_NAN=fp32 restarts in it)"))
+            else:
+                other.append((name, f"{where}: {problem}"))
+    fallback = _blas_fallback(probe)
+    library = (probe.get("blas") or {}).get("after")
+    shown = f"max rel. error {worst:.1e}" + (f", {library}" if library else "")
+    if fallback:
+        prefer = (probe.get("blas") or {}).get("prefer_hipblaslt")
+        remedy = _FALLBACK_REMEDY
+        if prefer and "Overriding blas backend" in fallback:
+            remedy = (f"TORCH_BLAS_PREFER_HIPBLASLT={prefer} asks for hipBLASLt, which torch does not support on "
+                      "this gfx target: unset it (torch then chooses hipBLAS itself, without a fallback), or "
+                      + remedy[0].lower() + remedy[1:])  # fmt: skip
+        wrong.append(f"BLAS fallback: {fallback}")
+        return Outcome(FAIL, f"{len(wrong)} wrong", "; ".join(wrong), remedy)
     if wrong:
-        return Outcome(FAIL, f"{len(wrong)} wrong", "; ".join(wrong),
-                       "Do not train on these GPUs: check the gfx target and HSA_OVERRIDE_GFX_VERSION, the driver "
-                       "and firmware; exclude a bad GPU with HIP_VISIBLE_DEVICES.")  # fmt: skip
-    return Outcome(PASS, f"max rel. error {worst:.1e}", f"{dtype} GEMM correct on every GPU")
+        return Outcome(FAIL, f"{len(wrong)} wrong", "; ".join(wrong), _GEMM_REMEDY)
+    if other:
+        uses = "; ".join(OTHER_DTYPE_USE[name] for name in sorted({name for name, _ in other}))
+        return Outcome(WARN, shown + f", {len(other)} wrong in another dtype",
+                       f"{dtype} GEMMs are correct on every GPU, but: {'; '.join(text for _, text in other)}. "
+                       f"This run does not use that dtype for its GEMMs: {uses}.",
+                       _GEMM_REMEDY + " Until then, do not switch this run to that dtype.")  # fmt: skip
+    names = sorted({n for g in probe["gpus"] for n in g["gemm"]})
+    return Outcome(PASS, shown, f"{', '.join(names)} GEMMs correct on every GPU ({dtype} is this run's)")
 
 
 @check("shm", "shared memory (/dev/shm) size", timeout_s=10)

@@ -206,8 +206,10 @@ def memory_fit(plan) -> Outcome:
     """Peak GPU memory per process, estimated from the model's config.json (no weights loaded) and the
     training arguments by :mod:`rocmft.render.memfit` (formula and sources in its docstring; within 3% of
     torch.cuda.max_memory_allocated on Qwen2-7B-shaped LoRA runs, BENCHMARKS.md), against the free memory
-    of the emptiest-looking local GPU the run uses. Fails with up to three changes that would fit.
+    of the emptiest-looking local GPU the run uses (rocmft.facts.device.memory_budget: on an APU, the shared system
+    memory it may use). Fails with up to three changes that would fit.
     FSDP full sharding is estimated as ZeRO-3 (both partition parameters, gradients and optimizer states)."""
+    from rocmft.facts.device import memory_budget
     from rocmft.facts.job import world_size
     from rocmft.render import processes_per_node
     from rocmft.render.memfit import estimate, fixes, read_model_shape, spec_from_arguments
@@ -231,9 +233,11 @@ def memory_fit(plan) -> Outcome:
     spec = spec_from_arguments(plan.arguments, compute_dtype=plan.precision.compute_dtype, zero_stage=zero,
                                offload=offload, world_size=world)  # fmt: skip
     peak = estimate(shape, spec)
-    free = int(min(g["free_gib"] for g in gpus) * 2**30)
+    budget = min((memory_budget(g) for g in gpus), key=lambda b: b.free_gib)  # the one rule, APUs included
+    free = int(budget.free_gib * 2**30)
     value = f"~{peak.total / 2**30:.1f} GiB of {free / 2**30:.1f} GiB free per GPU"
-    data = {"estimate_gib": peak.breakdown(), "free_gib": round(free / 2**30, 2), "world_size": world}
+    data = {"estimate_gib": peak.breakdown(), "free_gib": round(free / 2**30, 2), "world_size": world,
+            "memory_source": budget.source}  # fmt: skip
     if peak.fits(free):
         return Outcome(PASS, value, peak.summary(), data=data)
     options = fixes(shape, spec, free)

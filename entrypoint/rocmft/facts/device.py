@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rocmft.proc import kill_group
@@ -26,7 +27,8 @@ class DeviceFacts:
         names: each GPU's marketing name, e.g. ``"AMD Instinct MI300X"``.
         archs: each GPU's gfx target on ROCm (``gcnArchName``, e.g. ``"gfx942:sramecc+:xnack-"``), or its
             compute capability on CUDA (``"sm_90"``).
-        memory_gib: each GPU's total memory in GiB.
+        memory_gib: each GPU's memory in GiB, as :func:`memory_budget` counts it (on an APU: the shared system
+            memory it may use).
         bf16: whether bf16 arithmetic is supported (``torch.cuda.is_bf16_supported``); False on CPU, where
             rocmft does not train in bf16 by default.
         torch_version: ``torch.__version__``; hip_version/cuda_version: the toolkit torch was built with.
@@ -193,6 +195,114 @@ def allreduce_probe(world: int) -> dict:
     return ProbeProcess(["allreduce", str(world), str(ALLREDUCE_MIB)], ALLREDUCE_TIMEOUT_S).result()
 
 
+# gfx targets that are integrated GPUs sharing system memory, for probe records without ``integrated`` (written
+# before it existed): the Ryzen APUs of RDNA 3.5 (ROCm's "AMD RDNA3.5 system optimization", gfx1150/1151/1152).
+# MI300A shares gfx942 with the discrete MI300X and is told apart by its name ("AMD Instinct MI300A").
+APU_TARGETS = ("gfx1150", "gfx1151", "gfx1152")
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """The GPU memory one GPU's training process may plan with, GiB: ``total_gib`` its capacity (the planner's),
+    ``free_gib`` what is free now (the memory-fit check's); ``source`` says where they come from, in words."""
+
+    total_gib: float
+    free_gib: float
+    source: str
+
+
+def is_unified(gpu: dict) -> bool:
+    """Whether the probe's GPU record is an integrated GPU whose memory is system memory: torch's is_integrated
+    where recorded, else its gfx target (:data:`APU_TARGETS`) or an MI300A name."""
+    if "integrated" in gpu:
+        return bool(gpu["integrated"])
+    return str(gpu.get("arch", "")).split(":")[0] in APU_TARGETS or "MI300A" in str(gpu.get("name", ""))
+
+
+def unified_memory(pci: str | None, root: Path = Path("/")) -> dict:
+    """What an integrated GPU may use of the system memory it shares (rocmft.records.UnifiedMemory), GiB.
+
+    ``mem_total_gib``/``mem_available_gib`` from psutil (MemTotal/MemAvailable of /proc/meminfo; read from
+    ``root``/proc/meminfo when ``root`` is not /, for tests). ``gtt_total_gib``/``gtt_used_gib`` from amdgpu's
+    ``mem_info_gtt_total``/``mem_info_gtt_used`` (bytes, one integer; drivers/gpu/drm/amd/amdgpu/amdgpu_gtt_mgr.c,
+    "DOC: mem_info_gtt_total") under ``root``/sys/bus/pci/devices/``pci``/; left out when absent. GTT is the system
+    memory the driver maps into GPU address spaces for user processes, "the memory pool used by applications such
+    as PyTorch" (ROCm docs, how-to/system-optimization/strixhalo.html); it is set by amdgpu.gttsize or
+    ttm.pages_limit and defaults to half the system memory (Linux commit f7ba887f606b, "drm/amdgpu: Adjust logic
+    around GTT size"). Never raises: an unreadable file is left out.
+    """
+    out: dict[str, float] = {}
+    if root == Path("/"):
+        import psutil
+
+        memory = psutil.virtual_memory()
+        out["mem_total_gib"] = round(memory.total / 2**30, 2)
+        out["mem_available_gib"] = round(memory.available / 2**30, 2)
+    else:
+        meminfo = _meminfo(root / "proc/meminfo")
+        for key, name in (("MemTotal", "mem_total_gib"), ("MemAvailable", "mem_available_gib")):
+            if key in meminfo:
+                out[name] = round(meminfo[key] / 2**30, 2)
+    if pci:
+        device = root / "sys/bus/pci/devices" / pci
+        for name in ("gtt_total", "gtt_used"):
+            try:
+                value = int((device / f"mem_info_{name}").read_text().strip())
+            except (OSError, ValueError):  # no such file (an older driver, not amdgpu) or unreadable
+                continue
+            out[f"{name}_gib"] = round(value / 2**30, 2)
+    return out
+
+
+def _meminfo(path: Path) -> dict[str, int]:
+    """/proc/meminfo's ``Key:   N kB`` lines as bytes (proc(5)); {} when unreadable."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isascii() and fields[0].isdigit():
+            out[key.strip()] = int(fields[0]) * (1024 if fields[1:2] == ["kB"] else 1)
+    return out
+
+
+def memory_budget(gpu: dict) -> MemoryBudget:
+    """The memory a training process on this GPU (a probe record, rocmft.records.GpuRecord) may plan with: the one
+    rule for every consumer (the planner through :func:`facts_from_probe`, the memory-fit check).
+
+    A discrete GPU: torch.cuda.mem_get_info's total and free. An integrated GPU (:func:`is_unified`: MI300A,
+    gfx1150/1151/1152) has no memory of its own: mem_get_info reports the BIOS carve-out (a few hundred MiB up to
+    what the BIOS reserves) or all of the system memory, neither of which a run can fill. There the budget is the
+    system memory not in use (MemAvailable: the OS, the entrypoint and the data loaders share the same memory),
+    capped by the GTT pool the driver lets GPU processes map (free: GTT total - GTT used; total: GTT total)::
+
+        total = min(MemAvailable, GTT total)    free = min(MemAvailable, GTT total - GTT used)
+
+    (the GTT terms only where amdgpu reports them). Sources: kernel commit "drm/amdkfd: Let VRAM allocations go
+    to GTT domain on small APUs" (the "MI300A approach": device allocations come from GTT); "drm/amdgpu: cap GTT
+    size to physical RAM on APUs" (GTT can be set larger than the memory behind it, hence the min); LLNL's El
+    Capitan memory guide (MI300A: 128 GB of HBM3 shared with the OS, ~118 GB safe per APU in SPX mode). An APU
+    record without ``unified_memory`` (an older probe) keeps torch's numbers, and says so in ``source``.
+    """
+    total, free = float(gpu["total_gib"]), float(gpu["free_gib"])
+    if not is_unified(gpu):
+        return MemoryBudget(total, free, "torch.cuda.mem_get_info")
+    shared = gpu.get("unified_memory") or {}
+    available = shared.get("mem_available_gib")
+    if available is None:
+        return MemoryBudget(total, free, "torch.cuda.mem_get_info (an APU, but no system memory was recorded)")
+    gtt_total = shared.get("gtt_total_gib")
+    if gtt_total is None:
+        return MemoryBudget(available, available, f"system memory available ({available:.1f} GiB; no GTT size)")
+    gtt_free = max(gtt_total - shared.get("gtt_used_gib", 0.0), 0.0)
+    return MemoryBudget(round(min(available, gtt_total), 2), round(min(available, gtt_free), 2),
+                        f"unified memory: min(system memory available {available:.1f} GiB, "
+                        f"GTT {gtt_free:.1f} of {gtt_total:.1f} GiB free)")  # fmt: skip
+
+
 def facts_from_probe(raw: dict) -> DeviceFacts:
     """:class:`DeviceFacts` from the device probe's JSON; a failed probe reads as no usable GPU."""
     gpus = raw.get("gpus", [])
@@ -201,7 +311,7 @@ def facts_from_probe(raw: dict) -> DeviceFacts:
         count=len(gpus),
         names=[g["name"] for g in gpus],
         archs=[g["arch"] for g in gpus],
-        memory_gib=[g["total_gib"] for g in gpus],
+        memory_gib=[memory_budget(g).total_gib for g in gpus],
         bf16=bool(gpus) and all(g["bf16"] for g in gpus),
         torch_version=raw.get("torch", ""),
         hip_version=raw.get("hip"),

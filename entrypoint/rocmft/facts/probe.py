@@ -1,8 +1,11 @@
 """GPU probes, run in a child process so that a hard HIP/CUDA error cannot kill the entrypoint.
 
 ``python -m rocmft.facts.probe devices``: every visible GPU's name, gfx target (``gcnArchName`` on ROCm), memory,
-bf16 support, and a matrix product in each training dtype the GPU supports (bf16, fp16, fp32) checked against a
-float64 reference. Each probe prints one JSON line on stdout, :func:`rocmft.records.probe_line` (the shapes:
+bf16 support, whether it is an integrated GPU sharing system memory (MI300A, Ryzen APUs: then the memory the
+driver lets it map, rocmft.facts.device.unified_memory), a matrix product in each training dtype the GPU supports
+(bf16, fp16, and fp32 in IEEE precision, TF32 off) checked against a float64 reference, and the BLAS library torch
+used for them with any warning that it fell back from hipBLASLt to hipBLAS. Each probe prints one JSON line on
+stdout, :func:`rocmft.records.probe_line` (the shapes:
 rocmft.records.DevicesProbe, AllreduceProbe, LibProbe). This is the only place rocmft touches a GPU before
 training: the entrypoint itself never opens a GPU context (which would hold memory on GPU 0 for the whole run).
 
@@ -29,20 +32,73 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rocmft.records import AllreduceProbe, DevicesProbe, LibProbe
+    from rocmft.records import AllreduceProbe, DevicesProbe, GemmRecord, GpuRecord, LibProbe
 
 GEMM_SIZE = 1024
 # Largest allowed |gpu - reference| / max|reference| per dtype. The reference is computed in float64 from the
 # same rounded inputs, so what remains is accumulation and output rounding: output rounding alone is 2^-8 for
 # bf16 and 2^-11 for fp16 relative to each element; these bounds leave 2-3x headroom. A broken kernel or a
-# wrong-architecture code object gives NaN, zeros or O(1) errors.
+# wrong-architecture code object gives NaN, zeros or O(1) errors. fp32's 1e-4 is also what tells real fp32 from
+# TF32 (10-bit mantissa, ~1e-3 here): measured on an H200 (tests/test_gpu_probe.py prints both).
 GEMM_TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-4}
+# Warnings by which torch says a GEMM did not run on the BLAS library it was meant to (both are TORCH_WARN*, which
+# torch's Python binding turns into a Python UserWarning: the "(Triggered internally at ...)" suffix in the reports
+# below is that translation):
+# * at::Context::blasPreferredBackend() (aten/src/ATen/Context.cpp, torch 2.5-2.11): hipBLASLt was asked for (by
+#   TORCH_BLAS_PREFER_HIPBLASLT=1 or preferred_blas_library("hipblaslt")) on a GPU outside its list of supported
+#   gfx targets; TORCH_WARN_ONCE("Attempting to use hipBLASLt on an unsupported architecture! Overriding blas
+#   backend to hipblas") and the preferred backend becomes hipBLAS for the whole process.
+# * at::cuda::blas's per-call recovery (CUDABlas.cpp, hipified to aten/src/ATen/hip/HIPBlas.cpp): a hipBLASLt call
+#   failed and torch retries it on hipBLAS: "bgemm_internal_cublaslt error: HIPBLAS_STATUS_INTERNAL_ERROR when
+#   calling hipblasLtMatmul ... Will attempt to recover by calling cublas instead." -- AMDResearch/hpcfund#86 (a
+#   1024x1024 fp32 matmul on MI300X, torch 2.11.0+rocm7.2), where the retry then died with "CUDA error: file not
+#   found".
+BLAS_FALLBACK_WARNINGS = ("Overriding blas backend to hipblas", "Will attempt to recover by calling")
+
+
+def _blas_library(torch) -> str:
+    """The BLAS library torch prefers now, by its vendor's name: ``hipblaslt``/``hipblas``/``ck`` on ROCm,
+    ``cublaslt``/``cublas`` on CUDA (torch names both vendors' libraries by the CUDA ones: _BlasBackend.Cublas is
+    hipBLAS on ROCm). On ROCm the first query itself resolves "default" and may trigger the override above."""
+    name = torch.backends.cuda.preferred_blas_library().name.lower()  # Cublas, Cublaslt, Ck, Default
+    if torch.version.hip:
+        name = {"cublas": "hipblas", "cublaslt": "hipblaslt"}.get(name, name)
+    return name
+
+
+def _gemm(torch, a32, b32, dtype_name: str, device: str) -> GemmRecord:
+    """One GEMM_SIZE² product in ``dtype_name`` on ``device`` against a float64 reference of the same rounded
+    inputs; a product that raised (a missing kernel, a HIP error) is ``{"finite": False, "error": ...}``."""
+    dtype = getattr(torch, dtype_name)
+    a, b = a32.to(dtype), b32.to(dtype)
+    reference = a.double() @ b.double()
+    started = time.monotonic()
+    record: GemmRecord
+    try:
+        result = (a.to(device) @ b.to(device)).double().cpu()
+        torch.cuda.synchronize(device)
+    except Exception as err:  # torch.AcceleratorError / RuntimeError from the BLAS library
+        return {"finite": False, "max_rel_error": float("inf"), "seconds": round(time.monotonic() - started, 3),
+                "error": f"{type(err).__name__}: {err}"[:300]}  # fmt: skip
+    error = float((result - reference).abs().max() / reference.abs().max())
+    record = {"finite": bool(torch.isfinite(result).all()), "max_rel_error": error,
+              "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
+    if dtype_name == "float32":
+        # what governs an fp32 GEMM's TF32 use in torch >= 2.9: at::Context::float32Precision(CUDA, MATMUL), read and
+        # set from Python as torch.backends.cuda.matmul.fp32_precision ("ieee" | "tf32" | "none" = inherit); the
+        # legacy allow_tf32 flag is a view of it (ATen/Context.h of the 2.11.0 wheel, git 70d99e99)
+        record["precision"] = torch.backends.cuda.matmul.fp32_precision
+    return record
 
 
 def _devices() -> DevicesProbe:
+    import warnings
+
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in the reference comparison
+    # fp32 means IEEE fp32 in the reference comparison, set through the API that governs it (see _gemm); mixing it
+    # with the legacy allow_tf32 setter makes torch refuse to read the flag ("mix of the legacy and new APIs")
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
     out: DevicesProbe = {
         "backend": "rocm" if torch.version.hip else ("cuda" if torch.cuda.is_available() else "cpu"),
         "torch": torch.__version__,
@@ -57,34 +113,45 @@ def _devices() -> DevicesProbe:
     }
     if not torch.cuda.is_available():
         return out
+    from rocmft.facts.device import unified_memory
+
     bf16 = bool(torch.cuda.is_bf16_supported())
     generator = torch.Generator().manual_seed(0)
     a32 = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=generator)
     b32 = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=generator)
-    for index in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(index)
-        free, total = torch.cuda.mem_get_info(index)
-        gemm = {}
-        for name in ("bfloat16", "float16", "float32") if bf16 else ("float16", "float32"):
-            dtype = getattr(torch, name)
-            a, b = a32.to(dtype), b32.to(dtype)
-            reference = a.double() @ b.double()
-            started = time.monotonic()
-            result = (a.to(f"cuda:{index}") @ b.to(f"cuda:{index}")).double().cpu()
-            torch.cuda.synchronize(index)
-            error = float((result - reference).abs().max() / reference.abs().max())
-            gemm[name] = {"finite": bool(torch.isfinite(result).all()), "max_rel_error": error,
-                          "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
-        out["gpus"].append({
-            "index": index,
-            "name": props.name,
-            "arch": props.gcnArchName if torch.version.hip else f"sm_{props.major}{props.minor}",
-            "total_gib": round(total / 2**30, 2),
-            "free_gib": round(free / 2**30, 2),
-            "bf16": bf16,
-            "pci": _pci_address(props),
-            "gemm": gemm,
-        })  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # TORCH_WARN_ONCE fires once per process: this fresh child sees it
+        blas_before = _blas_library(torch)
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            free, total = torch.cuda.mem_get_info(index)
+            names = ("bfloat16", "float16", "float32") if bf16 else ("float16", "float32")
+            gemm = {name: _gemm(torch, a32, b32, name, f"cuda:{index}") for name in names}
+            pci = _pci_address(props)
+            # is_integrated: hipDeviceProp_t.integrated on ROCm (torch/csrc/cuda/Module.cpp binds
+            # cudaDeviceProp::integrated, hipified); 1 on MI300A and the Ryzen APUs, 0 on discrete GPUs
+            integrated = bool(getattr(props, "is_integrated", False))
+            record: GpuRecord = {
+                "index": index,
+                "name": props.name,
+                "arch": props.gcnArchName if torch.version.hip else f"sm_{props.major}{props.minor}",
+                "total_gib": round(total / 2**30, 2),
+                "free_gib": round(free / 2**30, 2),
+                "bf16": bf16,
+                "pci": pci,
+                "integrated": integrated,
+                "gemm": gemm,
+            }
+            if integrated:
+                record["unified_memory"] = unified_memory(pci)
+            out["gpus"].append(record)
+        blas_after = _blas_library(torch)
+    messages = {str(warning.message)[:400] for warning in caught}
+    fallbacks = sorted(m for m in messages if any(key in m for key in BLAS_FALLBACK_WARNINGS))
+    out["blas"] = {"before": blas_before, "after": blas_after, "fallback_warnings": fallbacks,
+                   "prefer_hipblaslt": os.environ.get("TORCH_BLAS_PREFER_HIPBLASLT"),
+                   "prefer_cublaslt": os.environ.get("TORCH_BLAS_PREFER_CUBLASLT")}  # fmt: skip
+    out["fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
     return out
 
 
