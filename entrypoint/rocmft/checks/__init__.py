@@ -186,4 +186,5 @@ def print_table(results: list[CheckResult], report_path: Path | None) -> None:
 def _load_builtin_checks() -> None:
     from rocmft.checks import host  # noqa: F401, I001  (registers on import: host checks, GPU checks, then the rest)
     from rocmft.checks import gpu  # noqa: F401
+    from rocmft.checks import node  # noqa: F401  (RAS, kernel-log faults, GPU families: after the GPU checks)
     from rocmft.checks import system  # noqa: F401

@@ -179,20 +179,38 @@ def gpu_arch(plan) -> Outcome:
 
 @check("gpu-memory", "GPU memory already in use", timeout_s=10, needs=("gpu-runtime",))
 def gpu_memory(plan) -> Outcome:
-    """Per GPU, memory in use before the model loads above 10% of the total suggests a leaked process."""
+    """Per GPU, memory in use before the model loads above 10% of the total suggests a leaked or foreign process;
+    the warning names the holders (rocmft.facts.amdgpu.gpu_holders: processes of this container with a GPU device
+    open, and on ROCm the KFD's per-process VRAM, which also shows processes of other containers and the host)."""
     busy = []
     for gpu in devices_probe(plan)["gpus"]:
         used = gpu["total_gib"] - gpu["free_gib"]
         if used > MEMORY_IN_USE_WARN * gpu["total_gib"]:
             busy.append(f"GPU {gpu['index']}: {used:.1f} of {gpu['total_gib']:.1f} GiB in use")
-    if busy:
-        return Outcome(
-            WARN,
-            f"{len(busy)} busy",
-            "; ".join(busy),
-            "Another process holds GPU memory: find it (rocm-smi --showpids, nvidia-smi) and stop it.",
-        )
-    return Outcome(PASS, "free", "every GPU has more than 90% of its memory free")
+    if not busy:
+        return Outcome(PASS, "free", "every GPU has more than 90% of its memory free")
+    if "gpu_holders" not in plan.probes:
+        from rocmft.facts.amdgpu import gpu_holders
+
+        plan.probes["gpu_holders"] = gpu_holders(Path(plan.probes.get("node_root", "/")))
+    holders = plan.probes["gpu_holders"]
+    named = [f"pid {h['pid']} {h['name']} (user {h['user']}: {h['cmdline'] or '?'}) on {', '.join(h['devices'])}"
+             + (f", {h['vram_gib']:.1f} GiB" if h.get("vram_gib") else "") for h in holders["visible"]]  # fmt: skip
+    hidden = [f"host pid {h['pid']}: {h['vram_gib']:.1f} GiB on {h['gpus']}" for h in holders["hidden"]]
+    message = "; ".join(busy) + ". "
+    if named:
+        message += "Held by: " + "; ".join(named) + ". "
+    if hidden:
+        message += "Not visible from this container (another container or the host): " + "; ".join(hidden) + ". "
+    if not named and not hidden:
+        message += ("No process of this container holds a GPU: the memory belongs to another container or the "
+                    "host" + (f" ({holders['unreadable']} process(es) here could not be inspected)"
+                              if holders.get("unreadable") else "") + ". ")  # fmt: skip
+    remedy = (
+        "Stop the processes named above (kill PID here; on the host: rocm-smi --showpids, amd-smi process, "
+        "nvidia-smi) or run on other GPUs (HIP_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES)."
+    )
+    return Outcome(WARN, f"{len(busy)} busy", message.strip(), remedy, {"holders": holders})
 
 
 # What else runs a GEMM in a dtype other than the run's compute dtype (the gpu-compute check's warning says it):
