@@ -445,3 +445,15 @@ def test_unified_memory_is_read_from_meminfo_and_amdgpu_sysfs(tmp_path):
                                                         "gtt_total_gib": 32.0, "gtt_used_gib": 0.5}  # fmt: skip
     assert unified_memory("0000:00:00.0", tmp_path) == {"mem_total_gib": 62.0, "mem_available_gib": 55.0}
     assert unified_memory(None, tmp_path / "nothing") == {}
+
+
+def test_gpu_memory_judges_an_apu_by_its_pool_not_the_carve_out():
+    """Injected Strix Halo records: its 512 MiB carve-out 90% used by the display says nothing about the 31 GiB
+    GTT pool a run uses (pass); the pool itself 60% used is memory in use (warn, in the pool's numbers)."""
+    carve_out_busy = apu({"mem_total_gib": 62.0, "mem_available_gib": 55.0, "gtt_total_gib": 31.0,
+                          "gtt_used_gib": 1.0}, **{**STRIX_HALO, "free": 0.05})  # fmt: skip
+    assert checks.gpu_memory(plan(probe=devices(carve_out_busy))).status == checks.PASS
+    pool_busy = apu({"mem_total_gib": 62.0, "mem_available_gib": 55.0, "gtt_total_gib": 31.0,
+                     "gtt_used_gib": 19.0}, **STRIX_HALO)  # fmt: skip
+    outcome = checks.gpu_memory(plan(probe=devices(pool_busy), node_root="/nonexistent"))
+    assert outcome.status == checks.WARN and "19.0 of 31.0 GiB in use" in outcome.message, outcome

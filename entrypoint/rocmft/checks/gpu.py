@@ -182,11 +182,14 @@ def gpu_memory(plan) -> Outcome:
     """Per GPU, memory in use before the model loads above 10% of the total suggests a leaked or foreign process;
     the warning names the holders (rocmft.facts.amdgpu.gpu_holders: processes of this container with a GPU device
     open, and on ROCm the KFD's per-process VRAM, which also shows processes of other containers and the host)."""
+    from rocmft.facts.device import memory_budget
+
     busy = []
     for gpu in devices_probe(plan)["gpus"]:
-        used = gpu["total_gib"] - gpu["free_gib"]
-        if used > MEMORY_IN_USE_WARN * gpu["total_gib"]:
-            busy.append(f"GPU {gpu['index']}: {used:.1f} of {gpu['total_gib']:.1f} GiB in use")
+        budget = memory_budget(gpu)  # an APU's torch numbers are the carve-out or all system memory, not its pool
+        used = budget.total_gib - budget.free_gib
+        if used > MEMORY_IN_USE_WARN * budget.total_gib:
+            busy.append(f"GPU {gpu['index']}: {used:.1f} of {budget.total_gib:.1f} GiB in use")
     if not busy:
         return Outcome(PASS, "free", "every GPU has more than 90% of its memory free")
     if "gpu_holders" not in plan.probes:
