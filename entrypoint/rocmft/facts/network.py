@@ -334,8 +334,10 @@ def rdma_facts(root: Path = Path("/"), environ: Mapping[str, str] | None = None)
     dev = root / "dev/infiniband"
     uverbs = sorted(p.name for p in dev.iterdir() if p.name.startswith("uverbs")) if dev.is_dir() else []
     gid_index = (environ.get("NCCL_IB_GID_INDEX") or "").strip() or None
-    disabled = (environ.get("NCCL_IB_DISABLE") or "").strip().lower() in ("1", "true", "yes", "on")
-    return {"devices": devices, "uverbs": uverbs, "gid_index": gid_index, "ib_disabled": disabled}
+    from rocmft.values import truthy
+
+    return {"devices": devices, "uverbs": uverbs, "gid_index": gid_index,
+            "ib_disabled": truthy(environ.get("NCCL_IB_DISABLE", ""))}  # fmt: skip
 
 
 def roce_v2_index(port: Mapping[str, Any]) -> int | None:
