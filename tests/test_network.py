@@ -110,6 +110,31 @@ def test_the_port_is_free_for_torchruns_rendezvous_right_after(tmp_path):
         plain.bind(("0.0.0.0", port))
 
 
+def test_rocmft_check_on_two_local_nodes(start_rocmft, tmp_path, tiny_model, demo_data):
+    """The console script itself, twice: `rocmft check` as node 0 and node 1 (the demo configuration)."""
+    port = free_port()
+    common = {
+        "ROCMFT_DISTRIBUTED": "ddp",
+        "NNODES": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "ROCMFT_NET_TIMEOUT_S": "60",
+        "OUTPUT_DIR": str(tmp_path / "out"),
+    }
+    nodes = [start_rocmft("check", env={**common, "NODE_RANK": str(rank)}) for rank in (0, 1)]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    for node, text in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, text[-3000:]
+    assert "network preflight: all 2 nodes pass" in outputs[0]
+    report = json.loads((tmp_path / "out" / "rocmft" / "checks.json").read_text())
+    row = next(c for c in report["checks"] if c["id"] == "net-rendezvous")
+    assert row["status"] == PASS and [n["status"] for n in row["data"]["list"]["nodes"]] == [PASS, PASS]
+    assert (tmp_path / "out" / "rocmft" / NODES_FILE).is_file()
+    node1 = json.loads((tmp_path / "out" / "rocmft-node1" / "checks.json").read_text())
+    assert next(c for c in node1["checks"] if c["id"] == "net-rendezvous")["status"] == PASS
+
+
 def test_a_node_that_never_starts_is_named_by_node_0_within_the_bound(tmp_path):
     port = free_port()
     started = time.monotonic()
@@ -249,6 +274,8 @@ def test_injected_rlimits(two_nodes, tmp_path):
     outcome = net_limits(plan_of({"limits": found, "rdma": rdma}))
     assert outcome.status == WARN and outcome.value == "ulimit -l 8192 (KiB), ulimit -n 1024"
     assert "memlock=-1" in outcome.remedy and "ulimit -n 524288" in outcome.remedy
+    stuck = net_limits(plan_of({"limits": {"memlock": [None, None], "nofile": [20000, 20000]}, "rdma": rdma}))
+    assert stuck.status == WARN and "ulimit -n" not in stuck.remedy  # the hard limit is no way out
     unlimited = {"memlock": [None, None], "nofile": [1048576, 1048576]}
     assert net_limits(plan_of({"limits": unlimited, "rdma": rdma})).status == PASS
     # without RDMA the locked-memory limit does not matter

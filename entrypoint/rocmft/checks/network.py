@@ -266,10 +266,14 @@ def net_limits(plan) -> Outcome:
                          "registration fails or RCCL falls back to TCP sockets", _MEMLOCK_REMEDY))  # fmt: skip
     if nofile[0] is not None and nofile[0] < NOFILE_FLOOR:
         raise_to = "unlimited" if nofile[1] is None else nofile[1]
-        problems.append((f"open files are limited to {nofile[0]} (ulimit -n; rocmft asks for {NOFILE_FLOOR}): "
-                         "ranks run out of descriptors for sockets and GPU memory handles at scale",
-                         f"docker run --ulimit nofile=1048576:1048576 (compose: ulimits: nofile), or `ulimit -n "
-                         f"{raise_to}` (the hard limit) before rocmft starts."))  # fmt: skip
+        by_hand = f", or `ulimit -n {raise_to}` (the hard limit) before rocmft starts" if raise_to != nofile[0] else ""
+        problems.append(
+            (
+                f"open files are limited to {nofile[0]} (ulimit -n; rocmft asks for {NOFILE_FLOOR}): "
+                "ranks run out of descriptors for sockets and GPU memory handles at scale",
+                f"docker run --ulimit nofile=1048576:1048576 (compose: ulimits: nofile){by_hand}.",
+            )
+        )
     if problems:
         return Outcome(WARN, value, "; ".join(p for p, _ in problems), " ".join(r for _, r in problems), data=found)
     return Outcome(PASS, value, "RDMA in use: locked memory unlimited" if uses_rdma else "no RDMA port", data=found)
