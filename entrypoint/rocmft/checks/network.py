@@ -389,6 +389,10 @@ def net_rendezvous(plan) -> Outcome:
         return Outcome(FAIL, "bad job layout", err.message, err.remedy)
     if skipped := _one_node(layout):
         return skipped
+    if layout.mode == "task":  # one process per GPU: every task of a node has its NODE_RANK, and the tasks that
+        # finish their checks first would connect their env:// rendezvous to the preflight's store on MASTER_PORT
+        return Outcome(SKIP, "task mode", "Slurm started one task per GPU: the rendezvous preflight runs in node mode "
+                       "(--ntasks-per-node=1) only; net-names, net-rdma and net-limits ran.")  # fmt: skip
     timeout_s = _timeout_s(plan)
     me = plan.probes.get("net-names", {}).get("self") or {}
     info = {"node_name": me.get("node_name"), "hostname": me.get("hostname"), "address": me.get("address"),

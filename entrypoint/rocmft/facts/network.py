@@ -272,9 +272,24 @@ def rendezvous(spec: Mapping[str, Any]) -> dict[str, Any]:
     _leave(store, key, n, rank, started)
     if dist.is_initialized():
         dist.destroy_process_group()
+    if rank != 0:
+        del store
+        _until_closed(host, port, time.monotonic() + LEAVE_S + 3)
     if error:
         return finish(stage="allreduce", error=error)
     return finish(ok=True, stage="done")
+
+
+def _until_closed(host: str, port: int, deadline: float) -> None:
+    """Wait until node 0's preflight store stops answering on ``host:port`` (or ``deadline``), so that this node's
+    torchrun, started next, cannot connect to the preflight's store instead of its own rendezvous."""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                pass
+        except OSError:
+            return
+        time.sleep(0.2)
 
 
 def _leave(store, key: str, n: int, rank: int, started: float) -> None:
@@ -285,7 +300,6 @@ def _leave(store, key: str, n: int, rank: int, started: float) -> None:
         _wait_keys(store, [f"{key}/left/{r}" for r in range(1, n) if store.check([f"{key}/arrived/{r}"])],
                    time.monotonic() + LEAVE_S)  # fmt: skip
         time.sleep(0.2)  # their close() follows their last set()
-    del store
 
 
 # ---------------------------------------------------------------------------------------------------------------
