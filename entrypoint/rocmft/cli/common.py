@@ -170,6 +170,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
 
 def _run_checks(plan, workspace: Workspace, timings: dict[str, float]) -> dict[str, Any]:
     from rocmft.checks import failed, print_table, report, run_checks
+    from rocmft.checks.network import NODES_FILE
     from rocmft.fsutil import atomic_write_json
 
     started = time.monotonic()
@@ -179,8 +180,11 @@ def _run_checks(plan, workspace: Workspace, timings: dict[str, float]) -> dict[s
     if failed(results):
         path = None
         if workspace.staging is not None and workspace.unwritable is None:
-            try:  # rocmft/ becomes the report alone; an earlier run's record moves to rocmft-history (promote)
+            try:  # rocmft/ becomes the report alone (and the network preflight's per-node list, which names the
+                # nodes to exclude); an earlier run's record moves to rocmft-history (promote)
                 for item in workspace.staging.iterdir():
+                    if item.name == NODES_FILE:
+                        continue
                     if item.is_dir():
                         shutil.rmtree(item)
                     else:

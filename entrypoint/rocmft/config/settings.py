@@ -143,6 +143,20 @@ class RocmftSettings(BaseSettings):
         "waiting in a collective (LLaMA-Factory's ddp_timeout is 180000000 s); `rocmft train` resumes from the last "
         "complete checkpoint. 0 turns it off.",
     )
+    net_timeout_s: float = Field(
+        120.0,
+        ge=2,
+        le=540,
+        description="Multi-node runs: how long the `net-rendezvous` check waits for every node to reach node 0's "
+        "MASTER_ADDR:MASTER_PORT before it names the missing NODE_RANKs (the gloo all-reduce after it has "
+        "min(30, this) seconds more). Allow for nodes that start late (image pulls).",
+    )
+    expected_nics: int | None = Field(
+        None,
+        ge=0,
+        description="Multi-node runs: the RDMA ports (InfiniBand/RoCE, ACTIVE) each node should have; the `net-rdma` "
+        "check fails a node with fewer, so that a scheduler can exclude it. Unset: not compared.",
+    )
     on_nan: Literal["stop", "fp32"] = Field(
         "stop",
         description="When the loss or gradient norm turns NaN/Inf or the loss spikes: `stop` (exit 5), or `fp32`: "
