@@ -126,18 +126,22 @@ def run_checks(plan: Any, skip: list[str]) -> list[CheckResult]:
     _load_builtin_checks()
     results: list[CheckResult] = []
     status_of: dict[str, str] = {}
+    value_of: dict[str, str] = {}
     for entry in REGISTRY:
         started = time.monotonic()
         failed_needs = [n for n in entry.needs if status_of.get(n) in (FAIL, SKIP)]
         if entry.id in skip:
             outcome = Outcome(SKIP, "skipped", "Skipped by ROCMFT_SKIP_CHECKS.")
         elif failed_needs:
-            outcome = Outcome(SKIP, "not run", f"Needs the {', '.join(failed_needs)} check, which did not pass.")
+            # a prerequisite that was skipped says why (net-rendezvous on one node: "one node"), not "did not pass"
+            why = [f"{n} ({'skipped: ' + value_of[n] if status_of[n] == SKIP else 'failed'})" for n in failed_needs]
+            outcome = Outcome(SKIP, "not run", f"Needs {', '.join(why)}.")
         else:
             outcome = _run_one(entry, plan)
         result = CheckResult(**asdict(outcome), id=entry.id, title=entry.title,
                              seconds=round(time.monotonic() - started, 3))  # fmt: skip
         status_of[entry.id] = result.status
+        value_of[entry.id] = str(result.value)
         results.append(result)
     return results
 
