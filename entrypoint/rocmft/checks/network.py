@@ -36,16 +36,18 @@ _MEMLOCK_REMEDY = (
 )
 
 
-def _layout():
+def _multi_node_layout():
+    """``(layout, None)`` for a multi-node job (rocmft.facts.scheduler.job_layout), else ``(None, outcome)``: a
+    skip on one node, a fail naming the variable when the job layout cannot be read."""
     from rocmft.facts.scheduler import job_layout
 
-    return job_layout()
-
-
-def _one_node(layout) -> Outcome | None:
+    try:
+        layout = job_layout()
+    except ConfigError as err:
+        return None, Outcome(FAIL, "bad job layout", err.message, err.remedy)
     if layout.nnodes == 1:
-        return Outcome(SKIP, "one node", "One node: collectives do not cross the network.")
-    return None
+        return None, Outcome(SKIP, "one node", "One node: collectives do not cross the network.")
+    return layout, None
 
 
 def names_facts(layout) -> dict[str, Any]:
@@ -69,12 +71,9 @@ def net_names(plan) -> Outcome:
     on node 0 it should be one of node 0's own addresses (**warn** otherwise: the others would wait at another
     host); this node's host name should resolve (**warn**: gloo, without GLOO_SOCKET_IFNAME, listens on the address
     of the host name: torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, createDefaultDevice)."""
-    try:
-        layout = _layout()
-    except ConfigError as err:
-        return Outcome(FAIL, "bad job layout", err.message, err.remedy)
-    if skipped := _one_node(layout):
-        return skipped
+    layout, outcome = _multi_node_layout()
+    if outcome is not None:
+        return outcome
     if "net-names" not in plan.probes:
         plan.probes["net-names"] = names_facts(layout)
     facts = plan.probes["net-names"]
@@ -141,12 +140,9 @@ def net_rdma(plan) -> Outcome:
     """
     from rocmft.facts.network import roce_v2_index
 
-    try:
-        layout = _layout()
-    except ConfigError as err:
-        return Outcome(FAIL, "bad job layout", err.message, err.remedy)
-    if skipped := _one_node(layout):
-        return skipped
+    _, outcome = _multi_node_layout()
+    if outcome is not None:
+        return outcome
     facts = _rdma(plan)
     expected = _expected_nics(plan)
     if facts["ib_disabled"]:
@@ -248,12 +244,9 @@ def net_limits(plan) -> Outcome:
     registers, and rdma-core's libibverbs.md ("Using libibverbs") asks for a locked-memory limit large enough for
     them, in practice unlimited (Docker's default is 8 MiB, where ibv_reg_mr fails: ROCm/cvs#452; NCCL then falls
     back to sockets: NVIDIA/nvidia-container-toolkit#2037)."""
-    try:
-        layout = _layout()
-    except ConfigError as err:
-        return Outcome(FAIL, "bad job layout", err.message, err.remedy)
-    if skipped := _one_node(layout):
-        return skipped
+    _, outcome = _multi_node_layout()
+    if outcome is not None:
+        return outcome
     found = _limits(plan)
     memlock, nofile = found["memlock"], found["nofile"]
     rdma = _rdma(plan)
@@ -383,12 +376,9 @@ def net_rendezvous(plan) -> Outcome:
     from rocmft.console import say
     from rocmft.facts.network import GLOO_TIMEOUT_S, run_rendezvous
 
-    try:
-        layout = _layout()
-    except ConfigError as err:
-        return Outcome(FAIL, "bad job layout", err.message, err.remedy)
-    if skipped := _one_node(layout):
-        return skipped
+    layout, outcome = _multi_node_layout()
+    if outcome is not None:
+        return outcome
     if layout.mode == "task":  # one process per GPU: every task of a node has its NODE_RANK, and the tasks that
         # finish their checks first would connect their env:// rendezvous to the preflight's store on MASTER_PORT
         return Outcome(SKIP, "task mode", "Slurm started one task per GPU: the rendezvous preflight runs in node mode "
