@@ -58,3 +58,24 @@ def test_the_layout_comes_from_torchrun_or_slurm_and_one_node_is_not_watched():
     assert node_layout({"GROUP_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) is None
     assert node_layout({}) is None
     assert node_layout({"SLURM_NODEID": "x", "SLURM_NNODES": "2"}) is None
+
+
+def test_a_closed_connection_error_shortens_the_watch_to_two_missed_heartbeats(monkeypatch):
+    """verdict_after_error: a gloo closed-connection error (the words of the killed-node test's real error) makes
+    the running watch judge after AFTER_ERROR_S and waits for it; any other error, or no watch, changes nothing
+    and returns at once (time.sleep replaced to see whether it waits)."""
+    from rocmft.worker import peers
+
+    slept = []
+    monkeypatch.setattr(peers.time, "sleep", slept.append)
+    watch = Watch(Store(), NodeLayout(0, 2, True), 120.0, "p/", clock=lambda: 0.0)
+    monkeypatch.setitem(peers._RUNNING, "watch", watch)
+    peers.verdict_after_error(RuntimeError("CUDA out of memory"))
+    assert (watch.timeout_s, watch.after_error, slept) == (120.0, None, [])
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:538] Read error [10.0.0.2]:20890: Connection reset by peer")
+    peers.verdict_after_error(gloo)
+    assert watch.timeout_s == peers.AFTER_ERROR_S and watch.after_error == "Connection reset by peer"
+    assert slept and slept[0] > peers.AFTER_ERROR_S + peers.INTERVAL_S  # long enough for one more look
+    monkeypatch.delitem(peers._RUNNING, "watch")
+    peers.verdict_after_error(gloo)  # no watch in this process (not the node's local rank 0): returns at once
+    assert len(slept) == 1

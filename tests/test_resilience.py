@@ -235,20 +235,26 @@ def _node_workers(run_dir) -> list[int]:
     return [int(pid) for pid in found.stdout.split()]
 
 
-def test_a_frozen_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
-    start_rocmft, run_rocmft, tmp_path, tiny_model, demo_data
+@pytest.mark.parametrize("how", ["frozen", "killed"])
+def test_a_lost_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
+    start_rocmft, run_rocmft, tmp_path, tiny_model, demo_data, how
 ):
     """Two rocmft "nodes" on this machine (NNODES=2, gloo). Node 1's ranks are frozen (SIGSTOP: a hung driver or a
     network partition; its TCP connections stay open, so gloo waits and LLaMA-Factory's ddp_timeout is 180000000
-    s). Node 0 must end within ROCMFT_PEER_TIMEOUT_S + the heartbeat interval + teardown, naming node 1 and the
+    s) or killed (SIGKILL: the node's process died, its connections close, gloo fails at once and the watch names
+    the node after two missed heartbeats). Node 0 must end within ROCMFT_PEER_TIMEOUT_S + the heartbeat interval +
+    teardown, naming node 1 and the
     checkpoint to resume from; then both nodes resume from the last complete checkpoint and finish."""
     import os
     import time
 
     from rocmft.proc import free_port
-    from rocmft.worker.peers import INTERVAL_S
+    from rocmft.worker.peers import AFTER_ERROR_S, INTERVAL_S
 
-    output, timeout_s = tmp_path / "two-nodes", 10
+    # frozen: the heartbeat timeout is what ends it (10 s here); killed: the timeout stays at its default 120 s and
+    # the collective's closed-connection error brings the verdict after two missed heartbeats
+    output, timeout_s = tmp_path / "two-nodes", (10 if how == "frozen" else 120)
+    bound = timeout_s + INTERVAL_S if how == "frozen" else AFTER_ERROR_S + 2 * INTERVAL_S
     env = {
         "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
         "CUTOFF_LEN": "64", "MAX_STEPS": "5000", "SAVE_STEPS": "20", "LOGGING_STEPS": "10", "OUTPUT_DIR": str(output),
@@ -265,9 +271,9 @@ def test_a_frozen_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
         frozen = _node_workers(output / "rocmft-node1")
         assert frozen, "node 1's rank was not found"
         for pid in frozen:
-            os.killpg(os.getpgid(pid), signal.SIGSTOP)
+            os.killpg(os.getpgid(pid), signal.SIGSTOP if how == "frozen" else signal.SIGKILL)
         froze_at = time.monotonic()
-        text, _ = nodes[0].communicate(timeout=timeout_s + INTERVAL_S + 60)
+        text, _ = nodes[0].communicate(timeout=bound + 60)
         took = time.monotonic() - froze_at
     finally:
         for node in nodes:
@@ -276,7 +282,7 @@ def test_a_frozen_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
             node.kill()
             node.wait()
     assert nodes[0].returncode == ExitCode.TRAINING_FAILED, text[-3000:]
-    assert took <= timeout_s + INTERVAL_S + 30, took  # the documented bound, with the teardown's seconds
+    assert took <= bound + 30, took  # the documented bound, with the teardown's seconds
     assert "LOST: node 1 of 2" in text and "resumes from checkpoint-" in text, text[-3000:]
     assert json.loads((output / "rocmft" / "worker-result.json").read_text())["error"].startswith("LOST")
 

@@ -140,8 +140,9 @@ class RocmftSettings(BaseSettings):
         ge=0,
         description="Multi-node runs: a node whose heartbeat (every 5 s, through the rendezvous store) stops for "
         "this many seconds is lost, and the other nodes end the job with a message naming it (exit 4) instead of "
-        "waiting in a collective (LLaMA-Factory's ddp_timeout is 180000000 s); `rocmft train` resumes from the last "
-        "complete checkpoint. 0 turns it off.",
+        "waiting in a collective (LLaMA-Factory's ddp_timeout is 180000000 s); a killed node, whose closed "
+        "connections fail the collective at once, is named after two missed heartbeats (about 22 s). `rocmft train` "
+        "resumes from the last complete checkpoint. 0 turns it off.",
     )
     net_timeout_s: float = Field(
         120.0,

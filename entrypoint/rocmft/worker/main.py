@@ -151,6 +151,9 @@ def main(run_dir: str) -> int:
         return ExitCode.INTERRUPTED
     except Exception as err:
         traceback.print_exc()
+        from rocmft.worker.peers import verdict_after_error
+
+        verdict_after_error(err)  # a lost node named by the watch ends the process there (exit 4)
         if _disk_full(err, Path(arguments["output_dir"])):
             _report_disk_full(Path(arguments["output_dir"]), err)
         callback.result = callback.result.updated(status=RunStatus.FAILED, error=f"{type(err).__name__}: {err}")

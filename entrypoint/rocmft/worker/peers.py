@@ -15,6 +15,12 @@ node prints which node and since when, records it, and ends its ranks (``os._exi
 collective never reaches Python again), so torchrun and the scheduler see the job end. The bound is
 ROCMFT_PEER_TIMEOUT_S + INTERVAL_S, plus torchrun's teardown of the node's other ranks (seconds).
 
+A killed node (its processes gone, their TCP connections closed) makes gloo fail at once on the other nodes
+("Connection reset by peer"), before any heartbeat is missed. Then the failing rank on each node's local rank 0
+asks the watch for a verdict (:func:`verdict_after_error`): a node that also misses two heartbeats
+(:data:`AFTER_ERROR_S`) is named as lost the same way, within torchrun's 30 s grace before it kills the ranks of a
+failed node.
+
 The heartbeat is a thread, so it keeps beating while its rank is busy in C++ (a collective, a checkpoint save,
 tokenization): a slow node is not a lost one. Before train begin (model load, tokenization) no node is watched.
 """
@@ -30,6 +36,16 @@ from datetime import timedelta
 from pathlib import Path
 
 INTERVAL_S = 5.0  # seconds between two heartbeats (and two looks at the other nodes)
+# after a collective failed on a closed connection: two missed heartbeats (and a second) make a node lost
+AFTER_ERROR_S = 2 * INTERVAL_S + 1
+# Words of the errors a collective raises when a peer's connection closed: gloo's tcp pair ("Read error ...:
+# Connection reset by peer", "Connection closed by peer": torch/third_party/gloo gloo/transport/tcp/pair.cc; the
+# first seen in tests/test_resilience.py's killed node), NCCL/RCCL's ncclRemoteError (ncclGetErrorString's "remote
+# process exited or there was a network error", NVIDIA/nccl src/init.cc; torch prefixes "NCCL error: "), and a
+# broken pipe on send.
+PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "ncclRemoteError",
+               "remote process exited")  # fmt: skip
+_RUNNING: dict[str, Watch] = {}  # this process's watch, once its thread has reached the store
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,7 @@ class Watch:
     def __init__(self, store, layout: NodeLayout, timeout_s: float, prefix: str,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.store, self.layout, self.timeout_s, self.prefix, self.clock = store, layout, timeout_s, prefix, clock
+        self.after_error: str | None = None  # the collective's error, once :func:`verdict_after_error` asked
         started = clock()
         self.seen = {node: (None, started) for node in range(layout.nodes) if node != layout.node}
 
@@ -117,6 +134,7 @@ def start(timeout_s: float, on_lost: Callable[[str], None], environ: dict[str, s
         try:
             store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=max(INTERVAL_S * 2, 10)))
             watch = Watch(store, layout, timeout_s, prefix)
+            _RUNNING["watch"] = watch
         except Exception as err:
             on_lost(f"the node watch could not reach the rendezvous store {host}:{port} ({err}); nodes are not "
                     "watched in this run")  # fmt: skip
@@ -132,9 +150,14 @@ def start(timeout_s: float, on_lost: Callable[[str], None], environ: dict[str, s
                 if lost is None:
                     continue
                 node, still = lost
-                message = (f"LOST: node {node} of {layout.nodes} has not sent a heartbeat for {still:.0f} s "
-                           f"(ROCMFT_PEER_TIMEOUT_S={timeout_s:g}): its ranks died or its network did; node "
-                           f"{layout.node} stops now instead of waiting in the next collective")  # fmt: skip
+                if watch.after_error:
+                    message = (f"LOST: node {node} of {layout.nodes}: a collective failed on a closed connection "
+                               f"({watch.after_error}) and node {node} has sent no heartbeat for {still:.0f} s since: "
+                               f"its ranks died or its network did; node {layout.node} stops now")  # fmt: skip
+                else:
+                    message = (f"LOST: node {node} of {layout.nodes} has not sent a heartbeat for {still:.0f} s "
+                               f"(ROCMFT_PEER_TIMEOUT_S={timeout_s:g}): its ranks died or its network did; node "
+                               f"{layout.node} stops now instead of waiting in the next collective")  # fmt: skip
             try:
                 on_lost(message)
             finally:
@@ -142,6 +165,21 @@ def start(timeout_s: float, on_lost: Callable[[str], None], environ: dict[str, s
 
     threading.Thread(target=run, name="rocmft-node-watch", daemon=True).start()
     return True
+
+
+def verdict_after_error(err: BaseException) -> None:
+    """Called by a rank whose training raised ``err``: when this process runs the watch and ``err`` is a
+    collective's closed-connection error (:data:`PEER_ERRORS`), shorten the watch's timeout to
+    :data:`AFTER_ERROR_S` and wait for its verdict; a node found lost ends this process from the watch's thread
+    (exit 4, naming it, as in :func:`start`). Returns, having changed nothing else, when there is no watch here,
+    the error is of another kind, or no node was found lost in AFTER_ERROR_S + 2 heartbeats (≈ 22 s)."""
+    watch = _RUNNING.get("watch")
+    text = f"{type(err).__name__}: {err}"
+    if watch is None or not any(words in text for words in PEER_ERRORS):
+        return
+    watch.after_error = next(words for words in PEER_ERRORS if words in text)
+    watch.timeout_s = min(watch.timeout_s, AFTER_ERROR_S)
+    time.sleep(AFTER_ERROR_S + 2 * INTERVAL_S + 1)
 
 
 def resume_hint(output_dir: Path) -> str:
@@ -153,4 +191,13 @@ def resume_hint(output_dir: Path) -> str:
     return f"`rocmft train` with the same settings on every node resumes {where}"
 
 
-__all__ = ["INTERVAL_S", "NodeLayout", "Watch", "node_layout", "resume_hint", "start"]
+__all__ = [
+    "AFTER_ERROR_S",
+    "INTERVAL_S",
+    "NodeLayout",
+    "Watch",
+    "node_layout",
+    "resume_hint",
+    "start",
+    "verdict_after_error",
+]
