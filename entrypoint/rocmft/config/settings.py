@@ -38,6 +38,7 @@ from rocmft.config.lfargs import (
 )
 from rocmft.errors import ConfigError
 from rocmft.fsutil import default_cache_dir
+from rocmft.nesting import TOO_DEEP, TooDeep, check_depth
 
 PREFIX = "ROCMFT_"
 
@@ -465,8 +466,14 @@ def load_user_config(path: Path, on_command_line: bool = False) -> dict[str, Any
             "Mount the YAML into the container and point ROCMFT_CONFIG at it.",
         )  # fmt: skip
     try:
-        loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        loaded = check_depth(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+    except (RecursionError, TooDeep) as err:  # OmegaConf recurses per level; PyYAML's scanner stops at its own
+        raise ConfigError(f"{where} is {TOO_DEEP}.", "Write the values flat, as LLaMA-Factory's examples/ "
+                          "do (a mapping of argument: value).") from err  # fmt: skip
     except Exception as err:  # OmegaConf raises many types (parser errors, duplicate keys, interpolation)
+        if "exceeded maximum nesting depth" in str(err):  # libyaml (src/scanner.c, yaml_parser_increase_flow_level)
+            raise ConfigError(f"{where} is {TOO_DEEP}.", "Write the values flat, as LLaMA-Factory's examples/ "
+                              "do (a mapping of argument: value).") from err  # fmt: skip
         raise ConfigError(f"{where} is not valid YAML: {err}", "Fix the YAML syntax.") from err
     if not isinstance(loaded, dict):
         raise ConfigError(f"{where} must be a mapping of argument: value.", "See LLaMA-Factory's examples/.")

@@ -14,7 +14,6 @@ are unchanged, refuse with the differences otherwise), ``never`` (start over; ch
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 
 from rocmft.errors import ConfigError
 from rocmft.facts.modeldir import CHECKPOINT_WEIGHT_FILES
+from rocmft.nesting import loads_json
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # Settings that make a checkpoint meaningless for this run when they change (the model, the data, the method,
@@ -39,7 +39,7 @@ def _safetensors_readable(path: Path) -> bool:
             (length,) = struct.unpack("<Q", handle.read(8))
             if length > 100 * 2**20 or path.stat().st_size < 8 + length:
                 return False
-            json.loads(handle.read(length))
+            loads_json(handle.read(length))
         return True
     except (OSError, ValueError, struct.error):
         return False
@@ -51,7 +51,7 @@ def checkpoint_problem(folder: Path) -> str | None:
     if not match:
         return "not a checkpoint-<step> folder"
     try:
-        state = json.loads((folder / "trainer_state.json").read_text())
+        state = loads_json((folder / "trainer_state.json").read_text())
     except FileNotFoundError:
         return "no trainer_state.json (written last: the save did not finish)"
     except (OSError, ValueError) as err:

@@ -3,13 +3,13 @@ a user's own DeepSpeed config against the trainer, and the job's shape (NNODES, 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from rocmft.errors import ConfigError
 from rocmft.facts.scheduler import job_layout
+from rocmft.nesting import loads_json
 from rocmft.render import Plan, Rendered, processes_per_node
 from rocmft.validate.rules import Inputs, rule
 from rocmft.values import truthy
@@ -148,7 +148,7 @@ def user_ds_config(run: Rendered) -> list[str]:
     arguments, world_size, source = run.arguments, run.world_size, run.sources.get("deepspeed", "DEEPSPEED")
     path = Path(str(arguments["deepspeed"])).expanduser()
     try:
-        ds = json.loads(path.read_text())
+        ds = loads_json(path.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"DEEPSPEED={path} ({source}) cannot be read as JSON: {err}.",
                           "Point DEEPSPEED at a DeepSpeed JSON config, or use ROCMFT_DISTRIBUTED=deepspeed "
