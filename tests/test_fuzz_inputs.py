@@ -231,10 +231,10 @@ def assert_clean_outcome(code: int, printed: str, work: Path, before: set[str], 
 
 @FUZZ
 @seed(SEED)
-# found by this test: a bad value of a secret-named variable was repeated in the settings error
-# (IGNORE_PAD_TOKEN_FOR_LOSS is one by its name), and a malformed secret on the command line in the malformed-token
-# error
-@example(given_values=[("IGNORE_PAD_TOKEN_FOR_LOSS", SECRET, False)], command="render", gpu=False)
+# found by this test: a bad value of a secret-named variable was repeated in the settings error (then
+# IGNORE_PAD_TOKEN_FOR_LOSS was one by its name; it is a boolean setting since, tests/test_settings.py), and a
+# malformed secret on the command line in the malformed-token error
+@example(given_values=[("IGNORE_PAD_TOKEN_FOR_LOSS", "not-a-bool", False)], command="render", gpu=False)
 @example(given_values=[("HUB_TOKEN", f"'{SECRET}", True)], command="render", gpu=False)
 @given(given_values=assignments(), command=st.sampled_from(["render", "check"]), gpu=st.booleans())
 def test_any_value_of_any_variable_exits_0_2_or_3_and_leaves_nothing_half_written(
