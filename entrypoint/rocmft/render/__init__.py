@@ -530,7 +530,16 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
     world = worker.get("world_size") if isinstance(worker, dict) else None
     world = world if isinstance(world, int) and not isinstance(world, bool) else None
     previous["world_size"] = world if world is not None else world_size  # unknown: not compared
-    return choose(settings.rocmft.resume, output_dir, previous, current)
+    from rocmft.config.provenance import named_in
+
+    return choose(
+        settings.rocmft.resume,
+        output_dir,
+        previous,
+        current,
+        lambda name: named_in(name, arguments, settings.sources, settings.given),
+        run_dir / "train.yaml",
+    )
 
 
 def worker_policy(plan: Plan) -> dict[str, Any]:
