@@ -25,9 +25,9 @@ def text_hygiene(run: Rendered) -> None:
         ConfigError: naming each variable with its value shown by ``repr``.
     """
     arguments, sources = run.arguments, run.sources
-    empty = [name.upper() for name, value in arguments.items() if value == "" and _user_set(name, sources)]
+    empty = [named(run, name) for name, value in arguments.items() if value == "" and _user_set(name, sources)]
     if empty:
-        raise ConfigError(f"Empty values: {', '.join(f'{n}=' for n in empty)}.",
+        raise ConfigError(f"Empty values: {', '.join(empty)}.",
                           "Give each a value, or remove the line (unset means the default).")  # fmt: skip
     spaced = [(name, value) for name, value in arguments.items()
               if isinstance(value, str) and value != value.strip() and _user_set(name, sources)]  # fmt: skip
