@@ -231,10 +231,10 @@ def assert_clean_outcome(code: int, printed: str, work: Path, before: set[str], 
 
 @FUZZ
 @seed(SEED)
-# found by this test: a bad value of a secret-named variable was repeated in the settings error
-# (IGNORE_PAD_TOKEN_FOR_LOSS is one by its name), and a malformed secret on the command line in the malformed-token
-# error
-@example(given_values=[("IGNORE_PAD_TOKEN_FOR_LOSS", SECRET, False)], command="render", gpu=False)
+# found by this test: a bad value of a secret-named variable was repeated in the settings error (then
+# IGNORE_PAD_TOKEN_FOR_LOSS was one by its name; it is a boolean setting since, tests/test_settings.py), and a
+# malformed secret on the command line in the malformed-token error
+@example(given_values=[("IGNORE_PAD_TOKEN_FOR_LOSS", "not-a-bool", False)], command="render", gpu=False)
 @example(given_values=[("HUB_TOKEN", f"'{SECRET}", True)], command="render", gpu=False)
 @given(given_values=assignments(), command=st.sampled_from(["render", "check"]), gpu=st.booleans())
 def test_any_value_of_any_variable_exits_0_2_or_3_and_leaves_nothing_half_written(
@@ -576,6 +576,14 @@ def test_damaged_file_regressions(parser_stubbed, fuzz_root, cache_dir, tiny_mod
 
 # ---- the console script itself: real `python -m rocmft`, LLaMA-Factory's parser and the probes included ---------
 
+DEEP = 1000
+
+
+def _deep_json(depth: int = DEEP) -> bytes:
+    """A JSON (and YAML flow) list nested ``depth`` levels deep: ``[[[...]]]``."""
+    return b"[" * depth + b"]" * depth
+
+
 CLI_CASES = {  # name: (set-up, command, expected exit, words the message holds)
     "dataset JSON cut short": (lambda work, env: _dataset('[{"instruction": "a", "output": "b"}, {"instr')(work, env),
                                "check", ExitCode.CHECK_FAILED, ["mine.json", "not valid JSON"]),
@@ -588,6 +596,28 @@ CLI_CASES = {  # name: (set-up, command, expected exit, words the message holds)
         lambda work, env: (_earlier("rocmft/manifest.json", b"[]")(work, env),
                            _file_env("ROCMFT_TEMPLATES", "t/train.yaml.j2", b"{{ 1 / 0 }}")(work, env)),
         "render", ExitCode.CONFIG_ERROR, ["train.yaml.j2", "ZeroDivisionError"]),
+    # nested 1000 levels deep: json's C scanner and OmegaConf raised RecursionError (a traceback) on each
+    **{f"{what} nested {DEEP} levels deep": (setup, command, expected, [name, "nested too deeply"])
+       for what, setup, command, expected, name in (
+           ("dataset_info.json", _file_env("DATASET_DIR", "data/dataset_info.json", _deep_json(), DATASET="mine"),
+            "check", ExitCode.CHECK_FAILED, "dataset_info.json"),
+           ("the ROCMFT_CONFIG YAML", _file_env("ROCMFT_CONFIG", "my.yaml", b"dataset: " + _deep_json() + b"\n"),
+            "render", ExitCode.CONFIG_ERROR, "my.yaml"),
+           ("the DEEPSPEED ds_config", _file_env("DEEPSPEED", "ds.json", _deep_json()), "render",
+            ExitCode.CONFIG_ERROR, "ds.json"),
+           ("the model's config.json", _in_model("config.json", b'{"a": ' + _deep_json() + b"}"), "check",
+            ExitCode.CHECK_FAILED, "config.json"),
+           ("a data set file", lambda work, env: _dataset(_deep_json().decode())(work, env), "check",
+            ExitCode.CHECK_FAILED, "mine.json"),
+       )},
+    # shallower: json parses 900 levels, and the walks after it (the ds_config's "auto" search) recursed; OmegaConf
+    # recursed at 300 where libyaml's own limit (1000) is not reached
+    "the DEEPSPEED ds_config nested 900 levels deep": (_file_env("DEEPSPEED", "ds.json", b'{"a": ' + _deep_json(900)
+                                                                 + b"}"), "render", ExitCode.CONFIG_ERROR,
+                                                       ["ds.json", "nested too deeply"]),
+    "the ROCMFT_CONFIG YAML nested 300 levels deep": (_file_env("ROCMFT_CONFIG", "my.yaml", b"dataset: "
+                                                                + _deep_json(300) + b"\n"), "render",
+                                                      ExitCode.CONFIG_ERROR, ["my.yaml", "nested too deeply"]),
 }  # fmt: skip
 
 
@@ -607,3 +637,19 @@ def test_the_console_script_turns_damaged_files_into_exit_2_or_3(tmp_path, cache
     assert_clean_outcome(result.returncode, result.stdout, work, before, environ)
     for word in words:
         assert word in result.stdout, (word, result.stdout[-3000:])
+
+
+def test_nesting_depth_is_counted_without_recursion():
+    """rocmft.nesting.depth walks a value far deeper than the recursion limit (a loop, not recursion), and
+    loads_json refuses beyond MAX_DEPTH as a ValueError, which every file reader already reports."""
+    from rocmft.nesting import MAX_DEPTH, TooDeep, check_depth, depth, loads_json
+
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    assert depth(deep) > MAX_DEPTH and depth({"a": [1, {"b": 2}]}) == 3 and depth(7) == 0
+    assert check_depth({"a": [1, {"b": 2}]}) == {"a": [1, {"b": 2}]}
+    for text in ("[" * MAX_DEPTH * 2 + "]" * MAX_DEPTH * 2, "[" * 5000 + "]" * 5000):
+        with pytest.raises(TooDeep, match="nested too deeply"):
+            loads_json(text)
+    assert isinstance(TooDeep(), ValueError) and loads_json("[" * MAX_DEPTH + "]" * MAX_DEPTH)

@@ -88,7 +88,8 @@ def test_numa_binding_off_and_one_process(launch_plan):
 
 
 @pytest.mark.parametrize(("launch_env", "environ", "words"), [
-    ({"WORLD_SIZE": "4"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "WORLD_SIZE=4 disagrees with NNODES=1 x 8"),
+    ({"WORLD_SIZE": "4"}, {"ROCMFT_DISTRIBUTED": "ddp"},
+     "WORLD_SIZE=4 (set in the environment) disagrees with NNODES=1 (not set: one node) x 8"),
     ({"NNODES": "2", "NODE_RANK": "2"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "rank 2 (NODE_RANK=2) is not below"),
     ({"NNODES": "2"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "no rendezvous: MASTER_ADDR and MASTER_PORT unset"),
     ({"NNODES": "two"}, {"ROCMFT_DISTRIBUTED": "ddp"}, "NNODES='two'"),

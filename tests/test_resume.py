@@ -60,7 +60,9 @@ def test_auto_resumes_an_unchanged_run_and_refuses_a_changed_one(render_env, tmp
     assert plan.sources["resume_from_checkpoint"] == "ROCMFT_RESUME=auto"
     with pytest.raises(ConfigError) as caught:
         render_env({"DATASET": "identity", "CUTOFF_LEN": "64"})
-    assert "cutoff_len: 2048 -> 64" in str(caught.value) and "ROCMFT_RESUME=force" in caught.value.remedy
+    assert "cutoff_len: 2048 -> CUTOFF_LEN=64 (set in the environment)" in str(caught.value)
+    assert f"earlier values from {output / 'rocmft' / 'train.yaml'}" in str(caught.value)
+    assert "ROCMFT_RESUME=force" in caught.value.remedy
     forced = render_env({"DATASET": "identity", "CUTOFF_LEN": "64", "ROCMFT_RESUME": "force"})
     assert forced.arguments["resume_from_checkpoint"] == str(output / "checkpoint-5")
     never = render_env({"DATASET": "identity", "ROCMFT_RESUME": "never"})

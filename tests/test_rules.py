@@ -21,10 +21,13 @@ DS_AUTO = {"zero_optimization": {"stage": 2, "allgather_bucket_size": "auto"}, "
 CASES = {
     # kind: (environment, ds_config or None, words the message must contain)
     "1 ds train_batch_size": ({"PER_DEVICE_TRAIN_BATCH_SIZE": "2", "GRADIENT_ACCUMULATION_STEPS": "4"}, DS_BATCH,
-                              ["train_batch_size=64", "micro-batch 2 x accumulation 4 x world size 1"]),
+                              ["train_batch_size=64 vs 8 = micro-batch 2 (PER_DEVICE_TRAIN_BATCH_SIZE=2 (set in "
+                               "the environment)) x accumulation 4 (GRADIENT_ACCUMULATION_STEPS=4 (set in the "
+                               "environment)) x world size 1"]),
     "2 ds literals contradict": ({"LEARNING_RATE": "1e-4"}, DS_CONTRADICTS,
-                                 ["optimizer.params.lr=3e-05 vs LEARNING_RATE=0.0001", "fp16.enabled=True vs FP16",
-                                  "gradient_clipping=0.5 vs MAX_GRAD_NORM=1.0"]),
+                                 ["optimizer.params.lr=3e-05 vs LEARNING_RATE=1e-4 (set in the environment)",
+                                  "fp16.enabled=True vs FP16=false (precision policy",
+                                  "gradient_clipping=0.5 vs MAX_GRAD_NORM="]),
     "3 ds auto unfilled": ({}, DS_AUTO, ["zero_optimization.allgather_bucket_size"]),
     "4 fp16 and bf16": ({"BF16": "true", "FP16": "true"}, None, ["BF16", "FP16"]),
     "9 lora target": ({"FINETUNING_TYPE": "lora", "LORA_TARGET": "q_proj,query_key_value"}, None,
@@ -38,10 +41,11 @@ CASES = {
     "chat template": ({"TEMPLATE": "qwen2"}, None, ["TEMPLATE=qwen2", "Did you mean qwen"]),
     "quotes kept": ({"TEMPLATE": '"qwen"'}, None, ['TEMPLATE="qwen"', "Remove the quotes"]),
     "other method's settings": ({"FINETUNING_TYPE": "full", "LORA_RANK": "64"}, None,
-                                ["FINETUNING_TYPE=full ignores LORA_RANK"]),
+                                ["FINETUNING_TYPE=full (set in the environment) ignores "
+                                 "LORA_RANK=64 (set in the environment), a setting of lora", "FINETUNING_TYPE=lora"]),
     "percent as fraction": ({"FINETUNING_TYPE": "lora", "LORA_DROPOUT": "5"}, None,
-                            ["LORA_DROPOUT=5.0", "LORA_DROPOUT=0.05"]),
-    "nothing to train": ({"NUM_TRAIN_EPOCHS": "0"}, None, ["NUM_TRAIN_EPOCHS=0.0", "MAX_STEPS"]),
+                            ["LORA_DROPOUT=5 (set in the environment)", "LORA_DROPOUT=0.05"]),
+    "nothing to train": ({"NUM_TRAIN_EPOCHS": "0"}, None, ["NUM_TRAIN_EPOCHS=0 (set in the environment)", "MAX_STEPS"]),
 }  # fmt: skip
 
 
@@ -85,7 +89,7 @@ def test_fp16_for_a_bf16_model_on_a_bf16_gpu_is_refused(render_env, bf16_checkpo
 def test_an_odd_learning_rate_is_a_warning_not_an_error(run_rocmft, tmp_path):
     result = run_rocmft("render", env={"LEARNING_RATE": "1e4", "OUTPUT_DIR": str(tmp_path / "out")})
     assert result.returncode == ExitCode.OK
-    assert "WARNING: LEARNING_RATE=10000.0 (LEARNING_RATE) is outside 1e-07..0.01" in result.stdout
+    assert "WARNING: LEARNING_RATE=1e4 (set in the environment) is outside 1e-07..0.01" in result.stdout
 
 
 def test_output_into_the_model_folder_is_refused_and_writes_nothing_there(run_rocmft, tmp_path, tiny_model):

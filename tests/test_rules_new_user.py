@@ -86,7 +86,8 @@ EXIT_2 = {
     "resume path missing": ({"RESUME_FROM_CHECKPOINT": "/nonexistent/checkpoint-100"},
                             ["RESUME_FROM_CHECKPOINT=/nonexistent/checkpoint-100", "ROCMFT_RESUME=auto"]),
     "output inside the data folder": ({"OUTPUT_DIR": "{data}/out"},
-                                      ["OUTPUT_DIR {data}/out", "is the data folder DATASET_DIR {data}"]),
+                                      ["OUTPUT_DIR={data}/out (set in the environment)",
+                                       "is the data folder (DATASET_DIR={data}, set in the environment)"]),
     "qlora as a method": ({"FINETUNING_TYPE": "qlora"}, ["FINETUNING_TYPE='qlora'", "QUANTIZATION_BIT=4"]),
     # gap 5: a user's DeepSpeed config ({tmp}/ds.json is written from DS_CONFIGS)
     "ds offload_param at ZeRO-2 (gap 5)": ({"DEEPSPEED": "{tmp}/ds-param.json"},

@@ -216,3 +216,52 @@ def test_an_unwritable_cache_folder_is_a_configuration_error_naming_rocmft_cache
     with pytest.raises(ConfigError, match="ROCMFT_CACHE_DIR") as caught:
         ensure_tiny_model(blocker / "cache")
     assert "cannot be written" in str(caught.value) and "NotADirectoryError" in str(caught.value)
+
+
+# The credentials among LLaMA-Factory 0.9.5's arguments (src/llamafactory/hparams/model_args.py: "Auth token to log
+# in with Hugging Face/ModelScope/Modelers Hub"; transformers' TrainingArguments.hub_token; finetuning_args.py's
+# SwanLabArguments: api_key, lark_webhook_url, lark_secret). Every other argument whose name has one of the words
+# below is a setting (ignore_pad_token_for_loss, add_special_tokens, max_new_tokens, tokenized_path, ...).
+LF_CREDENTIALS = {"hf_hub_token", "ms_hub_token", "om_hub_token", "hub_token", "swanlab_api_key",
+                  "swanlab_lark_webhook_url", "swanlab_lark_secret"}  # fmt: skip
+CREDENTIAL_VARIABLES = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_TOKEN", "WANDB_API_KEY", "SWANLAB_API_KEY",
+                        "OPENAI_API_KEY", "COMET_API_KEY", "NEPTUNE_API_TOKEN", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY",
+                        "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "AUTH_TOKEN_HF", "hf-token"]  # fmt: skip
+NOT_CREDENTIALS = ["IGNORE_PAD_TOKEN_FOR_LOSS", "MAX_NEW_TOKENS", "ADD_SPECIAL_TOKENS", "SPLIT_SPECIAL_TOKENS",
+                   "TOKENIZED_PATH", "USE_FAST_TOKENIZER", "HF_TOKEN_PATH", "TOKENIZERS_PARALLELISM", "PAD_TOKEN",
+                   "EOS_TOKEN", "INCLUDE_NUM_INPUT_TOKENS_SEEN", "AVERAGE_TOKENS_ACROSS_DEVICES"]  # fmt: skip
+
+
+def test_every_credential_argument_of_llamafactory_is_a_secret_and_no_other_is():
+    """Both directions over the installed LLaMA-Factory's own argument names: a name with token/key/secret/password/
+    webhook/credential in it is a secret exactly when it is one of LF_CREDENTIALS. A new LLaMA-Factory argument with
+    such a word fails here until someone decides which it is."""
+    import re
+
+    named = {n for n in lf_arguments() if re.search(r"token|key|secret|password|webhook|credential", n)}
+    assert named >= LF_CREDENTIALS  # the list is of real arguments
+    assert {n for n in named if is_secret_name(n)} == LF_CREDENTIALS
+    assert {n for n, a in lf_arguments().items() if a.secret} == LF_CREDENTIALS
+
+
+@pytest.mark.parametrize("name", CREDENTIAL_VARIABLES)
+def test_credential_variables_are_secrets(name):
+    assert is_secret_name(name) and is_secret_name(name.lower())
+
+
+@pytest.mark.parametrize("name", NOT_CREDENTIALS)
+def test_settings_named_after_tokens_are_not_secrets(name):
+    assert not is_secret_name(name) and not is_secret_name(name.lower())
+
+
+def test_ignore_pad_token_for_loss_is_a_setting_that_is_rendered_and_recorded():
+    """It was read as a secret (its name has "token"): kept out of the arguments, so IGNORE_PAD_TOKEN_FOR_LOSS=false
+    never reached train.yaml (found by tests/test_fuzz_inputs.py)."""
+    from rocmft.outputs.manifest import redact_env
+
+    settings = load_settings({"IGNORE_PAD_TOKEN_FOR_LOSS": "false", "HF_TOKEN": "hf_abcdefgh"})
+    assert settings.arguments["ignore_pad_token_for_loss"] is False
+    assert settings.sources["ignore_pad_token_for_loss"] == "IGNORE_PAD_TOKEN_FOR_LOSS" and not settings.secrets
+    # the manifest records the HF_ variables: the token's value is redacted, the path of its file is not
+    recorded = redact_env({"HF_TOKEN_PATH": "/run/secrets/hf", "HF_TOKEN": "hf_abcdefgh"})
+    assert recorded == {"HF_TOKEN": "<redacted>", "HF_TOKEN_PATH": "/run/secrets/hf"}

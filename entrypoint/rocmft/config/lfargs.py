@@ -43,18 +43,39 @@ NOT_FROM_ENVIRONMENT: dict[str, str] = {
     "debug": "too common an environment variable name",
 }
 
-# A field is a secret when one of its underscore-separated words is one of these (hub_token,
-# hf_hub_token, swanlab_api_key, swanlab_lark_secret, swanlab_lark_webhook_url, ...). Secrets are never
-# written into rendered files, manifests or logs; the worker receives them through its environment.
-_SECRET_WORDS = {"token", "secret", "key", "password", "webhook", "credentials"}
+# Which names hold a credential. Secrets are never written into rendered files, manifests or logs; the worker
+# receives them through its environment. A word anywhere in the name makes it one (swanlab_api_key,
+# swanlab_lark_secret, swanlab_lark_webhook_url, AWS_SECRET_ACCESS_KEY, MLFLOW_TRACKING_PASSWORD):
+_SECRET_WORDS = {"secret", "key", "apikey", "password", "passwd", "passphrase", "webhook", "credential", "credentials"}
+# "token" is also a word of the vocabulary: LLaMA-Factory 0.9.5's hparams have ignore_pad_token_for_loss,
+# add_special_tokens, split_special_tokens, max_new_tokens, include_num_input_tokens_seen, tokenized_path, ...; the
+# credentials among its arguments end in it (hf_hub_token, ms_hub_token, om_hub_token, hub_token), as do the
+# variables of the hubs and trackers (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, GITHUB_TOKEN, NEPTUNE_API_TOKEN). So "token"
+# (singular) counts as the last word, or after a word that says access (AUTH_TOKEN_..., ACCESS_TOKEN_...); never
+# after a word of the tokenizer's (pad, eos, ...: the token itself, a piece of text), nor in HF_TOKEN_PATH (a file's
+# path, huggingface_hub's constants.py).
+_TOKEN_KINDS = {"auth", "access", "api", "bearer", "refresh", "session", "id"}
+_VOCABULARY_WORDS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "new", "added", "start", "end",
+                     "stop", "image", "video", "audio", "think", "tool"}  # fmt: skip
 
 
 def is_secret_name(name: str) -> bool:
-    """True when ``name`` (a field or variable name, any case) names a credential.
+    """True when ``name`` (a field or variable name, any case) names a credential: a word of :data:`_SECRET_WORDS`
+    anywhere, or ``token`` as the last word or after a word of access (:data:`_TOKEN_KINDS`), unless a tokenizer
+    word comes before it (``pad_token``). ``IGNORE_PAD_TOKEN_FOR_LOSS``, ``MAX_NEW_TOKENS``, ``HF_TOKEN_PATH`` are
+    not secrets; ``HF_TOKEN``, ``HUB_TOKEN``, ``WANDB_API_KEY``, ``AUTH_TOKEN_FILE_CONTENT`` are.
 
     Also covers variables outside LLaMA-Factory's arguments such as ``HF_TOKEN`` or ``WANDB_API_KEY``.
     """
-    return any(word in _SECRET_WORDS for word in re.split(r"[_\-.]", name.lower()))
+    words = [w for w in re.split(r"[_\-.]", name.lower()) if w]
+    if any(word in _SECRET_WORDS for word in words):
+        return True
+    for i, word in enumerate(words):
+        if word != "token" or (i > 0 and words[i - 1] in _VOCABULARY_WORDS):
+            continue
+        if i == len(words) - 1 or (i > 0 and words[i - 1] in _TOKEN_KINDS):
+            return True
+    return False
 
 
 def type_text(annotation: Any) -> str:

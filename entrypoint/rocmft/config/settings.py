@@ -38,6 +38,7 @@ from rocmft.config.lfargs import (
 )
 from rocmft.errors import ConfigError
 from rocmft.fsutil import default_cache_dir
+from rocmft.nesting import TOO_DEEP, TooDeep, check_depth
 
 PREFIX = "ROCMFT_"
 
@@ -464,7 +465,7 @@ def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
 # The user's own LLaMA-Factory YAML
 
 
-def load_user_config(path: Path, on_command_line: bool = False) -> dict[str, Any]:
+def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, Any] | None = None) -> dict[str, Any]:
     """Load ``ROCMFT_CONFIG`` (or, with ``on_command_line``, the YAML of ``rocmft train CONFIG.yaml``): a
     LLaMA-Factory training YAML, read the way LLaMA-Factory reads it.
 
@@ -487,12 +488,20 @@ def load_user_config(path: Path, on_command_line: bool = False) -> dict[str, Any
             "Mount the YAML into the container and point ROCMFT_CONFIG at it.",
         )  # fmt: skip
     try:
-        loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        loaded = check_depth(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+    except (RecursionError, TooDeep) as err:  # OmegaConf recurses per level; PyYAML's scanner stops at its own
+        raise ConfigError(f"{where} is {TOO_DEEP}.", "Write the values flat, as LLaMA-Factory's examples/ "
+                          "do (a mapping of argument: value).") from err  # fmt: skip
     except Exception as err:  # OmegaConf raises many types (parser errors, duplicate keys, interpolation)
+        if "exceeded maximum nesting depth" in str(err):  # libyaml (src/scanner.c, yaml_parser_increase_flow_level)
+            raise ConfigError(f"{where} is {TOO_DEEP}.", "Write the values flat, as LLaMA-Factory's examples/ "
+                              "do (a mapping of argument: value).") from err  # fmt: skip
         raise ConfigError(f"{where} is not valid YAML: {err}", "Fix the YAML syntax.") from err
     if not isinstance(loaded, dict):
         raise ConfigError(f"{where} must be a mapping of argument: value.", "See LLaMA-Factory's examples/.")
     _refuse_unknown_keys(loaded, where, lambda key: key, lambda key: replacement(key, yaml_key=True))
+    if raw is not None:  # the values as the YAML spells them, before typing (a "2k" or "1e-4" stays that text)
+        raw.update(loaded)
     return _typed_values(loaded, where, lambda key, value: f"{key}: {value!r}", "Give each key a value of the type "
                          "shown.")  # fmt: skip
 
@@ -571,6 +580,8 @@ class Settings:
             ``command line (learning_rate=5e-5)``, for error messages and the manifest.
         secrets: secret-valued arguments given in the environment (env name -> value). Never rendered; the
             worker receives them through its environment.
+        given: the text the user wrote for each argument (field name) and each ROCMFT_ setting (``ROCMFT_<FIELD>``),
+            before typing, for messages (:mod:`rocmft.config.provenance`): ``1e-4`` where the value is 0.0001.
     """
 
     rocmft: RocmftSettings
@@ -578,6 +589,22 @@ class Settings:
     arguments: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
+    given: dict[str, str] = field(default_factory=dict)
+
+    def named(self, name: str) -> str:
+        """Argument ``name`` for a message: its value and where it came from
+        (:func:`rocmft.config.provenance.named`)."""
+        from rocmft.config.provenance import named_in
+
+        return named_in(name, self.arguments, self.sources, self.given)
+
+    def knob(self, field: str) -> str:
+        """rocmft's setting ``field`` for a message: ``ROCMFT_<FIELD>=value (set in the environment)`` or
+        ``(rocmft's default)`` (:func:`rocmft.config.provenance.knob`)."""
+        from rocmft.config.provenance import knob
+
+        return knob(field, getattr(self.rocmft, field), field in self.explicit_rocmft,
+                    self.given.get(f"ROCMFT_{field.upper()}"))  # fmt: skip
 
     def source_of(self, name: str) -> str:
         """The variable or file an argument came from, or ``the default of <name>``."""
@@ -682,8 +709,12 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
         explicit.add("config")
         config_source = f"the command line's CONFIG ({command_line.config})"
     settings = Settings(rocmft=rocmft, explicit_rocmft=explicit)
+    upper = {k.upper(): v for k, v in environ.items()}
+    settings.given.update({PREFIX + name.upper(): upper[PREFIX + name.upper()].strip() for name in explicit
+                           if PREFIX + name.upper() in upper})  # fmt: skip
     if rocmft.config is not None:
-        for key, value in load_user_config(rocmft.config, on_command_line=command_line.config is not None).items():
+        raw: dict[str, Any] = {}
+        for key, value in load_user_config(rocmft.config, command_line.config is not None, raw).items():
             if arguments_by_name[key].secret:
                 raise ConfigError(
                     f"{config_source} holds the secret `{key}`; it would be copied into the run's saved configs.",
@@ -691,6 +722,7 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
                 )
             settings.arguments[key] = value
             settings.sources[key] = config_source
+            _remember(settings.given, key, raw.get(key))
     for key, value in values.items():
         argument = arguments_by_name[key]
         if argument.secret:
@@ -698,6 +730,7 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
             continue
         settings.arguments[key] = value
         settings.sources[key] = argument.env
+        _remember(settings.given, key, environ.get(argument.env, upper.get(argument.env.upper())))
     _apply_command_line(settings, command_line)
     _refuse_overlong_names({f"{name} ({settings.source_of(name)})": value for name, value in settings.arguments.items()
                             if PATH_ARGUMENT.fullmatch(name) and isinstance(value, str | list)})  # fmt: skip
@@ -758,6 +791,15 @@ def _apply_command_line(settings: Settings, command_line: CommandLine) -> None:
         settings.arguments[key] = value
         merged = f", merged into {merged_into[key]}" if key in merged_into else ""
         settings.sources[key] = command_line.source(key) + merged
+        _remember(settings.given, key, value_of[key] if key not in merged_into else None)
+
+
+def _remember(given: dict[str, str], key: str, text: Any) -> None:
+    """Record ``text`` as the user's spelling of ``key`` (only a string: a YAML number is shown as typed)."""
+    if isinstance(text, str):
+        given[key] = text
+    else:
+        given.pop(key, None)
 
 
 def _same_file(first: Path, second: Path) -> bool:

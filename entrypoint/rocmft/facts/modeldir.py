@@ -10,12 +10,13 @@ safetensors format spec); ``model.safetensors.index.json`` maps tensor names to 
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from rocmft.nesting import loads_json
 
 # Weight files of a whole (merged or full fine-tuned) model folder, as save_pretrained writes them.
 MODEL_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -44,7 +45,7 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         (length,) = struct.unpack("<Q", handle.read(8))
         if length > path.stat().st_size - 8:  # read() of a damaged length (2**62) was a MemoryError
             raise ValueError(f"{path}: the safetensors header says {length} bytes, more than the file holds")
-        header = json.loads(handle.read(length))
+        header = loads_json(handle.read(length))
     if not isinstance(header, dict) or not all(isinstance(v, dict) for v in header.values()):  # a list: a traceback
         raise ValueError(f"{path}: the safetensors header is not an object of tensor name: {{dtype, shape, ...}}")
     return header
@@ -97,7 +98,7 @@ class ModelDir:
 
     @cached_property
     def _config(self) -> dict[str, Any]:
-        loaded = json.loads(self.config_path.read_text(encoding="utf-8"))
+        loaded = loads_json(self.config_path.read_text(encoding="utf-8"))
         if not isinstance(loaded, dict):  # every reader treats it as unreadable (a list here was a traceback)
             raise ValueError(f"{self.config_path} holds a JSON {type(loaded).__name__}, not an object")
         return loaded
@@ -169,7 +170,7 @@ class ModelDir:
         index = self.path / "model.safetensors.index.json"
         if not index.is_file():
             return None
-        return list(json.loads(index.read_text()).get("weight_map", {}))
+        return list(loads_json(index.read_text()).get("weight_map", {}))
 
     def linear_names(self) -> set[str] | None:
         """Names of the model's 2-D weight modules (``q_proj``, ``down_proj``, …), from the weight index or the
@@ -206,7 +207,7 @@ class ModelDir:
             if not path.is_file():
                 continue
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = loads_json(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
             if not isinstance(data, dict):

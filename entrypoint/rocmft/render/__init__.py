@@ -35,6 +35,7 @@ from rocmft.facts.job import asked_processes, local_processes, world_size
 from rocmft.facts.modeldir import ModelDir
 from rocmft.facts.scheduler import job_layout
 from rocmft.fsutil import atomic_write_json, atomic_write_text
+from rocmft.nesting import loads_json
 from rocmft.render import planner
 from rocmft.render.datasets import Registry, build_registry, split_names
 from rocmft.render.precision import Precision, resolve_precision
@@ -318,8 +319,8 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
     if rocmft.distributed == "deepspeed" and "deepspeed" not in layered:
         text = _render(env, "deepspeed.json.j2", zero_stage=rocmft.zero_stage, offload=rocmft.offload)
         try:
-            ds_config = json.loads(text)
-        except json.JSONDecodeError as err:
+            ds_config = loads_json(text)
+        except ValueError as err:
             raise ConfigError(f"The rendered deepspeed.json.j2 is not JSON: {err}", "Fix the template.") from err
         zero = ds_config.get("zero_optimization", {}) if isinstance(ds_config, dict) else None
         stage = zero.get("stage", 0) if isinstance(zero, dict) else None
@@ -522,14 +523,23 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
     if not isinstance(previous, dict):
         return choose(settings.rocmft.resume, output_dir, None, current)
     try:
-        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+        manifest = loads_json((run_dir / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         manifest = None
     worker = manifest.get("worker") if isinstance(manifest, dict) else None
     world = worker.get("world_size") if isinstance(worker, dict) else None
     world = world if isinstance(world, int) and not isinstance(world, bool) else None
     previous["world_size"] = world if world is not None else world_size  # unknown: not compared
-    return choose(settings.rocmft.resume, output_dir, previous, current)
+    from rocmft.config.provenance import named_in
+
+    return choose(
+        settings.rocmft.resume,
+        output_dir,
+        previous,
+        current,
+        lambda name: named_in(name, arguments, settings.sources, settings.given),
+        run_dir / "train.yaml",
+    )
 
 
 def worker_policy(plan: Plan) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocmft.nesting import TooDeep, loads_json
+
 DATA_FILE_SUFFIXES = (".json", ".jsonl")
 # LLaMA-Factory's default alpaca columns (DatasetAttr in llamafactory/data/parser.py): role -> column name
 ALPACA_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output", "system": "system",
@@ -74,16 +76,20 @@ def read_records(path: Path, limit: int) -> list[dict[str, Any]]:
             for number, line in enumerate(handle, 1):
                 if line.strip():
                     try:
-                        records.append(json.loads(line))
+                        records.append(loads_json(line))
                     except json.JSONDecodeError as err:
                         raise ValueError(f"{path}: line {number} is not JSON ({err.msg})") from err
+                    except TooDeep as err:
+                        raise ValueError(f"{path}: line {number} is {err}") from err
                 if len(records) >= limit:
                     break
     else:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = loads_json(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
+        except TooDeep as err:
+            raise ValueError(f"{path}: {err}") from err
         if not isinstance(data, list):
             raise ValueError(f"{path}: expected a JSON array of records, found {type(data).__name__}")
         records = data[:limit]
@@ -162,7 +168,7 @@ def sample_records(path: Path, part: int = SAMPLE_PART, budget_s: float = SAMPLE
             handle.seek(offset)
             text = handle.readline()
             try:
-                record = json.loads(text)
+                record = loads_json(text)
             except ValueError as err:
                 raise ValueError(f"{path}: record {index} (line {number}) is not JSON ({err})") from err
             if not isinstance(record, dict):
@@ -330,7 +336,7 @@ def build_registry(names: list[str], source_dir: Path) -> Registry:
     info_path = source_dir / "dataset_info.json"
     if info_path.is_file():
         try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
+            info = loads_json(info_path.read_text(encoding="utf-8"))
             if not isinstance(info, dict):
                 raise ValueError("expected an object of name: entry")
         except (ValueError, OSError) as err:
@@ -371,7 +377,7 @@ def available_names(source_dir: Path) -> list[str]:
     info_path = source_dir / "dataset_info.json"
     if info_path.is_file():
         try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
+            info = loads_json(info_path.read_text(encoding="utf-8"))
         except (ValueError, OSError):
             info = None
         if isinstance(info, dict):  # a list of names ([1, 2]) is not dataset_info.json: build_registry says so

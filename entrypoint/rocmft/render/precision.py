@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rocmft.config.provenance import named_in, origin
 from rocmft.config.settings import Settings
 from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
@@ -65,11 +66,15 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
     bf16_name = "pure_bf16" if truthy(arguments.get("pure_bf16")) else "bf16"
     bf16 = truthy(arguments.get(bf16_name))
     fp16 = truthy(arguments.get("fp16"))
+
+    def named(name: str) -> str:
+        return named_in(name, arguments, settings.sources, settings.given)
+
     if bf16 and fp16:
         raise ConfigError(
-            f"Both bf16 ({settings.source_of(bf16_name)}) and fp16 ({settings.source_of('fp16')}) are enabled; "
-            "a run trains in one of them.",
-            "Keep at most one of them, or remove both and set ROCMFT_PRECISION=auto|bf16|fp16|fp32.",
+            f"Both {named(bf16_name)} and {named('fp16')} are enabled; a run trains in one of them.",
+            f"Remove both and set ROCMFT_PRECISION=bf16 or fp16 (or auto); {bf16_name.upper()} and FP16 are then "
+            "not needed.",
         )
     asked = "bf16" if bf16 else "fp16" if fp16 else None
     if "precision" in settings.explicit_rocmft:
@@ -77,8 +82,9 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
         if asked and policy != "auto" and asked != policy:
             name = bf16_name if bf16 else "fp16"
             raise ConfigError(
-                f"ROCMFT_PRECISION={policy} contradicts {settings.source_of(name)}=true.",
-                f"Keep one: ROCMFT_PRECISION alone is enough (remove {settings.source_of(name)}).",
+                f"{settings.knob('precision')} contradicts {named(name)}.",
+                f"Remove {name.upper()} ({origin(name, settings.sources.get(name))}): ROCMFT_PRECISION alone "
+                "chooses the precision.",
             )
         reason = f"ROCMFT_PRECISION={policy}"
         if policy == "auto" and asked:

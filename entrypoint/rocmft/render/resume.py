@@ -14,7 +14,6 @@ are unchanged, refuse with the differences otherwise), ``never`` (start over; ch
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 
 from rocmft.errors import ConfigError
 from rocmft.facts.modeldir import CHECKPOINT_WEIGHT_FILES
+from rocmft.nesting import loads_json
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # Settings that make a checkpoint meaningless for this run when they change (the model, the data, the method,
@@ -39,7 +39,7 @@ def _safetensors_readable(path: Path) -> bool:
             (length,) = struct.unpack("<Q", handle.read(8))
             if length > 100 * 2**20 or path.stat().st_size < 8 + length:
                 return False
-            json.loads(handle.read(length))
+            loads_json(handle.read(length))
         return True
     except (OSError, ValueError, struct.error):
         return False
@@ -51,7 +51,7 @@ def checkpoint_problem(folder: Path) -> str | None:
     if not match:
         return "not a checkpoint-<step> folder"
     try:
-        state = json.loads((folder / "trainer_state.json").read_text())
+        state = loads_json((folder / "trainer_state.json").read_text())
     except FileNotFoundError:
         return "no trainer_state.json (written last: the save did not finish)"
     except (OSError, ValueError) as err:
@@ -112,17 +112,21 @@ def last_good_checkpoint(output_dir: Path, losses: list[dict[str, Any]]) -> Path
     return newest_complete(output_dir, at_most_step=good_step).checkpoint
 
 
-def differences(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``name: before -> now`` for each setting of :data:`MUST_MATCH` (and ``world_size``) that changed."""
+def differences(previous: dict[str, Any], current: dict[str, Any], named=None) -> list[str]:
+    """``name: before -> now`` for each setting of :data:`MUST_MATCH` (and ``world_size``) that changed; with
+    ``named`` (``name -> text``, :func:`rocmft.config.provenance.named_in`), ``now`` is said with its variable and
+    where it came from."""
     changed = []
     for name in (*MUST_MATCH, "world_size"):
         before, now = previous.get(name), current.get(name)
         if before != now:
-            changed.append(f"{name}: {before!r} -> {now!r}")
+            shown = named(name) if named is not None and name != "world_size" else repr(now)
+            changed.append(f"{name}: {before!r} -> {shown}")
     return changed
 
 
-def choose(setting: str, output_dir: Path, previous: dict[str, Any] | None, current: dict[str, Any]) -> ResumeChoice:
+def choose(setting: str, output_dir: Path, previous: dict[str, Any] | None, current: dict[str, Any],
+           named=None, record: Path | None = None) -> ResumeChoice:  # fmt: skip
     """Apply ROCMFT_RESUME.
 
     Args:
@@ -130,6 +134,8 @@ def choose(setting: str, output_dir: Path, previous: dict[str, Any] | None, curr
         output_dir: where the checkpoints are.
         previous: the earlier run's settings (its rocmft/train.yaml plus ``world_size``), None if unknown.
         current: this run's arguments plus ``world_size``.
+        named: ``name -> text`` naming a current setting and its source for the message (see :func:`differences`).
+        record: the earlier run's train.yaml, named in the message as where the earlier values came from.
 
     Raises:
         ConfigError: a given folder that is not a complete checkpoint; under ``auto``, settings that changed
@@ -147,15 +153,16 @@ def choose(setting: str, output_dir: Path, previous: dict[str, Any] | None, curr
     choice = newest_complete(output_dir)
     if choice.checkpoint is None or setting == "force" or previous is None:
         return choice
-    changed = differences(previous, current)
+    changed = differences(previous, current, named)
     if changed:
         raise ConfigError(
-            f"OUTPUT_DIR {output_dir} holds {choice.checkpoint.name} of a run with other settings: "
+            f"ROCMFT_RESUME={setting}: OUTPUT_DIR {output_dir} holds {choice.checkpoint.name} of a run with other "
+            f"settings (earlier values from {record or 'its rocmft/train.yaml'} -> this run's): "
             + "; ".join(changed)
             + "."
             + world_size_note(choice.checkpoint, previous.get("world_size"), current.get("world_size")),
-            "Use a new OUTPUT_DIR for the new settings, ROCMFT_RESUME=never to start over here (the checkpoints "
-            "are kept until SAVE_TOTAL_LIMIT rotates them), or ROCMFT_RESUME=force to continue anyway.",
+            "Set OUTPUT_DIR to a new folder for the new settings (ROCMFT_RESUME=never starts over here instead, "
+            "ROCMFT_RESUME=force continues from the checkpoint anyway).",
         )
     return choice
 

@@ -75,8 +75,10 @@ def _names_in(message: str) -> list[str]:
 
 
 def _describe(name: str, plan: Plan) -> str:
+    from rocmft.config.provenance import named_in
+
     if plan.arguments.get(name) is not None and name in plan.sources:
-        return f"{name} (from {plan.sources[name]})"
+        return named_in(name, plan.arguments, plan.sources, plan.settings.given)
     return f"{name} (not set; the variable is {name.upper()})"
 
 

@@ -101,11 +101,17 @@ class Inputs:
         settings: the read settings.
         arguments: the layered training arguments (:attr:`rocmft.config.layers.Layers.arguments`).
         device: the probed device.
+        sources: where each layered argument came from (:attr:`rocmft.config.layers.Layers.sources`).
     """
 
     settings: Settings
     arguments: Any
     device: DeviceFacts
+    sources: Any = None
+
+    def __post_init__(self) -> None:
+        if self.sources is None:
+            object.__setattr__(self, "sources", dict(self.settings.sources))
 
     @cached_property
     def model(self) -> ModelDir:
@@ -130,7 +136,7 @@ def render_checked(settings: Settings, device: DeviceFacts, make_staging):
     from rocmft.render import render, write
 
     layers = layer(settings)
-    apply("inputs", Inputs(settings=settings, arguments=layers.arguments, device=device))
+    apply("inputs", Inputs(settings=settings, arguments=layers.arguments, device=device, sources=layers.sources))
     rendered = render(settings, device, layers, make_staging)
     apply("rendered", rendered)
     return write(rendered)

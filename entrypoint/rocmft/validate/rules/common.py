@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from rocmft.config.provenance import named_in
+
 
 def user_set(name: str, sources: dict[str, str]) -> bool:
     """Whether the user chose ``name`` (environment or ROCMFT_CONFIG), not a template or built-in default."""
     return name in sources and "default" not in sources[name]
 
 
-__all__ = ["user_set"]
+def named(run: Any, name: str, default: Any = None) -> str:
+    """Argument ``name`` of a rule's subject (:class:`~rocmft.validate.rules.Inputs` or
+    :class:`~rocmft.render.Rendered`) for a message: its variable, its value as the user wrote it, and where it came
+    from (:func:`rocmft.config.provenance.named`), the one way every rule says so; ``default`` is the value used
+    when it is not set."""
+    return named_in(name, run.arguments, run.sources, run.settings.given, default)
+
+
+def knob(run: Any, field: str) -> str:
+    """rocmft's own setting ``field`` (``distributed``) of a rule's subject for a message
+    (:meth:`rocmft.config.settings.Settings.knob`)."""
+    return run.settings.knob(field)
+
+
+__all__ = ["knob", "named", "user_set"]

@@ -8,6 +8,7 @@ from rocmft.config.stages import RANKING_STAGES
 from rocmft.errors import ConfigError
 from rocmft.render import Rendered
 from rocmft.validate.rules import rule
+from rocmft.validate.rules.common import named
 
 
 @rule("rendered", 110)
@@ -18,12 +19,12 @@ def stage_data(run: Rendered) -> None:
     Raises:
         ConfigError: naming STAGE, the data set and its dataset_info entry's relevant keys.
     """
-    arguments, sources = run.arguments, run.sources
+    arguments = run.arguments
     entries = run.registry.entries
     from rocmft.render.datasets import first_record
 
     stage = str(arguments.get("stage") or "sft")
-    where = sources.get("stage", "default")
+    stage_named = named(run, "stage", "sft")
     for name, entry in entries.items():
         ranking = bool(entry.get("ranking"))
         columns = entry.get("columns", {})
@@ -35,16 +36,17 @@ def stage_data(run: Rendered) -> None:
                    f"{name!r} in dataset_info.json." if pairs else
                    "Use a preference data set (chosen/rejected answers, \"ranking\": true in dataset_info.json; "
                    "LLaMA-Factory's data/README.md), or STAGE=sft for this one.")  # fmt: skip
-            raise ConfigError(f"STAGE={stage} ({where}) trains on pairwise data, but data set {name!r} is not "
-                              f"pairwise (no \"ranking\": true in its dataset_info entry"
-                              f"{'; its records do have chosen/rejected' if pairs else ''}).", fix)  # fmt: skip
+            raise ConfigError(f"{stage_named} trains on pairwise data, but data set {name!r} is not pairwise (no "
+                              f"\"ranking\": true in its dataset_info entry"
+                              f"{'; its records do have chosen/rejected' if pairs else ''}; {named(run, 'dataset')}).",
+                              fix)  # fmt: skip
         if stage not in RANKING_STAGES and ranking:
-            raise ConfigError(f"STAGE={stage} ({where}) with data set {name!r}, which is pairwise (\"ranking\": "
-                              "true, chosen/rejected answers): LLaMA-Factory refuses it after loading the model.",
-                              "Set STAGE=dpo (or rm) for preference training, or use a data set of plain "
-                              "instructions or conversations.")  # fmt: skip
+            raise ConfigError(f"{stage_named} with data set {name!r}, which is pairwise (\"ranking\": true, "
+                              f"chosen/rejected answers; {named(run, 'dataset')}): LLaMA-Factory refuses it after "
+                              "loading the model.",
+                              "Set STAGE=dpo for preference training on this data set.")  # fmt: skip
         if stage == "kto" and "kto_tag" not in columns:
-            raise ConfigError(f"STAGE=kto ({where}) needs a kto_tag column (true for a desirable answer, false for "
-                              f"an undesirable one), and data set {name!r} maps none.",
+            raise ConfigError(f"{stage_named} needs a kto_tag column (true for a desirable answer, false for "
+                              f"an undesirable one), and data set {name!r} ({named(run, 'dataset')}) maps none.",
                               f'Add "kto_tag": "<column>" to the "columns" of {name!r} in dataset_info.json, or '
                               "use STAGE=dpo with pairwise data.")  # fmt: skip

@@ -3,15 +3,17 @@ a user's own DeepSpeed config against the trainer, and the job's shape (NNODES, 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from rocmft.config.provenance import environment_variable, origin
 from rocmft.errors import ConfigError
 from rocmft.facts.scheduler import job_layout
+from rocmft.nesting import loads_json
 from rocmft.render import Plan, Rendered, processes_per_node
 from rocmft.validate.rules import Inputs, rule
+from rocmft.validate.rules.common import named
 from rocmft.values import truthy
 
 # ds_config keys transformers fills when they are "auto" (transformers.integrations.deepspeed,
@@ -40,25 +42,27 @@ def distributed(run: Inputs) -> None:
         for name in ("zero_stage", "offload"):
             if name in explicit and not (name == "offload" and rocmft.offload == "none"):
                 raise ConfigError(
-                    f"ROCMFT_{name.upper()}={getattr(rocmft, name)} has no effect with "
-                    f"ROCMFT_DISTRIBUTED={rocmft.distributed}.",
-                    "Set ROCMFT_DISTRIBUTED=deepspeed, or remove the variable.",
+                    f"{settings.knob(name)} has no effect with {settings.knob('distributed')}: only DeepSpeed "
+                    "has ZeRO stages and offload.",
+                    f"Set ROCMFT_DISTRIBUTED=deepspeed to use ROCMFT_{name.upper()}, or remove ROCMFT_{name.upper()}.",
                 )
     if rocmft.offload == "optimizer+params" and rocmft.zero_stage != 3:
         raise ConfigError(
-            f"ROCMFT_OFFLOAD=optimizer+params needs ZeRO stage 3 (ROCMFT_ZERO_STAGE={rocmft.zero_stage}): "
-            "only stage 3 partitions, and so can offload, the parameters.",
-            "Set ROCMFT_ZERO_STAGE=3, or ROCMFT_OFFLOAD=optimizer.",
+            f"{settings.knob('offload')} needs ZeRO stage 3, and {settings.knob('zero_stage')}: only stage 3 "
+            "partitions, and so can offload, the parameters.",
+            "Set ROCMFT_ZERO_STAGE=3 (or ROCMFT_OFFLOAD=optimizer to offload the optimizer state only).",
         )
     if arguments.get("deepspeed") and rocmft.distributed in ("fsdp", "ddp"):
         raise ConfigError(
-            f"{settings.source_of('deepspeed')} gives a DeepSpeed config but ROCMFT_DISTRIBUTED={rocmft.distributed}.",
-            "Use one strategy: ROCMFT_DISTRIBUTED=deepspeed (rocmft renders the config), or drop DEEPSPEED.",
+            f"{named(run, 'deepspeed')} gives a DeepSpeed config but {settings.knob('distributed')}.",
+            f"Remove DEEPSPEED ({origin('deepspeed', run.sources.get('deepspeed'))}) to train with "
+            f"{rocmft.distributed}; for DeepSpeed, ROCMFT_DISTRIBUTED=deepspeed renders the config.",
         )
     if arguments.get("fsdp") and rocmft.distributed == "deepspeed":
         raise ConfigError(
-            f"{settings.source_of('fsdp')} asks for FSDP but ROCMFT_DISTRIBUTED=deepspeed; they exclude each other.",
-            "Use one strategy: ROCMFT_DISTRIBUTED=fsdp or ROCMFT_DISTRIBUTED=deepspeed.",
+            f"{named(run, 'fsdp')} asks for FSDP but {settings.knob('distributed')}; they exclude each other.",
+            f"Remove FSDP ({origin('fsdp', run.sources.get('fsdp'))}) and set ROCMFT_DISTRIBUTED=fsdp for FSDP "
+            "(rocmft renders its settings).",
         )
 
 
@@ -80,23 +84,23 @@ def sharded_quantization(run: Inputs) -> None:
     sharded = (rocmft.distributed == "deepspeed" and rocmft.zero_stage == 3) or rocmft.distributed == "fsdp"
     if not sharded:
         return
-    strategy = "FSDP (ROCMFT_DISTRIBUTED=fsdp)" if rocmft.distributed == "fsdp" else "ZeRO-3 (ROCMFT_ZERO_STAGE=3)"
+    strategy = (f"FSDP ({run.settings.knob('distributed')})" if rocmft.distributed == "fsdp" else
+                f"ZeRO-3 ({run.settings.knob('distributed')}, {run.settings.knob('zero_stage')})")  # fmt: skip
     config_path = run.model.config_path
     quantized = run.model.quantization_method() if config_path.is_file() else None  # unreadable: the model check
     if quantized:
         raise ConfigError(
-            f"The model {config_path.parent} is already quantized ({quantized}, quantization_config in its "
-            f"config.json), and {strategy} cannot shard its packed weights.",
-            "Use ROCMFT_DISTRIBUTED=ddp (or deepspeed with ROCMFT_ZERO_STAGE=2), or the unquantized model with "
-            "QUANTIZATION_BIT=4.",
+            f"The model {named(run, 'model_name_or_path')} is already quantized ({quantized}, quantization_config "
+            f"in {config_path}), and {strategy} cannot shard its packed weights.",
+            "Set ROCMFT_DISTRIBUTED=ddp: each GPU then holds the whole quantized model, which needs no sharding.",
         )
     bits = arguments.get("quantization_bit")
     method = str(arguments.get("quantization_method") or "bnb")
     if bits and (method != "bnb" or int(bits) != 4):
         raise ConfigError(
-            f"QUANTIZATION_BIT={bits} with QUANTIZATION_METHOD={method} cannot be combined with {strategy}: only "
-            "4-bit bitsandbytes (QLoRA) is shardable.",
-            "Use QUANTIZATION_BIT=4 (bitsandbytes), or ROCMFT_DISTRIBUTED=ddp / ROCMFT_ZERO_STAGE=2.",
+            f"{named(run, 'quantization_bit')} with {named(run, 'quantization_method', 'bnb')} cannot be combined "
+            f"with {strategy}: only 4-bit bitsandbytes (QLoRA) is shardable.",
+            "Set QUANTIZATION_BIT=4 with QUANTIZATION_METHOD=bnb (QLoRA), which ZeRO-3 and FSDP can shard.",
         )
 
 
@@ -110,8 +114,9 @@ def one_deepspeed_config(run: Inputs) -> None:
     settings = run.settings
     if run.arguments.get("deepspeed") and settings.rocmft.distributed == "deepspeed":
         raise ConfigError(
-            f"{settings.source_of('deepspeed')} gives a DeepSpeed config and ROCMFT_DISTRIBUTED=deepspeed renders one.",
-            "Keep one: unset DEEPSPEED to use rocmft's ZeRO settings, or unset ROCMFT_DISTRIBUTED.",
+            f"{named(run, 'deepspeed')} gives a DeepSpeed config and {settings.knob('distributed')} renders one.",
+            f"Remove DEEPSPEED ({origin('deepspeed', run.sources.get('deepspeed'))}): rocmft renders the ZeRO "
+            "config from ROCMFT_ZERO_STAGE and ROCMFT_OFFLOAD.",
         )
 
 
@@ -148,7 +153,7 @@ def user_ds_config(run: Rendered) -> list[str]:
     arguments, world_size, source = run.arguments, run.world_size, run.sources.get("deepspeed", "DEEPSPEED")
     path = Path(str(arguments["deepspeed"])).expanduser()
     try:
-        ds = json.loads(path.read_text())
+        ds = loads_json(path.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"DEEPSPEED={path} ({source}) cannot be read as JSON: {err}.",
                           "Point DEEPSPEED at a DeepSpeed JSON config, or use ROCMFT_DISTRIBUTED=deepspeed "
@@ -162,20 +167,25 @@ def user_ds_config(run: Rendered) -> list[str]:
                           "ROCMFT_DISTRIBUTED=deepspeed.")  # fmt: skip
     micro = int(arguments.get("per_device_train_batch_size") or 8)
     accumulation = int(arguments.get("gradient_accumulation_steps") or 1)
+
+    def trainer(name: str, default: Any) -> str:
+        return named(run, name, default)
+
+    batch = (f"micro-batch {micro} ({trainer('per_device_train_batch_size', 8)}) x accumulation {accumulation} "
+             f"({trainer('gradient_accumulation_steps', 1)}) x world size {world_size}")  # fmt: skip
     expected = {
-        "train_micro_batch_size_per_gpu": (micro, "PER_DEVICE_TRAIN_BATCH_SIZE"),
-        "gradient_accumulation_steps": (accumulation, "GRADIENT_ACCUMULATION_STEPS"),
-        "train_batch_size": (micro * accumulation * world_size,
-                             f"micro-batch {micro} x accumulation {accumulation} x world size {world_size}"),
-        "gradient_clipping": (float(arguments.get("max_grad_norm", 1.0)), "MAX_GRAD_NORM"),
-        "optimizer.params.lr": (float(arguments.get("learning_rate", 5e-5)), "LEARNING_RATE"),
-        "scheduler.params.warmup_max_lr": (float(arguments.get("learning_rate", 5e-5)), "LEARNING_RATE"),
-        "fp16.enabled": (bool(arguments.get("fp16")), "FP16 (rocmft's precision policy)"),
-        "bf16.enabled": (bool(arguments.get("bf16")), "BF16 (rocmft's precision policy)"),
+        "train_micro_batch_size_per_gpu": (micro, trainer("per_device_train_batch_size", 8)),
+        "gradient_accumulation_steps": (accumulation, trainer("gradient_accumulation_steps", 1)),
+        "train_batch_size": (micro * accumulation * world_size, f"{micro * accumulation * world_size} = {batch}"),
+        "gradient_clipping": (float(arguments.get("max_grad_norm", 1.0)), trainer("max_grad_norm", 1.0)),
+        "optimizer.params.lr": (float(arguments.get("learning_rate", 5e-5)), trainer("learning_rate", 5e-5)),
+        "scheduler.params.warmup_max_lr": (float(arguments.get("learning_rate", 5e-5)), trainer("learning_rate", 5e-5)),
+        "fp16.enabled": (bool(arguments.get("fp16")), trainer("fp16", False)),
+        "bf16.enabled": (bool(arguments.get("bf16")), trainer("bf16", False)),
     }  # fmt: skip
     warmup = arguments.get("warmup_steps")
     if isinstance(warmup, int) and warmup >= 1:
-        expected["scheduler.params.warmup_num_steps"] = (warmup, "WARMUP_STEPS")
+        expected["scheduler.params.warmup_num_steps"] = (warmup, trainer("warmup_steps", 0))
     mismatched = []
     for key, (want, name) in expected.items():
         have = _get(ds, key)
@@ -184,12 +194,11 @@ def user_ds_config(run: Rendered) -> list[str]:
         if isinstance(want, bool) and isinstance(have, str):
             have = truthy(have)
         if have != want:
-            mismatched.append(f"{key}={have!r} vs {name}={want!r}")
+            mismatched.append(f"{key}={have!r} vs {name}")
     if mismatched:
         raise ConfigError(
-            f"DEEPSPEED={path} contradicts the trainer: " + "; ".join(mismatched) + ".",
-            'Set those keys to "auto" (transformers fills them from the trainer arguments), or change the '
-            "variables named; or use ROCMFT_DISTRIBUTED=deepspeed and let rocmft render the config.",
+            f"{named(run, 'deepspeed')} contradicts the trainer: " + "; ".join(mismatched) + ".",
+            f'Set those keys to "auto" in {path} (transformers fills them from the trainer arguments).',
         )
     ds_offload(ds, path)
     unfilled = [key for key in _autos(ds) if key not in AUTO_FILLED]
@@ -260,7 +269,12 @@ def world_size(plan: Plan) -> None:
     # the training operator v1 sets WORLD_SIZE to the pods (rocmft.facts.scheduler reads it as the node count)
     given = os.environ.get("WORLD_SIZE", "").strip() if layout.engine != "kubernetes" else ""
     if given and given != str(nodes * per_node):
+        shape = ", ".join(f"{k} from {v}" for k, v in layout.sources.items() if k in ("nnodes", "nproc_per_node"))
+        per_node_from = (plan.settings.knob("nproc_per_node") if "nproc_per_node" in plan.settings.explicit_rocmft
+                         else environment_variable("NPROC_PER_NODE", os.environ) if os.environ.get("NPROC_PER_NODE")
+                         else f"one per visible GPU, {plan.device.count}")  # fmt: skip
         raise ConfigError(
-            f"WORLD_SIZE={given} disagrees with NNODES={nodes} x {per_node} processes per node = {nodes * per_node}.",
-            "Unset WORLD_SIZE (torchrun sets it for every rank), or fix NNODES / ROCMFT_NPROC_PER_NODE.",
+            f"{environment_variable('WORLD_SIZE', os.environ)} disagrees with NNODES={nodes} "
+            f"({shape or 'not set: one node'}) x {per_node} processes per node ({per_node_from}) = {nodes * per_node}.",
+            "Unset WORLD_SIZE: torchrun sets it for every rank from NNODES and the processes per node.",
         )

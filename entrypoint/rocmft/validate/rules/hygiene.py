@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from rocmft.config.provenance import origin
 from rocmft.errors import ConfigError
 from rocmft.render import Rendered
 from rocmft.validate.rules import rule
+from rocmft.validate.rules.common import named
 from rocmft.validate.rules.common import user_set as _user_set
 
 # Arguments that hold a path (a folder or file inside the container).
@@ -23,14 +25,14 @@ def text_hygiene(run: Rendered) -> None:
         ConfigError: naming each variable with its value shown by ``repr``.
     """
     arguments, sources = run.arguments, run.sources
-    empty = [name.upper() for name, value in arguments.items() if value == "" and _user_set(name, sources)]
+    empty = [named(run, name) for name, value in arguments.items() if value == "" and _user_set(name, sources)]
     if empty:
-        raise ConfigError(f"Empty values: {', '.join(f'{n}=' for n in empty)}.",
+        raise ConfigError(f"Empty values: {', '.join(empty)}.",
                           "Give each a value, or remove the line (unset means the default).")  # fmt: skip
     spaced = [(name, value) for name, value in arguments.items()
               if isinstance(value, str) and value != value.strip() and _user_set(name, sources)]  # fmt: skip
     if spaced:
-        shown = ", ".join(f"{name.upper()}={value!r} ({sources[name]})" for name, value in spaced)
+        shown = ", ".join(f"{name.upper()}={value!r} ({origin(name, sources[name])})" for name, value in spaced)
         if any("\r" in value for _, value in spaced):
             raise ConfigError(f"Values end in a carriage return: {shown}: the .env file has Windows (CRLF) line "
                               "endings, which docker --env-file keeps.",
@@ -38,7 +40,7 @@ def text_hygiene(run: Rendered) -> None:
                               "line-ending setting).")  # fmt: skip
         raise ConfigError(f"Values with spaces around them: {shown}.", "Remove the spaces in the .env file.")
     windows = [
-        f"{name.upper()}={value} ({sources.get(name, 'default')})"
+        named(run, name)
         for name in PATH_ARGUMENTS
         if isinstance(value := arguments.get(name), str) and (value[1:3] in (":\\", ":/") or "\\" in value)
     ]
@@ -58,7 +60,7 @@ def quoted_values(run: Rendered) -> None:
         ConfigError: naming each variable.
     """
     arguments, sources = run.arguments, run.sources
-    quoted = [f"{name.upper()}={value}" for name, value in arguments.items()
+    quoted = [named(run, name) for name, value in arguments.items()
               if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'"
               and _user_set(name, sources)]  # fmt: skip
     if quoted:

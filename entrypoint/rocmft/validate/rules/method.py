@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rocmft.errors import ConfigError
-from rocmft.render import TEMPLATE_SOURCE, Rendered
+from rocmft.render import Rendered
 from rocmft.validate.rules import rule
+from rocmft.validate.rules.common import named
 from rocmft.validate.rules.common import user_set as _user_set
 
 
@@ -24,11 +25,12 @@ def method_settings(run: Rendered) -> None:
 
     chosen = arguments.get("finetuning_type", "lora")
     owners = {"LoraArguments": "lora", "FreezeArguments": "freeze", "OFTArguments": "oft"}
-    stray = [f"{a.name.upper()} ({owners[a.group]})" for a in lf_arguments().values()
-             if owners.get(a.group, chosen) != chosen and _user_set(a.name, sources)]  # fmt: skip
+    stray = [a for a in lf_arguments().values() if owners.get(a.group, chosen) != chosen and _user_set(a.name, sources)]
     if stray:
-        raise ConfigError(f"FINETUNING_TYPE={chosen} ignores {', '.join(stray)}.",
-                          "Remove them, or set FINETUNING_TYPE to the method they belong to.")  # fmt: skip
+        shown = ", ".join(f"{named(run, a.name)}, a setting of {owners[a.group]}" for a in stray)
+        raise ConfigError(f"{named(run, 'finetuning_type', 'lora')} ignores {shown}.",
+                          f"Remove {', '.join(a.name.upper() for a in stray)}, or set FINETUNING_TYPE="
+                          f"{owners[stray[0].group]} if that is the method you meant.")  # fmt: skip
 
 
 @rule("rendered", 90)
@@ -38,7 +40,7 @@ def lora_target(run: Rendered) -> None:
     Raises:
         ConfigError: listing the unknown names and the model's linear module names.
     """
-    arguments, source = run.arguments, run.sources.get("lora_target", TEMPLATE_SOURCE)
+    arguments = run.arguments
     if arguments.get("finetuning_type", "lora") != "lora":
         return
     value = arguments.get("lora_target", "all")
@@ -52,10 +54,10 @@ def lora_target(run: Rendered) -> None:
     unknown = [t for t in wanted if t not in found]
     spaced = [t for t in unknown if len(t.split()) > 1 and all(part in found for part in t.split())]
     if spaced:
-        raise ConfigError(f"LORA_TARGET={','.join(wanted)} ({source}) separates module names with spaces.",
+        raise ConfigError(f"{named(run, 'lora_target')} separates module names with spaces.",
                           f"Separate them with commas: LORA_TARGET={','.join(spaced[0].split())}.")  # fmt: skip
     if unknown:
         raise ConfigError(
-            f"LORA_TARGET={','.join(wanted)} ({source}) names no module of {model_dir}: {', '.join(unknown)}.",
+            f"{named(run, 'lora_target')} names no module of {named(run, 'model_name_or_path')}: {', '.join(unknown)}.",
             f"Use `all`, or names among the model's linear modules: {', '.join(sorted(found))}.",
         )

@@ -7,6 +7,7 @@ import struct
 from rocmft.errors import ConfigError
 from rocmft.render import Rendered
 from rocmft.validate.rules import rule
+from rocmft.validate.rules.common import named
 
 
 @rule("rendered", 120)
@@ -19,7 +20,6 @@ def model_shapes(run: Rendered) -> None:
     Raises:
         ConfigError: naming the config key, its value, the tensor and its shape.
     """
-    sources = run.sources
     import re
 
     model = run.model
@@ -47,7 +47,7 @@ def model_shapes(run: Rendered) -> None:
         problems.append(f"num_hidden_layers={wanted} but the weights have {max(layers) + 1} layers")
     if problems:
         raise ConfigError(f"{config_path} does not describe the weights beside it "
-                          f"(MODEL_NAME_OR_PATH, {sources.get('model_name_or_path', 'default')}): "
+                          f"({named(run, 'model_name_or_path')}): "
                           + "; ".join(problems) + ".",
                           "The config.json belongs to another model or size: put back the config.json that came "
                           "with these weights (download the folder again).")  # fmt: skip

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rocmft.config.provenance import origin
 from rocmft.errors import ConfigError
 from rocmft.facts.modeldir import looks_like_path
 from rocmft.render import Rendered
 from rocmft.validate.rules import rule
+from rocmft.validate.rules.common import named
 from rocmft.validate.rules.common import user_set as _user_set
 
 
@@ -32,7 +34,8 @@ def folders(run: Rendered) -> None:
     for variable, path, source in checks:
         if path is not None and path.is_file():
             parent = f" (its folder {path.parent} may be what you meant)" if variable != "OUTPUT_DIR" else ""
-            raise ConfigError(f"{variable}={path} ({source}) is a file, not a folder{parent}.",
+            raise ConfigError(f"{variable}={path} ({origin(variable.lower(), source)}) is a file, not a "
+                              f"folder{parent}.",
                               f"Set {variable} to a folder: " + {
                                   "MODEL_NAME_OR_PATH": "the model's folder, with config.json and the weights.",
                                   "DATASET_DIR": "the folder holding the data files (and dataset_info.json); name "
@@ -47,23 +50,23 @@ def folders(run: Rendered) -> None:
                    if looks_like_path(item.strip()) and not Path(item.strip()).expanduser().exists()]  # fmt: skip
         if missing:
             raise ConfigError(
-                f"{name.upper()}={value} ({sources[name]}): {', '.join(missing)} does not exist here.",
+                f"{named(run, name)}: {', '.join(missing)} does not exist here.",
                 "Mount the folder into the container and use the path inside it, or remove the "
                 f"variable{' (ROCMFT_RESUME=auto resumes from OUTPUT_DIR by itself)' if 'resume' in name else ''}.",
             )
     for name in dataset_names:
         folder = Path(name).expanduser()
         if (folder / "config.json").is_file() or (source_dir / name / "config.json").is_file():
-            raise ConfigError(f"DATASET={name} ({sources.get('dataset', 'default')}) is a model folder (it has "
-                              "config.json): MODEL_NAME_OR_PATH and DATASET look swapped.",
+            raise ConfigError(f"{named(run, 'dataset')}: {name} is a model folder (it has config.json), and "
+                              f"{named(run, 'model_name_or_path')}: MODEL_NAME_OR_PATH and DATASET look swapped.",
                               "MODEL_NAME_OR_PATH is the model (folder or hub id); DATASET names data sets in "
                               "DATASET_DIR (dataset_info.json names or .json/.jsonl file names).")  # fmt: skip
     if model and not looks_like_path(model) and not Path(model).exists() and source_dir.is_dir():
         from rocmft.render.datasets import available_names
 
         if model in available_names(source_dir) or model.removesuffix(".json") in available_names(source_dir):
-            raise ConfigError(f"MODEL_NAME_OR_PATH={model} ({sources.get('model_name_or_path')}) is the name of a "
-                              f"data set in {source_dir}, not a model: MODEL_NAME_OR_PATH and DATASET look swapped.",
+            raise ConfigError(f"{named(run, 'model_name_or_path')} is the name of a data set in {source_dir}, not "
+                              f"a model, and {named(run, 'dataset')}: MODEL_NAME_OR_PATH and DATASET look swapped.",
                               "Set MODEL_NAME_OR_PATH to the model's folder or hub id and DATASET to the data set "
                               "name.")  # fmt: skip
 
@@ -77,16 +80,17 @@ def output_not_input(run: Rendered) -> None:
     Raises:
         ConfigError: naming both paths.
     """
-    arguments, sources = run.arguments, run.sources
+    arguments = run.arguments
     data_dir = run.registry.source_dir
     output = Path(str(arguments.get("output_dir", ""))).expanduser().resolve()
     model = Path(str(arguments.get("model_name_or_path", ""))).expanduser()
     if model.is_dir() and (output == model.resolve() or model.resolve() in output.parents):
-        raise ConfigError(f"OUTPUT_DIR {output} ({sources.get('output_dir')}) is the model's folder "
-                          f"{model} or inside it: saving would overwrite the base model.",
+        raise ConfigError(f"{named(run, 'output_dir')} is the model's folder {named(run, 'model_name_or_path')} "
+                          "or inside it: saving would overwrite the base model.",
                           "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default).")  # fmt: skip
     if data_dir is not None and data_dir.is_dir() and (output == data_dir.resolve() or data_dir.resolve() in
                                                        output.parents):  # fmt: skip
-        raise ConfigError(f"OUTPUT_DIR {output} ({sources.get('output_dir')}) is the data folder DATASET_DIR "
-                          f"{data_dir} or inside it: results and checkpoints would be written into the data.",
+        raise ConfigError(f"{named(run, 'output_dir')} is the data folder (DATASET_DIR={data_dir}, "
+                          f"{origin('dataset_dir', run.settings.sources.get('dataset_dir'))}) or inside it: results "
+                          "and checkpoints would be written into the data.",
                           "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default).")  # fmt: skip

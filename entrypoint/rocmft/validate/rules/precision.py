@@ -6,6 +6,7 @@ from rocmft.errors import ConfigError
 from rocmft.render import Rendered
 from rocmft.render.precision import resolve_precision
 from rocmft.validate.rules import Inputs, rule
+from rocmft.validate.rules.common import named
 
 
 @rule("inputs", 10)
@@ -28,7 +29,7 @@ def fp16_on_bf16_model(run: Rendered) -> None:
     Raises:
         ConfigError: naming the precision setting and the model's dtype.
     """
-    arguments, bf16_gpu, source = run.arguments, run.device.bf16, run.sources.get("fp16", "precision policy")
+    arguments, bf16_gpu = run.arguments, run.device.bf16
     if not arguments.get("fp16") or not bf16_gpu:
         return
     model = run.model
@@ -40,7 +41,7 @@ def fp16_on_bf16_model(run: Rendered) -> None:
     dtype = loaded.get("torch_dtype") or loaded.get("dtype")
     if dtype == "bfloat16":
         raise ConfigError(
-            f"fp16 ({source}) for {config.parent}, whose weights are bfloat16, on a GPU with bf16: values beyond "
-            "fp16's range turn into Inf/NaN (NaN or zero loss).",
-            "Use ROCMFT_PRECISION=bf16 (or auto, which picks it here).",
+            f"{named(run, 'fp16')} for {named(run, 'model_name_or_path')}, whose weights are bfloat16 (torch_dtype "
+            f"in {config}), on a GPU with bf16: values beyond fp16's range turn into Inf/NaN (NaN or zero loss).",
+            "Use ROCMFT_PRECISION=bf16 (auto picks it here) and unset FP16.",
         )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rocmft.config.provenance import origin
 from rocmft.errors import ConfigError
 from rocmft.render import Rendered
 from rocmft.validate.rules import rule
+from rocmft.validate.rules.common import named
 from rocmft.validate.rules.common import user_set as _user_set
 
 # Learning rates outside this range are almost always a typo (1e4 for 1e-4) or a units mistake: a warning.
@@ -29,12 +31,12 @@ def more_ranges(run: Rendered) -> None:
         if isinstance(value, (int, float)) and not 0 <= value < 1 and _user_set(name, sources):
             fix = (f"A fraction: {name.upper()}={value / 100:g} if you meant {value:g} %." if value >= 1
                    else f"A fraction between 0 and 1 (e.g. {name.upper()}=0.05), or 0 for none.")  # fmt: skip
-            raise ConfigError(f"{name.upper()}={value} ({sources[name]}) must be in [0, 1).", fix)
+            raise ConfigError(f"{named(run, name)} must be in [0, 1).", fix)
     epochs, steps = arguments.get("num_train_epochs"), arguments.get("max_steps")
     if isinstance(epochs, (int, float)) and epochs <= 0 and not (isinstance(steps, int) and steps > 0):
-        raise ConfigError(f"NUM_TRAIN_EPOCHS={epochs} ({sources.get('num_train_epochs', 'default')}) and no "
-                          "MAX_STEPS: the run would train nothing and save the base model as its result.",
-                          "Set NUM_TRAIN_EPOCHS > 0 or MAX_STEPS > 0.")  # fmt: skip
+        raise ConfigError(f"{named(run, 'num_train_epochs')} and {named(run, 'max_steps')}: the run would train "
+                          "nothing and save the base model as its result.",
+                          "Set NUM_TRAIN_EPOCHS to the number of passes over the data (e.g. 3).")  # fmt: skip
 
 
 @rule("rendered", 130)
@@ -57,15 +59,15 @@ def ranges(run: Rendered) -> list[str]:
     for name in ("lora_rank", "cutoff_len", "per_device_train_batch_size", "gradient_accumulation_steps"):
         value = arguments.get(name)
         if isinstance(value, (int, float)) and value <= 0:
-            raise ConfigError(f"{name.upper()}={value} ({where(name)}) must be positive.",
+            raise ConfigError(f"{named(run, name)} must be positive.",
                               f"Set {name.upper()} to a positive number.")  # fmt: skip
     rate = arguments.get("learning_rate")
     if isinstance(rate, (int, float)) and rate <= 0:
-        raise ConfigError(f"LEARNING_RATE={rate} ({where('learning_rate')}) must be positive.",
+        raise ConfigError(f"{named(run, 'learning_rate')} must be positive.",
                           "Set LEARNING_RATE, e.g. 1e-4 for LoRA, 1e-5 for full fine-tuning.")  # fmt: skip
     warnings = []
     if isinstance(rate, (int, float)) and not SANE_LEARNING_RATE[0] <= rate <= SANE_LEARNING_RATE[1]:
-        warnings.append(f"LEARNING_RATE={rate} ({where('learning_rate')}) is outside {SANE_LEARNING_RATE[0]:g}.."
+        warnings.append(f"{named(run, 'learning_rate')} is outside {SANE_LEARNING_RATE[0]:g}.."
                         f"{SANE_LEARNING_RATE[1]:g}, where fine-tuning recipes live: a typo?")  # fmt: skip
     model = run.model
     config = model.config_path
@@ -73,7 +75,7 @@ def ranges(run: Rendered) -> list[str]:
     if config.is_file() and isinstance(cutoff, int):
         context = model.max_position_embeddings()
         if isinstance(context, int) and cutoff > context and not arguments.get("rope_scaling"):
-            message = (f"CUTOFF_LEN={cutoff} ({where('cutoff_len')}) is beyond the model's context length "
+            message = (f"{named(run, 'cutoff_len')} is beyond the model's context length "
                        f"({context}, max_position_embeddings in {config})")  # fmt: skip
             if "cutoff_len" in sources and "default" not in sources["cutoff_len"]:
                 fix = f"Set CUTOFF_LEN to at most {context}, or extend the context with ROPE_SCALING."
@@ -118,7 +120,7 @@ def more_values(run: Rendered) -> list[str]:
 
     alpha = user("lora_alpha")
     if arguments.get("finetuning_type", "lora") == "lora" and alpha is not None and alpha <= 0:
-        raise ConfigError(f"LORA_ALPHA={arguments['lora_alpha']} ({where('lora_alpha')}) must be positive: the "
+        raise ConfigError(f"{named(run, 'lora_alpha')} must be positive: the "
                           "adapter's output is scaled by alpha / rank, so the fine-tune would change nothing.",
                           "Set LORA_ALPHA to a positive number (commonly 2 x LORA_RANK), or leave it unset "
                           "(LLaMA-Factory then uses 2 x LORA_RANK).")  # fmt: skip
@@ -128,37 +130,36 @@ def more_values(run: Rendered) -> list[str]:
     ):
         value = user(name)
         if value is not None and value < 0:
-            raise ConfigError(f"{name.upper()}={arguments[name]} ({where(name)}) is negative.", fix)
+            raise ConfigError(f"{named(run, name)} is negative.", fix)
     samples = user("max_samples")
     if samples is not None and samples <= 0:
-        raise ConfigError(f"MAX_SAMPLES={arguments['max_samples']} ({where('max_samples')}) leaves no records to "
+        raise ConfigError(f"{named(run, 'max_samples')} leaves no records to "
                           "train on.", "Remove MAX_SAMPLES (all records) or set it to a positive count.")  # fmt: skip
     bits = _number(arguments.get("quantization_bit"))
     method = str(arguments.get("quantization_method") or "bnb").lower()
     if bits is not None and method in ("bnb", "bitsandbytes") and bits not in (4, 8):
-        raise ConfigError(f"QUANTIZATION_BIT={arguments['quantization_bit']} ({where('quantization_bit')}) with "
-                          "bitsandbytes, which quantizes to 4 or 8 bits only.",
+        raise ConfigError(f"{named(run, 'quantization_bit')} with bitsandbytes (QUANTIZATION_METHOD={method}), "
+                          "which quantizes to 4 or 8 bits only.",
                           "Set QUANTIZATION_BIT=4 (QLoRA) or 8, or choose another QUANTIZATION_METHOD that has "
                           "this width (hqq).")  # fmt: skip
     steps, ratio = user("warmup_steps"), user("warmup_ratio")
     if steps and ratio:
-        raise ConfigError(f"WARMUP_STEPS={arguments['warmup_steps']} ({where('warmup_steps')}) and WARMUP_RATIO="
-                          f"{arguments['warmup_ratio']} ({where('warmup_ratio')}) are both set: transformers uses the "
-                          "steps and ignores the ratio.", "Keep one of them.")  # fmt: skip
-    _interleave(arguments, where)
+        raise ConfigError(f"{named(run, 'warmup_steps')} and {named(run, 'warmup_ratio')} are both set: "
+                          "transformers uses the steps and ignores the ratio.",
+                          f"Remove WARMUP_RATIO ({origin('warmup_ratio', sources.get('warmup_ratio'))}) if "
+                          f"{arguments['warmup_steps']} warmup steps is what you want.")  # fmt: skip
+    _interleave(run)
     val_size = _number(arguments.get("val_size")) or 0.0
     if arguments.get("streaming") and 0 < val_size < 1:
-        raise ConfigError(f"STREAMING=true ({where('streaming')}) with VAL_SIZE={arguments['val_size']} "
-                          f"({where('val_size')}): a streamed data set has no known length, so a fraction of it "
-                          "cannot be held out.",
-                          "Give VAL_SIZE as a count of records (VAL_SIZE=500), or set STREAMING=false.")  # fmt: skip
+        raise ConfigError(f"{named(run, 'streaming')} with {named(run, 'val_size')}: a streamed data set has no "
+                          "known length, so a fraction of it cannot be held out.",
+                          "Give VAL_SIZE as a count of records (VAL_SIZE=500).")  # fmt: skip
     strategy = str(arguments.get("eval_strategy") or "no").lower()
     has_eval = val_size > 0 or bool(arguments.get("eval_dataset"))
     if strategy == "no" and _user_set("eval_steps", sources):
-        raise ConfigError(f"EVAL_STEPS={arguments['eval_steps']} ({where('eval_steps')}) with EVAL_STRATEGY=no "
-                          f"({where('eval_strategy')}): evaluation would never run.",
-                          "Set EVAL_STRATEGY=steps (and VAL_SIZE or EVAL_DATASET for the data), or remove "
-                          "EVAL_STEPS.")  # fmt: skip
+        raise ConfigError(f"{named(run, 'eval_steps')} with {named(run, 'eval_strategy', 'no')}: evaluation would "
+                          "never run.",
+                          "Set EVAL_STRATEGY=steps (and VAL_SIZE or EVAL_DATASET for the data).")  # fmt: skip
     warnings = []
     if strategy == "no" and has_eval:
         given = "VAL_SIZE" if val_size > 0 else "EVAL_DATASET"
@@ -192,37 +193,37 @@ def more_values(run: Rendered) -> list[str]:
     return warnings
 
 
-def _interleave(arguments: dict[str, Any], where) -> None:
+def _interleave(run: Rendered) -> None:
     """INTERLEAVE_PROBS: only with an interleave MIX_STRATEGY, one number per data set, summing to 1."""
     from rocmft.render.datasets import split_names
 
+    arguments = run.arguments
     value = arguments.get("interleave_probs")
     if value in (None, ""):
         return
-    source = where("interleave_probs")
+    probs_named = named(run, "interleave_probs")
     if str(arguments.get("mix_strategy") or "concat") == "concat":
-        raise ConfigError(f"INTERLEAVE_PROBS={value} ({source}) with MIX_STRATEGY=concat, which ignores it.",
-                          "Set MIX_STRATEGY=interleave_under (stop at the shortest data set) or interleave_over, "
-                          "or remove INTERLEAVE_PROBS.")  # fmt: skip
+        raise ConfigError(f"{probs_named} with {named(run, 'mix_strategy', 'concat')}, which ignores it.",
+                          "Set MIX_STRATEGY=interleave_under (sample the data sets with these probabilities, stop "
+                          "at the shortest).")  # fmt: skip
     try:
         probs = [float(p) for p in split_names(value)]
     except ValueError as err:
         raise ConfigError(
-            f"INTERLEAVE_PROBS={value} ({source}) is not a list of numbers.",
+            f"{probs_named} is not a list of numbers.",
             "Give one probability per data set, comma-separated: INTERLEAVE_PROBS=0.7,0.3.",
         ) from err
     for variable in ("dataset", "eval_dataset"):
         names = split_names(arguments.get(variable))
         if names and len(names) != len(probs):
             raise ConfigError(
-                f"INTERLEAVE_PROBS={value} ({source}) has {len(probs)} probabilities for the "
-                f"{len(names)} data sets of {variable.upper()}={','.join(names)}.",
+                f"{probs_named} has {len(probs)} probabilities for the {len(names)} data sets of "
+                f"{named(run, variable)}.",
                 f"Give exactly one probability per data set, in the order of {variable.upper()}.",
             )
     if any(p < 0 for p in probs) or abs(sum(probs) - 1) > 1e-6:
         raise ConfigError(
-            f"INTERLEAVE_PROBS={value} ({source}) sums to {sum(probs):g}; sampling probabilities "
-            "must be 0 or more and sum to 1.",
+            f"{probs_named} sums to {sum(probs):g}; sampling probabilities must be 0 or more and sum to 1.",
             f"Scale them: INTERLEAVE_PROBS={','.join(f'{p / sum(probs):.3g}' for p in probs)}"
             if sum(probs) > 0 and all(p >= 0 for p in probs)
             else "Give probabilities that sum to 1.",

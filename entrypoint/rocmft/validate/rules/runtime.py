@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 
+from rocmft.config.provenance import environment_variable
 from rocmft.errors import ConfigError
 from rocmft.facts.scheduler import job_layout
 from rocmft.render import Plan, processes_per_node
@@ -89,10 +90,12 @@ def allocator_findings(environ: Mapping[str, str]) -> list[str]:
     if not given:
         return []
     if len(set(given.values())) > 1:
-        shown = ", ".join(f"{name}={value!r}" for name, value in given.items())
+        shown = ", ".join(environment_variable(name, environ) for name in given)
+        others = [name for name in given if name != "PYTORCH_ALLOC_CONF"]
         raise ConfigError(f"Allocator settings disagree: {shown}. torch reads only one of them, and which one "
                           "depends on its release, so the run would get either.",
-                          "Keep one: PYTORCH_ALLOC_CONF (the current name); unset the others.")  # fmt: skip
+                          f"Put the value you want in PYTORCH_ALLOC_CONF (the current name) and unset "
+                          f"{', '.join(others)}.")  # fmt: skip
     name, text = next(iter(given.items()))
     options = parse_alloc_conf(name, text)
     warnings = []
@@ -141,13 +144,13 @@ def tunableop_online_tuning(environ: Mapping[str, str], world_size: int) -> None
         return
     if not truthy(environ.get("PYTORCH_TUNABLEOP_TUNING", "1")):
         return
-    tuning = environ.get("PYTORCH_TUNABLEOP_TUNING")
-    where = f"PYTORCH_TUNABLEOP_TUNING={tuning}" if tuning is not None else "PYTORCH_TUNABLEOP_TUNING unset (on)"
+    where = environment_variable("PYTORCH_TUNABLEOP_TUNING", environ)
+    where += " (tuning is on by default)" if "PYTORCH_TUNABLEOP_TUNING" not in environ else ""
     raise ConfigError(
-        f"PYTORCH_TUNABLEOP_ENABLED={environ['PYTORCH_TUNABLEOP_ENABLED']} with {where} in a job of {world_size} "
+        f"{environment_variable('PYTORCH_TUNABLEOP_ENABLED', environ)} with {where} in a job of {world_size} "
         "ranks: online tuning across ranks ignores its caps and looks like a hang (pytorch/pytorch#190433).",
-        "Tune once with one process (the same model and CUTOFF_LEN, PYTORCH_TUNABLEOP_FILENAME=<file>), then run the "
-        "job with PYTORCH_TUNABLEOP_TUNING=0 and that file; or unset PYTORCH_TUNABLEOP_ENABLED.",
+        "Set PYTORCH_TUNABLEOP_TUNING=0 for this job, with PYTORCH_TUNABLEOP_FILENAME=<file> written by a "
+        "one-process run of the same model and CUTOFF_LEN.",
     )
 
 
@@ -196,14 +199,14 @@ def visible_gpus(environ: Mapping[str, str], backend: str) -> tuple[list[str] | 
         given = {k: v for k, v in given.items() if k == "CUDA_VISIBLE_DEVICES"}
     if not given:
         return None, []
-    shown = ", ".join(f"{k}={v!r}" for k, v in given.items())
+    shown = ", ".join(environment_variable(k, given) for k in given)
     warnings: list[str] = []
     hip, cuda = given.get("HIP_VISIBLE_DEVICES"), given.get("CUDA_VISIBLE_DEVICES")
     if hip is not None and cuda is not None and _devices(hip) != _devices(cuda):
         raise ConfigError(f"GPU visibility disagrees: {shown}: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are one "
                           "setting to ROCm's HIP runtime under two names.",
-                          "Keep one: on Linux ROCR_VISIBLE_DEVICES (ROCm's recommendation), and unset the "
-                          "others.")  # fmt: skip
+                          f"Unset CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES={hip} is ROCm's own name for the "
+                          "setting), or give it the same list.")  # fmt: skip
     later = hip if hip is not None else cuda
     later_name = "HIP_VISIBLE_DEVICES" if hip is not None else "CUDA_VISIBLE_DEVICES"
     rocr = given.get("ROCR_VISIBLE_DEVICES")
@@ -219,8 +222,8 @@ def visible_gpus(environ: Mapping[str, str], backend: str) -> tuple[list[str] | 
                     f"GPU visibility hides GPUs: {shown}. {later_name} indexes into the {len(physical)} GPU(s) "
                     f"ROCR_VISIBLE_DEVICES leaves (0..{len(physical) - 1}), so {', '.join(beyond)} do not exist and "
                     f"the run would see {len(picks) - len(beyond)} GPU(s).",
-                    f"Set only ROCR_VISIBLE_DEVICES={','.join(physical)} (or only {later_name}) and unset the "
-                    "other: they are applied one after the other, not as one list.",
+                    f"Set only ROCR_VISIBLE_DEVICES={','.join(physical)} and unset {later_name}: they are applied "
+                    "one after the other, not as one list.",
                 )  # fmt: skip
             physical = [physical[int(p)] for p in picks]
         if rocr is not None:

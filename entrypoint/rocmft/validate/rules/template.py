@@ -8,6 +8,7 @@ from rocmft.errors import ConfigError
 from rocmft.facts.modeldir import MARKER
 from rocmft.render import Rendered
 from rocmft.validate.rules import rule
+from rocmft.validate.rules.common import named
 
 
 @rule("rendered", 50)
@@ -18,7 +19,7 @@ def template(run: Rendered) -> None:
     Raises:
         ConfigError: with a did-you-mean among the template names.
     """
-    arguments, sources = run.arguments, run.sources
+    arguments = run.arguments
     import difflib
 
     from rocmft.config.lfargs import chat_templates
@@ -30,8 +31,7 @@ def template(run: Rendered) -> None:
     close = difflib.get_close_matches(str(name), names, n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
     raise ConfigError(
-        f"TEMPLATE={name} ({sources.get('template', 'default')}) is not a chat template of the installed "
-        f"LLaMA-Factory.{hint}",
+        f"{named(run, 'template')} is not a chat template of the installed LLaMA-Factory.{hint}",
         "Use the template of the model's family (qwen for Qwen2/2.5, llama3 for Llama 3, ...): LLaMA-Factory's "
         "README lists them.",
     )
@@ -61,7 +61,7 @@ def chat_template_fits(run: Rendered) -> list[str]:
     Raises:
         ConfigError: naming TEMPLATE, its source, the missing markers and the templates that fit.
     """
-    arguments, sources = run.arguments, run.sources
+    arguments = run.arguments
     from rocmft.config.lfargs import chat_template_slots
 
     TEMPLATES = chat_template_slots()  # name -> text slots
@@ -90,11 +90,11 @@ def chat_template_fits(run: Rendered) -> list[str]:
     fitting = sorted((other for other, template in TEMPLATES.items()
                       if (found := _template_markers(template)) and found <= tokens), key=closeness)  # fmt: skip
     missing = ", ".join(sorted(markers - tokens))
-    source = sources.get("template", "default")
     if not fitting:
-        return [f"TEMPLATE={name} ({source}) writes {missing}, which the tokenizer of {model_dir} does not have as "
+        return [f"{named(run, 'template')} writes {missing}, which the tokenizer of {model_dir} does not have as "
                 "tokens (a base model?): they are split into ordinary pieces; TEMPLATE=default or alpaca avoids "
                 "special markers."]  # fmt: skip
-    raise ConfigError(f"TEMPLATE={name} ({source}) does not match the model's tokenizer: {missing} are not tokens of "
-                      f"{model_dir}, whose chat markers fit {', '.join(fitting[:3])}.",
+    raise ConfigError(f"{named(run, 'template')} does not match the tokenizer of "
+                      f"{named(run, 'model_name_or_path')}: {missing} are not its tokens; its chat markers fit "
+                      f"{', '.join(fitting[:3])}.",
                       f"Set TEMPLATE={fitting[0]} (the template of the model's family).")  # fmt: skip
