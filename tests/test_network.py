@@ -246,6 +246,8 @@ def test_synthetic_gid_index_of_roce_v1_warns_and_a_missing_one_fails(two_nodes,
     assert outcome.status == WARN and "IB/RoCE v1" in outcome.message and "NCCL_IB_GID_INDEX=3" in outcome.remedy
     outcome, _ = rdma_check(tmp_path / "gone", {"mlx5_0:1": ROCE}, {"NCCL_IB_GID_INDEX": "6"})
     assert outcome.status == FAIL and "no GID at index 6" in outcome.message
+    outcome, _ = rdma_check(tmp_path / "sup", {"mlx5_0:1": ROCE}, {"NCCL_IB_GID_INDEX": "²"})  # isdigit, not int
+    assert outcome.status == FAIL and "no GID at index ²" in outcome.message
 
 
 def test_synthetic_missing_uverbs_and_a_down_port_warn(two_nodes, tmp_path):
