@@ -246,6 +246,8 @@ def test_synthetic_gid_index_of_roce_v1_warns_and_a_missing_one_fails(two_nodes,
     assert outcome.status == WARN and "IB/RoCE v1" in outcome.message and "NCCL_IB_GID_INDEX=3" in outcome.remedy
     outcome, _ = rdma_check(tmp_path / "gone", {"mlx5_0:1": ROCE}, {"NCCL_IB_GID_INDEX": "6"})
     assert outcome.status == FAIL and "no GID at index 6" in outcome.message
+    outcome, _ = rdma_check(tmp_path / "sup", {"mlx5_0:1": ROCE}, {"NCCL_IB_GID_INDEX": "²"})  # isdigit, not int
+    assert outcome.status == FAIL and "no GID at index ²" in outcome.message
 
 
 def test_synthetic_missing_uverbs_and_a_down_port_warn(two_nodes, tmp_path):
@@ -291,3 +293,19 @@ def test_the_node_list_compresses_bad_hosts_with_hostlist():
     listing = node_list(nodes, ["n00", "n01", "n02", "n03"])
     assert listing["bad_ranks"] == [2, 3] and listing["bad_hosts"] == "n[02-03]"
     assert listing["nodes"][3]["reasons"] == ["net-rdma failed: 1 of 2 NICs"]
+
+
+def test_a_silent_listener_on_master_port_is_named_not_a_crash_to_report(monkeypatch):
+    """Found by the break session: a node other than 0 whose MASTER_PORT is held by a program that accepts but never
+    speaks c10d's store protocol hung until the child was killed, then said only "did not end ... Report this"."""
+    from rocmft.facts import network
+
+    monkeypatch.setattr(network, "rendezvous_bound_s", lambda timeout_s: 12.0)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        port = server.getsockname()[1]
+        spec = {"nnodes": 2, "node_rank": 1, "master_addr": "127.0.0.1", "master_port": port, "timeout_s": 2.0,
+                "run_id": "silent", "info": {}}  # fmt: skip
+        result = network.run_rendezvous(spec, {**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
+    assert result["stage"] == "store" and "never answered as node 0's rendezvous store" in result["error"]

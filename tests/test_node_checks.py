@@ -89,6 +89,32 @@ def test_ras_warns_while_the_driver_recovers_and_skips_without_ras_or_amdgpu(tmp
     assert node.gpu_ras(node_plan(tmp_path / "nvidia")).value == "no amdgpu GPU"
 
 
+def test_damaged_numbers_in_sysfs_and_kmsg_read_as_no_number_never_raise_or_pass(tmp_path):
+    """Found by the break session: "²" (str.isdigit() but not int()) and numbers over 4300 digits (int()'s limit)
+    raised ValueError out of the readers; a damaged "ue:" line next to "ce: 0" passed as "read zero"."""
+    huge = "9" * 5000
+    damaged = {"sup": "ue: ²\n", "huge": f"ue: {huge}\nce: 0\n", "neg": "ue: -1\nce: 0\n", "junk": "hi"}
+    for name, text in damaged.items():
+        card(tmp_path / name, 0, "0000:c1:00.0", ras={"umc": text})
+        outcome = node.gpu_ras(node_plan(tmp_path / name))
+        assert outcome.status == WARN and "umc: unrecognised text" in outcome.message, name
+    assert amdgpu.parse_kmsg(["6,1,²,-;amdgpu: GPU reset begin!", f"6,2,{huge},-;amdgpu: GPU reset begin!"]) == []
+    nodes = tmp_path / "kfd/sys/class/kfd/kfd/topology/nodes"
+    for n, (gpu_id, props) in enumerate([("²", "gfx_target_version 90402\n"), ("1", f"gfx_target_version {huge}\n"),
+                                         ("2", "gfx_target_version 90402\ndrm_render_minor ²\n")]):  # fmt: skip
+        (nodes / str(n)).mkdir(parents=True)
+        (nodes / str(n) / "gpu_id").write_text(gpu_id)
+        (nodes / str(n) / "properties").write_text(props)
+    (nodes / "²").mkdir()
+    assert [(g["gpu_id"], g["render"]) for g in amdgpu.kfd_gpus(tmp_path / "kfd")] == [(2, None)]
+    procs = tmp_path / "kfd/sys/class/kfd/kfd/proc"
+    for pid, files in {"10": {"vram_1": "²", "vram_²": "5", "vram_3": huge, "vram_4": "7"}, "²": {}}.items():
+        (procs / pid).mkdir(parents=True)
+        for file, text in files.items():
+            (procs / pid / file).write_text(text)
+    assert amdgpu.kfd_processes(tmp_path / "kfd") == [{"pid": 10, "vram": {4: 7}}]
+
+
 # --- gpu-faults ------------------------------------------------------------------------------------------
 # SYNTHETIC /dev/kmsg records ("prio,seq,usec,flags;text" + " KEY=value" continuation lines,
 # Documentation/ABI/testing/dev-kmsg@07c7b547a796) carrying amdgpu's own messages: gmc_v9_0.c's page fault,

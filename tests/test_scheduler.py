@@ -74,6 +74,10 @@ def test_hand_set_rendezvous_wins_and_is_named_as_the_source():
         (slurm_step(2, 2, 1, SLURM_JOB_ID="abc"), "no rendezvous: MASTER_PORT unset"),
         (slurm_step(2, 4, 0, SLURM_PROCID="9"), "SLURM_PROCID=9 is not below the step's SLURM_STEP_NUM_TASKS=4"),
         ({"MASTER_PORT": "70000"}, "is not a TCP port"),
+        # "²".isdigit() is True but int("²") raises: a traceback instead of exit 2 (found by the break session)
+        ({"NNODES": "2", "MASTER_ADDR": "a", "MASTER_PORT": "²"}, "MASTER_PORT='²' is not a whole number"),
+        ({"NNODES": "²"}, "NNODES='²' is not a whole number"),
+        (slurm_step(2, 2, 1, SLURM_JOB_ID="²"), "no rendezvous: MASTER_PORT unset"),
     ],
 )
 def test_layouts_that_cannot_start_are_refused_naming_the_variables(environ, words):
@@ -96,3 +100,8 @@ def test_one_line_per_node_from_the_entrypoints_and_one_per_job_from_the_workers
     assert is_first_rank(slurm_step(2, 4, 2)) and not is_first_rank(slurm_step(2, 4, 3))  # local id 0 of node 1
     assert not is_first_rank({"LOCAL_RANK": "0", "RANK": "2"}) and is_first_rank({"LOCAL_RANK": "0", "RANK": "0"})
     assert is_first_rank({"RANK": "1", "WORLD_SIZE": "2"})  # a PyTorchJob pod's RANK is the pod, not a process
+
+
+def test_non_ascii_digits_in_slurm_counts_do_not_crash_the_rank_test():
+    # "²".isdigit() is True but int("²") raises (found by the break session)
+    assert is_first_rank({"SLURM_STEP_NUM_TASKS": "²", "SLURM_STEP_NUM_NODES": "1", "SLURM_LOCALID": "1"})

@@ -25,7 +25,7 @@ def is_first_rank(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     if "LOCAL_RANK" in environ:
         return environ.get("RANK", "0").strip() in ("", "0")
     tasks, nodes = environ.get("SLURM_STEP_NUM_TASKS", ""), environ.get("SLURM_STEP_NUM_NODES", "")
-    if tasks.isdigit() and nodes.isdigit() and int(tasks) > int(nodes):
+    if (tasks + nodes).isascii() and tasks.isdigit() and nodes.isdigit() and int(tasks) > int(nodes):
         return environ.get("SLURM_LOCALID", "0").strip() in ("", "0")
     return True
 

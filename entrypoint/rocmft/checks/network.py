@@ -196,7 +196,7 @@ def net_rdma(plan) -> Outcome:
                     )
                 )
             continue
-        if not gid.isdigit() or int(gid) not in gids:
+        if not (gid.isascii() and gid.isdigit()) or int(gid) not in gids:
             problems.append(
                 (
                     FAIL,

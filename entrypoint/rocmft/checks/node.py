@@ -59,7 +59,7 @@ def gpu_ras(plan) -> Outcome:
         for block, counts in card["ras"]["blocks"].items():
             blocks += 1
             if not isinstance(counts, dict):
-                unreadable.append(f"{where} {block}: {'unreadable' if counts else 'query currently inaccessible'}")
+                unreadable.append(f"{where} {block}: {counts or 'query currently inaccessible'}")
                 continue
             if counts.get("ue", 0) > 0:
                 uncorrectable.append(f"{where} {block}: {counts['ue']} uncorrectable")

@@ -51,12 +51,23 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def _count(text: str | None) -> int | None:
+    """``text`` as the kernel prints an unsigned number (``%u``/``%llu``: ASCII digits, at most 20), else None.
+    ``str.isdigit`` alone is not enough: it accepts ``²``, which ``int`` refuses, and ``int`` refuses more than 4300
+    digits; a damaged file must read as no number, not raise."""
+    text = (text or "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
+
+
 # --- RAS -------------------------------------------------------------------------------------------------
 def parse_err_count(text: str) -> dict[str, int] | None:
     """``{"ue": n, "ce": n[, "de": n]}`` from a ``<block>_err_count`` file's text, or None when it holds no
-    counts (``Query currently inaccessible``: the driver is recovering from an error)."""
-    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s*(ue|ce|de)\s*:\s*(\d+)\s*$", text, re.M)}
-    return counts or None
+    counts (``Query currently inaccessible``: the driver is recovering from an error) or a count line whose value
+    is not an unsigned number (a damaged file, never read as zero)."""
+    lines = {m.group(1): _count(m.group(2)) for m in re.finditer(r"^\s*(ue|ce|de)\s*:(.*)$", text, re.M)}
+    if any(n is None for n in lines.values()):  # a damaged count ("ue: -1", 5000 digits) is not a zero
+        return None
+    return lines or None
 
 
 def amdgpu_cards(root: Path = Path("/")) -> list[dict[str, Any]]:
@@ -65,7 +76,8 @@ def amdgpu_cards(root: Path = Path("/")) -> list[dict[str, Any]]:
 
     Returns, per card: ``card`` ("card0"), ``pci`` (the PCI address the device folder resolves to, e.g.
     "0000:c1:00.0"), ``ras`` (None when the card has no ``ras`` folder, else ``{"features": str|None,
-    "blocks": {block: counts|None|"unreadable"}, "bad_pages": int|None}``).
+    "blocks": {block: counts|None (query currently inaccessible)|"unreadable"|"unrecognised text '...'"},
+    "bad_pages": int|None}``).
     """
     drm = root / "sys/class/drm"
     cards = []
@@ -89,9 +101,12 @@ def amdgpu_cards(root: Path = Path("/")) -> list[dict[str, Any]]:
             blocks: dict[str, Any] = {}
             for counter in sorted(ras_dir.glob("*_err_count")):
                 text = _read(counter)
-                blocks[counter.name.removesuffix("_err_count")] = (
-                    "unreadable" if text is None else parse_err_count(text)
-                )
+                counts = None if text is None else parse_err_count(text)
+                if text is None:
+                    counts = "unreadable"
+                elif counts is None and "inaccessible" not in text.lower():  # the driver's recovery message
+                    counts = f"unrecognised text {text.strip()[:40]!r}"
+                blocks[counter.name.removesuffix("_err_count")] = counts
             features = _read(ras_dir / "features")
             bad = _read(ras_dir / "gpu_vram_bad_pages")
             ras = {
@@ -124,20 +139,20 @@ def kfd_gpus(root: Path = Path("/")) -> list[dict[str, Any]] | None:
     if not nodes.is_dir():
         return None
     gpus = []
-    for node in sorted((p for p in nodes.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
-        gpu_id = (_read(node / "gpu_id") or "0").strip()
+    for node in sorted((p for p in nodes.iterdir() if _count(p.name) is not None), key=lambda p: int(p.name)):
+        gpu_id = _count(_read(node / "gpu_id"))
         props: dict[str, int] = {}
         for line in (_read(node / "properties") or "").splitlines():
             key, _, value = line.strip().partition(" ")
-            if value.strip().isdigit():
+            if _count(value) is not None:
                 props[key] = int(value)
         version = props.get("gfx_target_version", 0)
-        if not gpu_id.isdigit() or int(gpu_id) == 0 or not version:
+        if not gpu_id or not version:
             continue
         location = props.get("location_id", 0)  # bus << 8 | device << 3 | function
         pci = f"{props.get('domain', 0):04x}:{location >> 8:02x}:{(location >> 3) & 0x1F:02x}.{location & 7:x}"
         gpus.append({
-            "node": int(node.name), "gpu_id": int(gpu_id), "target": gfx_target(version), "major": version // 10000,
+            "node": int(node.name), "gpu_id": gpu_id, "target": gfx_target(version), "major": version // 10000,
             "render": f"/dev/dri/renderD{props['drm_render_minor']}" if "drm_render_minor" in props else None,
             "pci": pci, "unique_id": props.get("unique_id"), "name": (_read(node / "name") or "").strip(),
         })  # fmt: skip
@@ -151,12 +166,12 @@ def kfd_processes(root: Path = Path("/")) -> list[dict[str, Any]] | None:
     if not procs.is_dir():
         return None
     found = []
-    for entry in sorted((p for p in procs.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+    for entry in sorted((p for p in procs.iterdir() if _count(p.name) is not None), key=lambda p: int(p.name)):
         vram = {}
         for file in entry.glob("vram_*"):
-            text, gpu = _read(file), file.name.removeprefix("vram_")
-            if text and text.strip().isdigit() and gpu.isdigit():
-                vram[int(gpu)] = int(text.strip())
+            size, gpu = _count(_read(file)), _count(file.name.removeprefix("vram_"))
+            if size is not None and gpu is not None:
+                vram[gpu] = size
         found.append({"pid": int(entry.name), "vram": vram})
     return found
 
@@ -203,7 +218,7 @@ def device_holders(globs: Iterable[str] = GPU_DEVICE_GLOBS, exclude: set[int] | 
     except OSError:  # no procfs mounted here: nothing visible
         pids = []
     for pid_dir in pids:
-        if not pid_dir.name.isdigit() or int(pid_dir.name) in exclude:
+        if _count(pid_dir.name) is None or int(pid_dir.name) in exclude:
             continue
         try:
             fds = os.listdir(pid_dir / "fd")
@@ -295,7 +310,7 @@ def parse_kmsg(records: Iterable[str]) -> list[dict[str, Any]]:
         if not sep:
             continue
         fields = head.split(",")
-        if len(fields) < 3 or not fields[2].isdigit():
+        if len(fields) < 3 or _count(fields[2]) is None:
             continue
         text = text.split("\n", 1)[0]
         if "amdgpu" not in text:

@@ -170,7 +170,14 @@ def run_rendezvous(spec: Mapping[str, Any], environ: Mapping[str, str] | None = 
         stdout, stderr = proc.communicate(json.dumps(dict(spec)), timeout=bound)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        proc.communicate()
+        partial, _ = proc.communicate()
+        partial = partial or ""
+        if PORT_OPEN in partial and STORE_JOINED not in partial:  # the port answered, but not in c10d's protocol
+            host, port = spec["master_addr"], spec["master_port"]
+            error = (f"{host}:{port} accepted the connection but never answered as node 0's rendezvous store "
+                     f"(killed after {bound:.0f} s): another program listens on that port (a previous job, another "
+                     "service)")  # fmt: skip
+            return {"ok": False, "stage": "store", "error": error}
         return {"ok": False, "stage": "child", "error": f"the rendezvous did not end within {bound:.0f} s (killed)"}
     lines = stdout.strip().splitlines()
     try:
@@ -192,7 +199,11 @@ def _wait_keys(store, keys: list[str], deadline: float, stop: str | None = None)
         time.sleep(0.2)
 
 
-def rendezvous(spec: Mapping[str, Any]) -> dict[str, Any]:
+PORT_OPEN = "rocmft-preflight: port open"  # the child's progress lines (nodes 1..N-1): MASTER_PORT answered,
+STORE_JOINED = "rocmft-preflight: store joined"  # and node 0's store answered
+
+
+def rendezvous(spec: Mapping[str, Any], progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Meet every node at node 0's TCPStore, then all-reduce one number over gloo (see the module docstring).
 
     Returns ``{"ok": bool, "stage": where it stopped ("port", "store", "arrival", "allreduce", "done"), "error":
@@ -223,6 +234,8 @@ def rendezvous(spec: Mapping[str, Any]) -> dict[str, Any]:
         if not reached["open"]:
             return finish(error=f"{host}:{port} did not answer in {timeout_s:g} s ({reached['error']}, "
                                 f"{reached['tries']} tries)")  # fmt: skip
+        if progress:  # so that a child killed while joining says the port answered (a silent listener there)
+            progress(PORT_OPEN)
     try:
         store = dist.TCPStore(host, port, world_size=None, is_master=rank == 0,
                               timeout=timedelta(seconds=max(deadline - time.monotonic(), 2.0)),
@@ -230,6 +243,9 @@ def rendezvous(spec: Mapping[str, Any]) -> dict[str, Any]:
     except Exception as err:  # c10d raises RuntimeError/DistNetworkError (bind in use, connect refused)
         what = "could not serve" if rank == 0 else "could not join"
         return finish(stage="store", error=f"node {rank} {what} the store on {host}:{port}: {err}")
+    store.set(f"{key}/joined/{rank}", "1")  # the first reply from the store: a silent listener blocks here
+    if progress and rank != 0:
+        progress(STORE_JOINED)
     store.set(f"{key}/arrived/{rank}", json.dumps(spec.get("info") or {}))
     arrived = [f"{key}/arrived/{r}" for r in range(n)]
     nodes: dict[int, dict[str, Any]] = {}
@@ -381,7 +397,7 @@ def limits(getrlimit: Callable[[int], tuple[int, int]] | None = None) -> dict[st
 def main() -> int:
     """The child of :func:`run_rendezvous`: the spec as JSON on stdin, the result as one JSON line on stdout."""
     spec = json.loads(sys.stdin.read())
-    print(json.dumps(rendezvous(spec)), flush=True)
+    print(json.dumps(rendezvous(spec, lambda line: print(line, flush=True))), flush=True)
     return 0
 
 

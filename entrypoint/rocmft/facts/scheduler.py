@@ -133,7 +133,7 @@ def _number(environ: Mapping[str, str], name: str, *, minimum: int = 0, fix: str
     text = (environ.get(name) or "").strip()
     if not text:
         return None
-    if not text.isdigit() or int(text) < minimum:
+    if not (text.isascii() and text.isdigit()) or int(text) < minimum:  # isdigit alone: "²", which int refuses
         raise ConfigError(f"{name}={text!r} is not a whole number of at least {minimum}.",
                           fix or f"Unset {name}, or set it to a number (the scheduler normally sets it).")  # fmt: skip
     return int(text)
@@ -178,7 +178,7 @@ def _slurm(environ: Mapping[str, str]) -> dict[str, Any] | None:
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
     layout: dict[str, Any] = {
         "engine": "slurm", "job_id": job, "nnodes": nodes, "node_rank": node,
-        "master_port": PORT_BASE + int(job) % PORT_SPAN if job.isdigit() else None,
+        "master_port": PORT_BASE + int(job) % PORT_SPAN if job.isascii() and job.isdigit() else None,
         "sources": {"nnodes": f"SLURM_STEP_NUM_NODES={nodes}", "node_rank": f"SLURM_NODEID={node}",
                     "master_port": f"SLURM_JOB_ID={job} ({PORT_BASE} + id mod {PORT_SPAN})"},
     }  # fmt: skip
