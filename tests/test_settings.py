@@ -265,3 +265,18 @@ def test_ignore_pad_token_for_loss_is_a_setting_that_is_rendered_and_recorded():
     # the manifest records the HF_ variables: the token's value is redacted, the path of its file is not
     recorded = redact_env({"HF_TOKEN_PATH": "/run/secrets/hf", "HF_TOKEN": "hf_abcdefgh"})
     assert recorded == {"HF_TOKEN": "<redacted>", "HF_TOKEN_PATH": "/run/secrets/hf"}
+
+
+def test_an_invalid_rocmft_setting_is_answered_with_what_it_takes():
+    """The fix names the range or the choices of each variable refused, read from the field (the tester found
+    "Use one of the values listed" with no values listed)."""
+    from rocmft.config.settings import load_settings
+
+    for environ, fix in (
+        ({"ROCMFT_NET_TIMEOUT_S": "-1"}, "Set ROCMFT_NET_TIMEOUT_S to a number from 2 to 540"),
+        ({"ROCMFT_EXPECTED_NICS": "abc"}, "Set ROCMFT_EXPECTED_NICS to a whole number, at least 0 (or unset it)"),
+        ({"ROCMFT_ON_NAN": "bogus"}, "Set ROCMFT_ON_NAN to one of stop, fp32"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            load_settings(environ)
+        assert fix in caught.value.remedy, caught.value.remedy

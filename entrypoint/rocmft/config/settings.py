@@ -18,6 +18,7 @@ import difflib
 import functools
 import os
 import re
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -646,6 +647,39 @@ def _validation_messages(err: ValidationError, env_name: typing.Callable[[str], 
     return messages
 
 
+def _allowed_values(err: ValidationError) -> str:
+    """The fix for invalid ROCMFT_ settings: per variable named in ``err``, what it takes, read from the field (its
+    choices, or its type and bounds: ``ROCMFT_NET_TIMEOUT_S: a number from 2 to 540``)."""
+    import annotated_types as at
+
+    fixes = []
+    for name in dict.fromkeys(str(item["loc"][0]) for item in err.errors() if item["loc"]):
+        field = RocmftSettings.model_fields.get(name)
+        if field is None:
+            continue
+        annotation = field.annotation
+        kinds = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (
+            annotation,)  # fmt: skip
+        choices = [c for kind in kinds if typing.get_origin(kind) is typing.Literal for c in typing.get_args(kind)]
+        bounds = {}
+        for m in field.metadata:
+            for cls, attr in ((at.Ge, "ge"), (at.Gt, "gt"), (at.Le, "le"), (at.Lt, "lt")):
+                if isinstance(m, cls):
+                    bounds[attr] = getattr(m, attr)
+        if choices:
+            what = "one of " + ", ".join(str(c) for c in choices)
+        else:
+            what = "a whole number" if int in kinds else "a number" if float in kinds else "a value of its type"
+            low = f"{bounds['ge']:g}" if "ge" in bounds else f"above {bounds['gt']:g}" if "gt" in bounds else None
+            high = f"{bounds['le']:g}" if "le" in bounds else f"below {bounds['lt']:g}" if "lt" in bounds else None
+            what += (f" from {low} to {high}" if low and high else f", at least {low}" if low else
+                     f", at most {high}" if high else "")  # fmt: skip
+        fixes.append(f"{PREFIX}{name.upper()} to {what}" + (" (or unset it)" if type(None) in kinds else ""))
+    if not fixes:
+        return "See the README's variable reference for the values each variable takes."
+    return f"Set {'; '.join(fixes)}. The README's variable reference lists every variable."
+
+
 def load_settings(environ: Mapping[str, str] | None = None, command_line: CommandLine | None = None) -> Settings:
     """Read and check every setting from ``environ`` (default: ``os.environ``) and the command line.
 
@@ -682,7 +716,7 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
     except ValidationError as err:
         raise ConfigError(
             "Invalid rocmft settings:\n  " + "\n  ".join(_validation_messages(err, lambda n: PREFIX + n.upper(), {})),
-            "Use one of the values listed (see the README's variable reference).",
+            _allowed_values(err),
         ) from err
     explicit = {name for name in RocmftSettings.model_fields if PREFIX + name.upper() in {k.upper() for k in environ}}
     _refuse_overlong_names({PREFIX + name.upper(): getattr(rocmft, name) for name in PATH_SETTINGS})
