@@ -191,8 +191,14 @@ def test_a_master_addr_that_does_not_resolve_fails_naming_it_and_its_source(two_
     two_nodes.setenv("MASTER_ADDR", "no-such-host.invalid")
     outcome = net_names(plan_of())
     assert outcome.status == FAIL and outcome.value == "MASTER_ADDR=no-such-host.invalid does not resolve"
-    assert "MASTER_ADDR=no-such-host.invalid (MASTER_ADDR=no-such-host.invalid) does not resolve on node 1" in (
+    assert "MASTER_ADDR=no-such-host.invalid (set in the environment) does not resolve on node 1" in (
         outcome.message)  # fmt: skip
+
+
+def test_an_ipv6_rendezvous_address_is_written_in_brackets():
+    from rocmft.checks.network import _endpoint
+
+    assert (_endpoint("::1", 29500), _endpoint("10.0.0.2", 29500)) == ("[::1]:29500", "10.0.0.2:29500")
 
 
 def test_one_node_skips_every_network_check(monkeypatch):

@@ -50,6 +50,18 @@ def _multi_node_layout():
     return layout, None
 
 
+def _source(layout, key: str, variable: str, value) -> str:
+    """Where ``layout``'s ``key`` came from, in words: "set in the environment" when it is ``variable=value`` itself
+    (the message already shows that), else the scheduler's variable (``first host of SLURM_STEP_NODELIST=…``)."""
+    found = layout.sources.get(key)
+    return "set in the environment" if found in (None, f"{variable}={value}") else found
+
+
+def _endpoint(host: str, port) -> str:
+    """``host:port``, an IPv6 address in brackets (``[::1]:29500``), as sockets and URLs write it."""
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 def names_facts(layout) -> dict[str, Any]:
     """What ``net-names`` judges: :func:`rocmft.facts.network.resolve` of MASTER_ADDR, its addresses that are this
     host's own (:func:`is_local_address`), and :func:`advertised`."""
@@ -78,7 +90,7 @@ def net_names(plan) -> Outcome:
         plan.probes["net-names"] = names_facts(layout)
     facts = plan.probes["net-names"]
     master, me = facts["master"], facts["self"]
-    source = layout.sources.get("master_addr", "MASTER_ADDR")
+    source = _source(layout, "master_addr", "MASTER_ADDR", layout.master_addr)
     if not master["addresses"]:
         return Outcome(
             FAIL, f"MASTER_ADDR={layout.master_addr} does not resolve",
@@ -395,8 +407,9 @@ def net_rendezvous(plan) -> Outcome:
     if "rendezvous" not in plan.probes:
         plan.probes["rendezvous"] = run_rendezvous(spec, environ)
     result = plan.probes["rendezvous"]
-    where = f"{layout.master_addr}:{layout.master_port}"
-    sources = ", ".join(layout.sources.get(k, k.upper()) for k in ("master_addr", "master_port"))
+    where = _endpoint(layout.master_addr, layout.master_port)
+    sources = ", ".join(dict.fromkeys(_source(layout, k, k.upper(), getattr(layout, k))
+                                      for k in ("master_addr", "master_port")))  # fmt: skip
     gloo_if = environ.get("GLOO_SOCKET_IFNAME") or "unset: the address of the host name"
     data: dict[str, Any] = {"result": result, "timeout_s": timeout_s}
     listing = None
@@ -417,7 +430,8 @@ def net_rendezvous(plan) -> Outcome:
             (result.get("port") or {}).get("error"), error)  # fmt: skip
         return Outcome(
             FAIL, f"MASTER_PORT {layout.master_port} not reachable",
-            f"Node {layout.node_rank} could not connect to MASTER_ADDR:MASTER_PORT = {where} ({sources}) within "
+            f"Node {layout.node_rank} could not connect to {where} (MASTER_ADDR={layout.master_addr}, "
+            f"MASTER_PORT={layout.master_port}: {sources}) within "
             f"{timeout_s:g} s: {why}.",
             "Start node 0 with the same MASTER_PORT; open the port between the nodes (firewall, security group); "
             "raise ROCMFT_NET_TIMEOUT_S when node 0 starts much later.",
