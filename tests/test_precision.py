@@ -52,3 +52,19 @@ def test_contradictions_are_errors(environ):
 def test_bf16_on_a_gpu_without_bf16_is_an_error():
     with pytest.raises(ConfigError, match="MI100"):
         resolve({"ROCMFT_PRECISION": "bf16"}, NO_BF16_GPU)
+
+
+def test_the_precision_refusals_say_how_to_remove_each_setting_where_it_was_set(tmp_path):
+    """BF16 in the user's YAML and FP16 in the environment: the fix deletes the one from that file and unsets the
+    other (the tester found "Remove both … BF16 and FP16 are then not needed" for a key the user wrote in YAML)."""
+    from rocmft.config.settings import load_settings
+    from rocmft.errors import ConfigError
+    from rocmft.render.precision import resolve_precision
+
+    config = tmp_path / "run.yaml"
+    config.write_text("bf16: true\n")
+    settings = load_settings({"ROCMFT_CONFIG": str(config), "FP16": "true"})
+    with pytest.raises(ConfigError) as caught:
+        resolve_precision(settings, settings.arguments, None)
+    assert f"delete bf16 from ROCMFT_CONFIG ({config})" in caught.value.remedy and "unset FP16" in (
+        caught.value.remedy)  # fmt: skip

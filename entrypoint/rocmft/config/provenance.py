@@ -53,6 +53,19 @@ def spelled(value: Any, given: str | None = None) -> str:
     return "" if value is None else str(value)
 
 
+def removal(name: str, source: str | None) -> str:
+    """How to take argument ``name`` away where the user set it, as a fix: ``unset FP16`` (its environment
+    variable), ``delete bf16 from ROCMFT_CONFIG (x.yaml)``, ``drop fp16=... from the command line``; for a default or
+    rocmft's own choice, ``leave NAME unset``."""
+    if source is not None and is_environment(name, source):
+        return f"unset {source}"
+    if source is not None and source.startswith(_YAML_SOURCES):
+        return f"delete {name} from {source}"
+    if source is not None and source.startswith("command line"):
+        return f"drop {name}=... from the command line"
+    return f"leave {name.upper()} unset"
+
+
 def named(name: str, value: Any, source: str | None, given: str | None = None) -> str:
     """One setting for a message: ``NAME=value (where from)``; a key of a YAML file as ``key: value (in <file>)``,
     a command-line key as ``key=value (command line ...)``. ``given`` is the user's text, used when the source is

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rocmft.config.provenance import named_in, origin
+from rocmft.config.provenance import named_in, removal
 from rocmft.config.settings import Settings
 from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
@@ -73,8 +73,9 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
     if bf16 and fp16:
         raise ConfigError(
             f"Both {named(bf16_name)} and {named('fp16')} are enabled; a run trains in one of them.",
-            f"Remove both and set ROCMFT_PRECISION=bf16 or fp16 (or auto); {bf16_name.upper()} and FP16 are then "
-            "not needed.",
+            f"Choose with ROCMFT_PRECISION=bf16 or fp16 (or auto) alone: "
+            f"{removal(bf16_name, settings.sources.get(bf16_name))} and "
+            f"{removal('fp16', settings.sources.get('fp16'))}.",
         )
     asked = "bf16" if bf16 else "fp16" if fp16 else None
     if "precision" in settings.explicit_rocmft:
@@ -83,8 +84,7 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
             name = bf16_name if bf16 else "fp16"
             raise ConfigError(
                 f"{settings.knob('precision')} contradicts {named(name)}.",
-                f"Remove {name.upper()} ({origin(name, settings.sources.get(name))}): ROCMFT_PRECISION alone "
-                "chooses the precision.",
+                f"{removal(name, settings.sources.get(name))}: ROCMFT_PRECISION alone chooses the precision.",
             )
         reason = f"ROCMFT_PRECISION={policy}"
         if policy == "auto" and asked:
