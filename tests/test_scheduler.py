@@ -77,6 +77,8 @@ def test_hand_set_rendezvous_wins_and_is_named_as_the_source():
         # "²".isdigit() is True but int("²") raises: a traceback instead of exit 2 (found by the break session)
         ({"NNODES": "2", "MASTER_ADDR": "a", "MASTER_PORT": "²"}, "MASTER_PORT='²' is not a whole number"),
         ({"NNODES": "²"}, "NNODES='²' is not a whole number"),
+        # 5000 digits: int() refuses more than 4300 (a ValueError traceback, found reading the change again)
+        ({"NNODES": "2", "MASTER_ADDR": "a", "MASTER_PORT": "9" * 5000}, "is not a whole number"),
         (slurm_step(2, 2, 1, SLURM_JOB_ID="²"), "no rendezvous: MASTER_PORT unset"),
     ],
 )

@@ -11,6 +11,8 @@ import os
 import sys
 from typing import TextIO
 
+from rocmft.values import whole_number
+
 PREFIX = "[rocmft] "
 
 
@@ -25,7 +27,7 @@ def is_first_rank(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     if "LOCAL_RANK" in environ:
         return environ.get("RANK", "0").strip() in ("", "0")
     tasks, nodes = environ.get("SLURM_STEP_NUM_TASKS", ""), environ.get("SLURM_STEP_NUM_NODES", "")
-    if (tasks + nodes).isascii() and tasks.isdigit() and nodes.isdigit() and int(tasks) > int(nodes):
+    if None not in (whole_number(tasks), whole_number(nodes)) and whole_number(tasks) > whole_number(nodes):
         return environ.get("SLURM_LOCALID", "0").strip() in ("", "0")
     return True
 

@@ -10,6 +10,18 @@ from typing import Any
 TRUE_WORDS = ("1", "on", "true", "yes")
 
 
+MAX_DIGITS = 20  # the digits of the largest unsigned 64-bit number: no count, port, rank or size rocmft reads is longer
+
+
+def whole_number(text: str | None) -> int | None:
+    """``text`` (surrounding spaces ignored) as a whole number of ASCII digits, at most :data:`MAX_DIGITS` of them,
+    else None. The one reading of a number from an environment variable or a kernel file: ``str.isdigit`` alone
+    accepts ``²``, which ``int`` refuses, and ``int`` refuses more than 4300 digits (a ValueError either way: a
+    traceback, where the caller wanted to say the value is not a number)."""
+    text = (text or "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= MAX_DIGITS else None
+
+
 def truthy(value: Any) -> bool:
     """Whether ``value`` means yes: a string among :data:`TRUE_WORDS` (case and surrounding spaces ignored),
     else Python's truth of the value (``True``, a non-zero number). ``None`` is no."""
@@ -18,4 +30,4 @@ def truthy(value: Any) -> bool:
     return bool(value)
 
 
-__all__ = ["TRUE_WORDS", "truthy"]
+__all__ = ["MAX_DIGITS", "TRUE_WORDS", "truthy", "whole_number"]

@@ -20,6 +20,7 @@ from typing import Any
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
 from rocmft.errors import ConfigError
+from rocmft.values import whole_number
 
 NODES_FILE = "network-nodes.json"
 # RLIMIT_NOFILE floor. rocmft's own number, not an upstream one: each rank keeps sockets to its peers (RCCL's
@@ -208,7 +209,7 @@ def net_rdma(plan) -> Outcome:
                     )
                 )
             continue
-        if not (gid.isascii() and gid.isdigit()) or int(gid) not in gids:
+        if whole_number(gid) not in gids:
             problems.append(
                 (
                     FAIL,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from rocmft.errors import ExitCode
+from rocmft.values import whole_number
 
 
 def register(sub) -> None:
@@ -24,9 +25,10 @@ def register(sub) -> None:
 
 def _positive_int(text: str) -> int:
     """argparse type: a whole number above 0 (argparse prints the error with the option's name and exits 2)."""
-    if not text.strip().isdigit() or int(text) < 1:
+    number = whole_number(text)
+    if number is None or number < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {text!r}")
-    return int(text)
+    return number
 
 
 def run(args) -> int:

@@ -38,6 +38,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rocmft.values import whole_number
+
 KFD = "sys/class/kfd/kfd"
 # Device nodes through which a process holds GPU memory: ROCm's /dev/kfd and render nodes, NVIDIA's per-GPU nodes
 # (not /dev/nvidiactl or /dev/nvidia-uvm, which every CUDA process opens whichever GPU it uses).
@@ -51,20 +53,12 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _count(text: str | None) -> int | None:
-    """``text`` as the kernel prints an unsigned number (``%u``/``%llu``: ASCII digits, at most 20), else None.
-    ``str.isdigit`` alone is not enough: it accepts ``²``, which ``int`` refuses, and ``int`` refuses more than 4300
-    digits; a damaged file must read as no number, not raise."""
-    text = (text or "").strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
-
-
 # --- RAS -------------------------------------------------------------------------------------------------
 def parse_err_count(text: str) -> dict[str, int] | None:
     """``{"ue": n, "ce": n[, "de": n]}`` from a ``<block>_err_count`` file's text, or None when it holds no
     counts (``Query currently inaccessible``: the driver is recovering from an error) or a count line whose value
     is not an unsigned number (a damaged file, never read as zero)."""
-    lines = {m.group(1): _count(m.group(2)) for m in re.finditer(r"^\s*(ue|ce|de)\s*:(.*)$", text, re.M)}
+    lines = {m.group(1): whole_number(m.group(2)) for m in re.finditer(r"^\s*(ue|ce|de)\s*:(.*)$", text, re.M)}
     if any(n is None for n in lines.values()):  # a damaged count ("ue: -1", 5000 digits) is not a zero
         return None
     return lines or None
@@ -139,12 +133,12 @@ def kfd_gpus(root: Path = Path("/")) -> list[dict[str, Any]] | None:
     if not nodes.is_dir():
         return None
     gpus = []
-    for node in sorted((p for p in nodes.iterdir() if _count(p.name) is not None), key=lambda p: int(p.name)):
-        gpu_id = _count(_read(node / "gpu_id"))
+    for node in sorted((p for p in nodes.iterdir() if whole_number(p.name) is not None), key=lambda p: int(p.name)):
+        gpu_id = whole_number(_read(node / "gpu_id"))
         props: dict[str, int] = {}
         for line in (_read(node / "properties") or "").splitlines():
             key, _, value = line.strip().partition(" ")
-            if _count(value) is not None:
+            if whole_number(value) is not None:
                 props[key] = int(value)
         version = props.get("gfx_target_version", 0)
         if not gpu_id or not version:
@@ -166,10 +160,10 @@ def kfd_processes(root: Path = Path("/")) -> list[dict[str, Any]] | None:
     if not procs.is_dir():
         return None
     found = []
-    for entry in sorted((p for p in procs.iterdir() if _count(p.name) is not None), key=lambda p: int(p.name)):
+    for entry in sorted((p for p in procs.iterdir() if whole_number(p.name) is not None), key=lambda p: int(p.name)):
         vram = {}
         for file in entry.glob("vram_*"):
-            size, gpu = _count(_read(file)), _count(file.name.removeprefix("vram_"))
+            size, gpu = whole_number(_read(file)), whole_number(file.name.removeprefix("vram_"))
             if size is not None and gpu is not None:
                 vram[gpu] = size
         found.append({"pid": int(entry.name), "vram": vram})
@@ -218,7 +212,7 @@ def device_holders(globs: Iterable[str] = GPU_DEVICE_GLOBS, exclude: set[int] | 
     except OSError:  # no procfs mounted here: nothing visible
         pids = []
     for pid_dir in pids:
-        if _count(pid_dir.name) is None or int(pid_dir.name) in exclude:
+        if whole_number(pid_dir.name) is None or int(pid_dir.name) in exclude:
             continue
         try:
             fds = os.listdir(pid_dir / "fd")
@@ -310,7 +304,7 @@ def parse_kmsg(records: Iterable[str]) -> list[dict[str, Any]]:
         if not sep:
             continue
         fields = head.split(",")
-        if len(fields) < 3 or _count(fields[2]) is None:
+        if len(fields) < 3 or whole_number(fields[2]) is None:
             continue
         text = text.split("\n", 1)[0]
         if "amdgpu" not in text:

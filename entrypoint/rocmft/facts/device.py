@@ -15,6 +15,7 @@ from typing import Any
 
 from rocmft.proc import kill_group
 from rocmft.records import read_probe_line
+from rocmft.values import whole_number
 
 
 @dataclass(frozen=True)
@@ -264,8 +265,8 @@ def _meminfo(path: Path) -> dict[str, int]:
     for line in lines:
         key, _, rest = line.partition(":")
         fields = rest.split()
-        if fields and fields[0].isascii() and fields[0].isdigit():
-            out[key.strip()] = int(fields[0]) * (1024 if fields[1:2] == ["kB"] else 1)
+        if fields and (number := whole_number(fields[0])) is not None:
+            out[key.strip()] = number * (1024 if fields[1:2] == ["kB"] else 1)
     return out
 
 

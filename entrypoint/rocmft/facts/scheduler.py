@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rocmft.errors import ConfigError
+from rocmft.values import whole_number
 
 Engine = Literal["none", "env", "slurm", "kubernetes"]
 Mode = Literal["node", "task"]
@@ -133,10 +134,11 @@ def _number(environ: Mapping[str, str], name: str, *, minimum: int = 0, fix: str
     text = (environ.get(name) or "").strip()
     if not text:
         return None
-    if not (text.isascii() and text.isdigit()) or int(text) < minimum:  # isdigit alone: "²", which int refuses
+    value = whole_number(text)
+    if value is None or value < minimum:
         raise ConfigError(f"{name}={text!r} is not a whole number of at least {minimum}.",
                           fix or f"Unset {name}, or set it to a number (the scheduler normally sets it).")  # fmt: skip
-    return int(text)
+    return value
 
 
 def first_host(nodelist: str) -> str:
@@ -178,7 +180,7 @@ def _slurm(environ: Mapping[str, str]) -> dict[str, Any] | None:
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
     layout: dict[str, Any] = {
         "engine": "slurm", "job_id": job, "nnodes": nodes, "node_rank": node,
-        "master_port": PORT_BASE + int(job) % PORT_SPAN if job.isascii() and job.isdigit() else None,
+        "master_port": PORT_BASE + whole_number(job) % PORT_SPAN if whole_number(job) is not None else None,
         "sources": {"nnodes": f"SLURM_STEP_NUM_NODES={nodes}", "node_rank": f"SLURM_NODEID={node}",
                     "master_port": f"SLURM_JOB_ID={job} ({PORT_BASE} + id mod {PORT_SPAN})"},
     }  # fmt: skip

@@ -16,7 +16,7 @@ from rocmft.errors import ConfigError
 from rocmft.facts.scheduler import job_layout
 from rocmft.render import Plan, processes_per_node
 from rocmft.validate.rules import Inputs, rule
-from rocmft.values import truthy
+from rocmft.values import truthy, whole_number
 
 # The caching allocator's variables. Which one wins differs between torch releases: c10/cuda/CUDAAllocatorConfig.h
 # read PYTORCH_CUDA_ALLOC_CONF, then (ROCm builds) PYTORCH_HIP_ALLOC_CONF, then PYTORCH_ALLOC_CONF; later releases
@@ -63,7 +63,7 @@ def parse_alloc_conf(name: str, text: str) -> dict[str, str]:
                 f"Write {key}:True or {key}:False.",
             )
         if key in ("max_split_size_mb", "max_non_split_rounding_mb") and (
-            not (value.isascii() and value.isdigit()) or int(value) < MIN_SPLIT_SIZE_MB
+            (whole_number(value) or 0) < MIN_SPLIT_SIZE_MB
         ):
             raise ConfigError(
                 f"{name}={text!r}: {key}:{value} — torch needs a whole number of MiB of at least {MIN_SPLIT_SIZE_MB}.",
@@ -215,8 +215,8 @@ def visible_gpus(environ: Mapping[str, str], backend: str) -> tuple[list[str] | 
         picks = _devices(later)
         if physical is None:
             physical = picks
-        elif all(p.isascii() and p.isdigit() for p in picks):  # str.isdigit() is also true of "²"
-            beyond = [p for p in picks if int(p) >= len(physical)]
+        elif all(whole_number(p) is not None for p in picks):
+            beyond = [p for p in picks if whole_number(p) >= len(physical)]
             if beyond:
                 raise ConfigError(
                     f"GPU visibility hides GPUs: {shown}. {later_name} indexes into the {len(physical)} GPU(s) "
