@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import all_text_under, logged_losses
 from rocmft.config.cmdline import parse_command_line
+from rocmft.config.provenance import Kind, texts
 from rocmft.config.settings import load_settings
 from rocmft.errors import ConfigError, ExitCode
 
@@ -31,7 +32,13 @@ def test_command_line_over_environment_over_yaml(tmp_path):
     settings = load_settings({"LORA_RANK": "8", "CUTOFF_LEN": "512"},
                              parse_command_line([str(config), "learning_rate=5e-5", "cutoff_len=256"]))  # fmt: skip
     assert settings.arguments == {"learning_rate": 5e-5, "cutoff_len": 256, "lora_rank": 8, "num_train_epochs": 2.0}
-    assert settings.sources == {
+    assert {name: source.kind for name, source in settings.sources.items()} == {
+        "learning_rate": Kind.COMMAND_LINE,
+        "cutoff_len": Kind.COMMAND_LINE,
+        "lora_rank": Kind.ENVIRONMENT,
+        "num_train_epochs": Kind.COMMAND_LINE_YAML,
+    }
+    assert texts(settings.sources) == {
         "learning_rate": "command line (learning_rate=5e-5)",
         "cutoff_len": "command line (cutoff_len=256)",
         "lora_rank": "LORA_RANK",
@@ -51,14 +58,14 @@ def test_values_are_read_as_llamafactory_cli_reads_them_then_typed():
     assert args["learning_rate"] == 5e-5 and args["bf16"] is True and args["max_steps"] == 4  # a later token wins
     assert args["report_to"] == ["wandb", "tensorboard"] and args["lora_target"] == "q_proj,v_proj"
     assert args["run_name"] == "001" and args["lr_scheduler_kwargs"] == {"min_lr": 1e-6}
-    assert settings.sources["max_steps"] == "command line (max_steps=3 max_steps=4)"
+    assert str(settings.sources["max_steps"]) == "command line (max_steps=3 max_steps=4)"
 
 
 def test_a_dotted_key_merges_into_the_yamls_mapping_as_omegaconf_merge_does(tmp_path):
     config = _yaml(tmp_path, "lr_scheduler_kwargs:\n  min_lr: 1.0e-6\n  power: 2\n")
     settings = load_settings({}, parse_command_line([str(config), "lr_scheduler_kwargs.power=3"]))
     assert settings.arguments["lr_scheduler_kwargs"] == {"min_lr": 1e-6, "power": 3}
-    assert settings.sources["lr_scheduler_kwargs"] == (
+    assert str(settings.sources["lr_scheduler_kwargs"]) == (
         f"command line (lr_scheduler_kwargs.power=3), merged into the command line's CONFIG ({config})"
     )
 

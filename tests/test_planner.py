@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from rocmft.config.provenance import Kind, Source
 from rocmft.facts.device import DeviceFacts
 from rocmft.render import memfit, planner
 
@@ -146,8 +147,9 @@ def test_render_records_the_plan_and_the_manifest_saves_it(render_env, tmp_path)
     plan = render_env({"DATASET": "alpaca_en_demo", "PER_DEVICE_TRAIN_BATCH_SIZE": "4"}, device=h200)
     rendered = OmegaConf.to_container(OmegaConf.load(plan.files["train.yaml"]))
     assert rendered["neat_packing"] is True and rendered["per_device_train_batch_size"] == 4
-    assert plan.sources["neat_packing"].startswith("rocmft plan: SFT")
-    assert plan.sources["per_device_train_batch_size"] == "PER_DEVICE_TRAIN_BATCH_SIZE"
+    assert plan.sources["neat_packing"].kind is Kind.PLAN and str(plan.sources["neat_packing"]).startswith(
+        "rocmft plan: SFT")  # fmt: skip
+    assert plan.sources["per_device_train_batch_size"] == Source.environment("PER_DEVICE_TRAIN_BATCH_SIZE")
     assert rendered["disable_gradient_checkpointing"] is True  # the tiny model fits anything
     from rocmft.outputs.manifest import write_manifest
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from rocmft.config.provenance import Kind, Source
 from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
 
@@ -40,8 +41,12 @@ def test_layers_environment_over_user_yaml_over_defaults(render_env, tmp_path):
     assert args["neftune_noise_alpha"] == 5 and args["seed"] == 7
     text = plan.files["train.yaml"].read_text()
     assert text.count("seed:") == 1 and "### other arguments given" in text
-    assert plan.sources["cutoff_len"] == "CUTOFF_LEN" and plan.sources["learning_rate"].startswith("ROCMFT_CONFIG")
-    assert plan.sources["lora_rank"] == "the default in train.yaml.j2"
+    assert plan.sources["cutoff_len"] == Source.environment("CUTOFF_LEN")
+    assert plan.sources["learning_rate"].kind is Kind.CONFIG_FILE
+    assert (
+        plan.sources["lora_rank"].kind is Kind.TEMPLATE
+        and str(plan.sources["lora_rank"]) == "the default in train.yaml.j2"
+    )
 
 
 @pytest.mark.parametrize(("stage", "offload", "has_opt", "has_param"), [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rocmft.config.lfargs import env_arguments, is_secret_name, lf_arguments
+from rocmft.config.provenance import Kind, Source
 from rocmft.config.settings import load_settings
 from rocmft.errors import ConfigError, ExitCode
 
@@ -34,7 +35,7 @@ def test_values_are_typed_as_users_expect():
     assert args["report_to"] == ["wandb", "tensorboard"]
     assert args["lr_scheduler_kwargs"] == {"min_lr": 1e-6}
     assert args["dataset"] == "a,b"  # LLaMA-Factory splits data set names itself
-    assert settings.sources["learning_rate"] == "LEARNING_RATE"
+    assert settings.sources["learning_rate"] == Source.environment("LEARNING_RATE")
 
 
 def test_a_bad_value_names_the_variable_and_the_type():
@@ -95,7 +96,8 @@ def test_user_yaml_is_a_starting_point_and_environment_wins(tmp_path):
     config.write_text("learning_rate: 5.0e-5\ncutoff_len: 1024\nlora_rank: 32\n")
     settings = load_settings({"ROCMFT_CONFIG": str(config), "LORA_RANK": "8"})
     assert settings.arguments == {"learning_rate": 5e-5, "cutoff_len": 1024, "lora_rank": 8}
-    assert settings.sources["cutoff_len"].startswith("ROCMFT_CONFIG") and settings.sources["lora_rank"] == "LORA_RANK"
+    assert settings.sources["cutoff_len"].kind is Kind.CONFIG_FILE
+    assert settings.sources["lora_rank"] == Source.environment("LORA_RANK")
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -261,7 +263,8 @@ def test_ignore_pad_token_for_loss_is_a_setting_that_is_rendered_and_recorded():
 
     settings = load_settings({"IGNORE_PAD_TOKEN_FOR_LOSS": "false", "HF_TOKEN": "hf_abcdefgh"})
     assert settings.arguments["ignore_pad_token_for_loss"] is False
-    assert settings.sources["ignore_pad_token_for_loss"] == "IGNORE_PAD_TOKEN_FOR_LOSS" and not settings.secrets
+    assert settings.sources["ignore_pad_token_for_loss"] == Source.environment("IGNORE_PAD_TOKEN_FOR_LOSS")
+    assert not settings.secrets
     # the manifest records the HF_ variables: the token's value is redacted, the path of its file is not
     recorded = redact_env({"HF_TOKEN_PATH": "/run/secrets/hf", "HF_TOKEN": "hf_abcdefgh"})
     assert recorded == {"HF_TOKEN": "<redacted>", "HF_TOKEN_PATH": "/run/secrets/hf"}

@@ -124,9 +124,11 @@ def command_line(args):
     return parse_command_line(getattr(args, "config_args", None) or [])
 
 
-def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None, keep_validator: bool = False):
+def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None, keep_validator: bool = False,
+             overrides=None):  # fmt: skip
     """Settings → render → validate. Returns the plan, staged. ``command_line``: the command's
-    ``[CONFIG.yaml] [key=value ...]`` (rocmft.config.cmdline.CommandLine), read over the environment.
+    ``[CONFIG.yaml] [key=value ...]`` (rocmft.config.cmdline.CommandLine), read over the environment;
+    ``overrides``: rocmft's own settings for this attempt with their sources (a restart's; load_settings).
     ``keep_validator``: `rocmft train` may reuse the parser's process as its worker (rocmft.validate.take_kept)."""
     from rocmft.facts.device import facts_from_probe, injected_probes, probe_devices_raw, start_probes
     from rocmft.validate import start_validator, validate
@@ -139,7 +141,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     from rocmft.validate.rules import render_checked
 
     started = time.monotonic()
-    settings = load_settings(command_line=command_line)
+    settings = load_settings(command_line=command_line, overrides=overrides)
     validate_skip(settings.rocmft.skip_checks)
     timings["settings"] = time.monotonic() - started
 

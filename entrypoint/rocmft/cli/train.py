@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from rocmft.cli.common import (
@@ -25,6 +22,7 @@ from rocmft.records import RunStatus, WorkerResult
 
 if TYPE_CHECKING:
     from rocmft.config.cmdline import CommandLine
+    from rocmft.config.provenance import Source
     from rocmft.outputs.manifest import Restart
 
 
@@ -37,49 +35,40 @@ def run(args) -> int:
     """Render, validate, check, train; the worker's exit code (rocmft.errors.ExitCode), after at most one
     automatic restart in real fp32 on a non-finite loss (ROCMFT_ON_NAN=fp32).
 
-    Each attempt is the whole flow again with the restarts so far and the variables they set
-    (ROCMFT_PRECISION=fp32, ROCMFT_RESUME=<checkpoint>) in the process environment for that attempt only: the
-    settings, the parser child (whose environment must equal the worker's to become it), the launch and the
-    manifest's environment record all read them there. The command line's ``[CONFIG.yaml] [key=value ...]`` is
-    parsed once and read by every attempt's settings, above the environment; it reaches the parser child and the
-    worker as every training argument does, in the rendered arguments (the parse request, train.yaml), never
-    through the environment, so the child's environment still equals the worker's.
+    Each attempt is the whole flow again with the restarts so far and rocmft's settings they decide (precision
+    fp32, the checkpoint to resume from) as overrides of that attempt's settings, each with its source (the
+    restart after a non-finite loss at step N; :attr:`rocmft.config.settings.Settings.overridden`). Nothing is
+    written into the process environment, so no rule can take rocmft's decision for the user's (a user's
+    BF16=true chose the first attempt's precision, not the restart's). The command line's
+    ``[CONFIG.yaml] [key=value ...]`` is parsed once and read by every attempt's settings, above the environment;
+    it reaches the parser child and the worker as every training argument does, in the rendered arguments.
     """
     given = command_line(args)
     restarts: list[Restart] = []
-    overrides: dict[str, str] = {}
+    overrides: dict[str, tuple[str, Source]] = {}
     while True:
-        with _environment(overrides):
-            code, restart = _attempt(restarts, given)
+        code, restart = _attempt(restarts, given, overrides)
         if restart is None:
             return code
         restarts.append(restart)
-        overrides = {**overrides, **restart_environment(restart)}
+        overrides = {**overrides, **restart_overrides(restart)}
 
 
-def restart_environment(restart: Restart) -> dict[str, str]:
-    """The variables a restart sets: ROCMFT_PRECISION=fp32, ROCMFT_RESUME=its checkpoint (``never``: step 0)."""
-    return {"ROCMFT_PRECISION": restart.precision_to, "ROCMFT_RESUME": restart.from_checkpoint or "never"}
+def restart_overrides(restart: Restart) -> dict[str, tuple[str, Source]]:
+    """rocmft's settings a restart decides, with its source: precision fp32, resume from its checkpoint
+    (``never``: step 0), both ``the restart after a <cause> at step N``."""
+    from rocmft.config.provenance import Kind, Source
+
+    at = f" at step {restart.at_step}" if restart.at_step is not None else ""
+    source = Source(Kind.RESTART, f"after a {restart.cause}{at}")
+    return {"precision": (restart.precision_to, source), "resume": (restart.from_checkpoint or "never", source)}
 
 
-@contextlib.contextmanager
-def _environment(overrides: dict[str, str]) -> Iterator[None]:
-    """``overrides`` in os.environ while the block runs; the earlier values (or their absence) restored after."""
-    before = {name: os.environ.get(name) for name in overrides}
-    os.environ.update(overrides)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def _attempt(restarts: list[Restart], given: CommandLine) -> tuple[int, Restart | None]:
-    """One pass of render → validate → check → train with the command line ``given``. Returns the worker's exit
-    code and the restart to make (None: this attempt's outcome is the command's)."""
+def _attempt(restarts: list[Restart], given: CommandLine,
+             overrides: dict[str, tuple[str, Source]]) -> tuple[int, Restart | None]:  # fmt: skip
+    """One pass of render → validate → check → train with the command line ``given`` and rocmft's ``overrides``
+    (:func:`restart_overrides`). Returns the worker's exit code and the restart to make (None: this attempt's
+    outcome is the command's)."""
     from rocmft.launch import run_worker
     from rocmft.outputs.manifest import now, write_manifest
     from rocmft.records import read_worker_result, run_status
@@ -87,7 +76,7 @@ def _attempt(restarts: list[Restart], given: CommandLine) -> tuple[int, Restart 
     started_at = now()
     workspace, timings = Workspace(), {}
     try:
-        plan = _prepare(workspace, timings, given, keep_validator=True)
+        plan = _prepare(workspace, timings, given, keep_validator=True, overrides=overrides)
         checks = _run_checks(plan, workspace, timings)
         workspace.promote(plan.run_dir)
     except BaseException:

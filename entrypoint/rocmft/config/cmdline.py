@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rocmft.config.lfargs import is_secret_name
+from rocmft.config.provenance import Kind, Source
 from rocmft.errors import ConfigError
 
 # The file names LLaMA-Factory 0.9.5's read_args takes as a config file (str.endswith, case-sensitive).
@@ -59,9 +60,10 @@ class CommandLine:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
-    def source(self, name: str) -> str:
-        """Where ``name`` came from, for ``Settings.sources``: ``command line (learning_rate=5e-5)``."""
-        return f"command line ({' '.join(self.tokens[name])})"
+    def source(self, name: str, merged_into: Source | None = None) -> Source:
+        """Where ``name`` came from, for ``Settings.sources``: rendered ``command line (learning_rate=5e-5)``;
+        ``merged_into``: the source of the mapping below that the tokens were merged into."""
+        return Source(Kind.COMMAND_LINE, " ".join(self.tokens[name]), basis=merged_into)
 
     def shown(self, name: str) -> str:
         """The tokens of ``name`` as the user typed them, for messages (``learning_rte=5e-5``)."""

@@ -17,10 +17,11 @@ from typing import Any
 
 import yaml
 
+from rocmft.config.provenance import Kind, Source
 from rocmft.config.settings import Settings
 from rocmft.errors import ConfigError
 
-BUILTIN_SOURCE = "the built-in default (templates/demo.yaml)"
+BUILTIN_SOURCE = Source(Kind.BUILTIN)
 
 
 def builtin_templates() -> Path:
@@ -48,7 +49,7 @@ class Layers:
     """
 
     arguments: Mapping[str, Any]
-    sources: Mapping[str, str]
+    sources: Mapping[str, Source]
     demo: bool
 
 
@@ -59,7 +60,7 @@ def layer(settings: Settings) -> Layers:
     from rocmft.config.demo import ensure_demo_data, ensure_tiny_model
 
     layered: dict[str, Any] = {}
-    sources: dict[str, str] = {}
+    sources: dict[str, Source] = {}
     demo = "model_name_or_path" not in settings.arguments
     if demo:
         builtin = yaml.safe_load((builtin_templates() / "demo.yaml").read_text(encoding="utf-8"))

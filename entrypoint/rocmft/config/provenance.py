@@ -1,42 +1,130 @@
-"""Where a value came from, said one way in every message: the one place refusals and warnings name a setting.
+"""Where a value came from: a typed :class:`Source` for every argument, said one way in every message.
 
-A training argument's source is recorded as it is layered (:attr:`rocmft.config.settings.Settings.sources`, then
-:mod:`rocmft.config.layers` and :mod:`rocmft.render`): the environment variable's name (``LEARNING_RATE``), the YAML
-(``ROCMFT_CONFIG (/config/my.yaml)`` or ``the command line's CONFIG (/abs/my.yaml)``), a command-line override
-(``command line (learning_rate=5e-5)``), the built-in or template default, rocmft's own decisions (the planner, the
-precision policy, ROCMFT_DISTRIBUTED). :func:`named` turns a name, its value, that source and the text the user wrote
+Every training argument's source is recorded as it is layered (:attr:`rocmft.config.settings.Settings.sources`,
+then :mod:`rocmft.config.layers` and :mod:`rocmft.render`) as a :class:`Source`: its :class:`Kind` (an environment
+variable, ROCMFT_CONFIG's file, the command line's YAML, a command-line ``key=value``, the template's default, the
+built-in recipe, rocmft's default, a decision rocmft derived from its own settings, the planner, a restart) and its
+detail (the variable, the file, the tokens, the reason). Decisions read the kind (:attr:`Source.user_chosen`:
+did the user choose this?), never the text; ``str(source)`` is the one rendering, used by every message, the
+manifest and ``rocmft plan``. :func:`named` turns a name, its value, its source and the text the user wrote
 (:attr:`~rocmft.config.settings.Settings.given`) into ``LEARNING_RATE=1e-4 (set in the environment)``,
 ``cutoff_len: 2k (in ROCMFT_CONFIG (/config/my.yaml))`` or ``CUTOFF_LEN=1024 (the default in train.yaml.j2)``: the
-name as the user would find it where they wrote it, the value spelled as they wrote it (``1e-4``, not ``0.0001``),
-and where it came from.
+name as the user would find it where they wrote it, the value spelled as they wrote it, and where it came from.
 """
 
 from __future__ import annotations
 
-import re
+import enum
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 FROM_ENVIRONMENT = "set in the environment"
 NOT_SET = "not set: the default"
-_YAML_SOURCES = ("ROCMFT_CONFIG (", "the command line's CONFIG (")
 
 
-def is_environment(name: str, source: str | None) -> bool:
-    """Whether ``source`` says the value of argument ``name`` came from its environment variable."""
-    return source is not None and re.fullmatch(r"[A-Z][A-Z0-9_]*", source) is not None
+class Kind(enum.Enum):
+    """The kinds of :class:`Source`; the value is the manifest's word for it (``argument_source_kinds``)."""
+
+    ENVIRONMENT = "environment"  # detail: the variable (LEARNING_RATE, or an alias of the argument)
+    CONFIG_FILE = "rocmft_config"  # detail: the file ROCMFT_CONFIG names
+    COMMAND_LINE_YAML = "command_line_yaml"  # detail: the CONFIG.yaml of `rocmft train CONFIG.yaml`
+    COMMAND_LINE = "command_line"  # detail: the key=value tokens as typed
+    TEMPLATE = "template"  # train.yaml.j2's own default
+    BUILTIN = "builtin"  # the built-in recipe (templates/demo.yaml), only when no model is given
+    ROCMFT_DEFAULT = "rocmft_default"  # a default of rocmft's (detail: what it is made of)
+    ROCMFT = "rocmft"  # a value rocmft derives from its own settings (detail: which); ``basis``: the user's input
+    PLAN = "plan"  # the planner (rocmft.render.planner; detail: the reason)
+    RESTART = "restart"  # an automatic restart (detail: why, e.g. after a non-finite loss at step 15)
 
 
-def origin(name: str, source: str | None) -> str:
+# The kinds that are the user's own choice (the answer to "did the user set this?").
+USER_KINDS = frozenset({Kind.ENVIRONMENT, Kind.CONFIG_FILE, Kind.COMMAND_LINE_YAML, Kind.COMMAND_LINE})
+YAML_KINDS = frozenset({Kind.CONFIG_FILE, Kind.COMMAND_LINE_YAML})
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one value came from.
+
+    Attributes:
+        kind: the :class:`Kind`.
+        detail: the variable, file, tokens or reason (see :class:`Kind`); part of the rendering only.
+        basis: for :attr:`Kind.ROCMFT` and a command line merged into a mapping, the source of the input the
+            value was made from (DATASET_DIR's for the data set registry; the mapping's own below a merge).
+    """
+
+    kind: Kind
+    detail: str = ""
+    basis: Source | None = None
+
+    @classmethod
+    def environment(cls, variable: str) -> Source:
+        """An environment variable (``LEARNING_RATE``)."""
+        return cls(Kind.ENVIRONMENT, variable)
+
+    @property
+    def user_chosen(self) -> bool:
+        """Whether the user chose this value: their environment, YAML or command line, or a value rocmft derived
+        from one of those (a merge into the user's mapping). Template, built-in and rocmft's defaults, the planner
+        and a restart are not the user's choice."""
+        if self.kind in USER_KINDS:
+            return True
+        return self.kind is Kind.ROCMFT and self.basis is not None and self.basis.user_chosen
+
+    def __str__(self) -> str:
+        """The one rendering of a source, as the manifest, ``rocmft plan`` and messages show it."""
+        kind, detail = self.kind, self.detail
+        if kind is Kind.ENVIRONMENT:
+            return detail
+        if kind is Kind.CONFIG_FILE:
+            return f"ROCMFT_CONFIG ({detail})"
+        if kind is Kind.COMMAND_LINE_YAML:
+            return f"the command line's CONFIG ({detail})"
+        if kind is Kind.COMMAND_LINE:
+            return f"command line ({detail})" + (f", merged into {self.basis}" if self.basis is not None else "")
+        if kind is Kind.TEMPLATE:
+            return "the default in train.yaml.j2"
+        if kind is Kind.BUILTIN:
+            return "the built-in default (templates/demo.yaml)"
+        if kind is Kind.ROCMFT_DEFAULT:
+            return f"rocmft's default ({detail})"
+        if kind is Kind.PLAN:
+            return f"rocmft plan: {detail}"
+        if kind is Kind.RESTART:
+            return f"the restart {detail}"
+        return detail  # Kind.ROCMFT: the decision in words
+
+    def as_json(self) -> str:
+        """The manifest's text for this source (:meth:`__str__`)."""
+        return str(self)
+
+
+def texts(sources: Mapping[str, Source]) -> dict[str, str]:
+    """``sources`` rendered for JSON (the manifest's ``argument_sources``)."""
+    return {name: str(source) for name, source in sources.items()}
+
+
+def kinds(sources: Mapping[str, Source]) -> dict[str, str]:
+    """Each source's :class:`Kind` word, for tools reading the manifest (``argument_source_kinds``)."""
+    return {name: source.kind.value for name, source in sources.items()}
+
+
+def is_environment(name: str, source: Source | None) -> bool:
+    """Whether ``source`` says the value of argument ``name`` came from an environment variable."""
+    return source is not None and source.kind is Kind.ENVIRONMENT
+
+
+def origin(name: str, source: Source | None) -> str:
     """Where argument ``name``'s value came from, in words (``set in the environment``, ``in ROCMFT_CONFIG (...)``,
-    the source as recorded otherwise, :data:`NOT_SET` without one)."""
+    the source as rendered otherwise, :data:`NOT_SET` without one)."""
     if source is None:
         return NOT_SET
-    if is_environment(name, source):
-        return FROM_ENVIRONMENT if source == name.upper() else f"{FROM_ENVIRONMENT} as {source}"
-    if source.startswith(_YAML_SOURCES):
+    if source.kind is Kind.ENVIRONMENT:
+        return FROM_ENVIRONMENT if source.detail == name.upper() else f"{FROM_ENVIRONMENT} as {source.detail}"
+    if source.kind in YAML_KINDS:
         return f"in {source}"
-    return source
+    return str(source)
 
 
 def spelled(value: Any, given: str | None = None) -> str:
@@ -53,37 +141,52 @@ def spelled(value: Any, given: str | None = None) -> str:
     return "" if value is None else str(value)
 
 
-def removal(name: str, source: str | None) -> str:
+def removal(name: str, source: Source | None) -> str:
     """How to take argument ``name`` away where the user set it, as a fix: ``unset FP16`` (its environment
     variable), ``delete bf16 from ROCMFT_CONFIG (x.yaml)``, ``drop fp16=... from the command line``; for a default or
     rocmft's own choice, ``leave NAME unset``."""
-    if source is not None and is_environment(name, source):
-        return f"unset {source}"
-    if source is not None and source.startswith(_YAML_SOURCES):
+    if source is not None and source.kind is Kind.ENVIRONMENT:
+        return f"unset {source.detail}"
+    if source is not None and source.kind in YAML_KINDS:
         return f"delete {name} from {source}"
-    if source is not None and source.startswith("command line"):
+    if source is not None and source.kind is Kind.COMMAND_LINE:
         return f"drop {name}=... from the command line"
     return f"leave {name.upper()} unset"
 
 
-def named(name: str, value: Any, source: str | None, given: str | None = None) -> str:
+def _parts(name: str, value: Any, source: Source | None, given: str | None) -> tuple[str, str]:
+    """The setting as the user would find it where it was set (``LEARNING_RATE=1e-4``, ``cutoff_len: 2k``), and
+    where that is, in words; a value rocmft derived from one of the user's settings is named as that setting."""
+    if source is not None and source.kind is Kind.ROCMFT and source.basis is not None and source.basis.user_chosen:
+        source = source.basis
+    kind = source.kind if source is not None else None
+    shown = spelled(value, given if kind in USER_KINDS else None)
+    if kind in YAML_KINDS:
+        return f"{name}: {shown}", origin(name, source)
+    if kind is Kind.COMMAND_LINE:
+        return f"{name}={shown}", str(source)
+    variable = source.detail if source is not None and kind is Kind.ENVIRONMENT else name.upper()
+    return f"{variable}={shown}", origin(name, source)
+
+
+def named(name: str, value: Any, source: Source | None, given: str | None = None) -> str:
     """One setting for a message: ``NAME=value (where from)``; a key of a YAML file as ``key: value (in <file>)``,
     a command-line key as ``key=value (command line ...)``. ``given`` is the user's text, used when the source is
-    the user's (a default or rocmft's decision has no spelling of the user's)."""
+    the user's (a default or rocmft's decision has no spelling of the user's). A value rocmft derived from the
+    user's setting (BF16 of the precision policy that followed a YAML's ``bf16: true``) is named as that setting."""
     if value is None and source is None:
         return f"{name.upper()} not set"
-    user = source is not None and (is_environment(name, source) or source.startswith(_YAML_SOURCES)
-                                   or source.startswith("command line"))  # fmt: skip
-    shown = spelled(value, given if user else None)
-    if source is not None and source.startswith(_YAML_SOURCES):
-        return f"{name}: {shown} ({origin(name, source)})"
-    if source is not None and source.startswith("command line"):
-        return f"{name}={shown} ({source})"
-    variable = source if source is not None and is_environment(name, source) else name.upper()
-    return f"{variable}={shown} ({origin(name, source)})"
+    setting, where = _parts(name, value, source, given)
+    return f"{setting} ({where})"
 
 
-def named_in(name: str, arguments: Mapping[str, Any], sources: Mapping[str, str],
+def stated(name: str, value: Any, source: Source | None, given: str | None = None) -> str:
+    """:func:`named` as a clause, for text already in parentheses: ``bf16: true, in ROCMFT_CONFIG (x.yaml)``."""
+    setting, where = _parts(name, value, source, given)
+    return f"{setting}, {where}"
+
+
+def named_in(name: str, arguments: Mapping[str, Any], sources: Mapping[str, Source],
              given: Mapping[str, str] | None = None, default: Any = None) -> str:  # fmt: skip
     """:func:`named` for argument ``name`` of ``arguments`` with its source in ``sources`` and the user's text in
     ``given`` (:attr:`rocmft.config.settings.Settings.given`); ``default``, the value the consumer uses when the
@@ -94,8 +197,11 @@ def named_in(name: str, arguments: Mapping[str, Any], sources: Mapping[str, str]
     return named(name, value, sources.get(name), (given or {}).get(name))
 
 
-def knob(field: str, value: Any, explicit: bool, given: str | None = None) -> str:
-    """One of rocmft's own settings: ``ROCMFT_<FIELD>=value (set in the environment)`` or ``(rocmft's default)``."""
+def knob(field: str, value: Any, explicit: bool, given: str | None = None, override: Source | None = None) -> str:
+    """One of rocmft's own settings: ``ROCMFT_<FIELD>=value (set in the environment)``, ``(rocmft's default)``, or
+    with the source of rocmft's own ``override`` (``(the restart after a non-finite loss at step 15)``)."""
+    if override is not None:
+        return f"ROCMFT_{field.upper()}={spelled(value)} ({override})"
     where = FROM_ENVIRONMENT if explicit else "rocmft's default"
     return f"ROCMFT_{field.upper()}={spelled(value, given if explicit else None)} ({where})"
 
@@ -111,5 +217,5 @@ def environment_variable(name: str, environ: Mapping[str, str]) -> str:
     return f"{name}={text if plain else repr(text)} ({FROM_ENVIRONMENT})"
 
 
-__all__ = ["FROM_ENVIRONMENT", "NOT_SET", "environment_variable", "is_environment", "knob", "named", "named_in",
-           "origin", "spelled"]  # fmt: skip
+__all__ = ["FROM_ENVIRONMENT", "NOT_SET", "USER_KINDS", "Kind", "Source", "environment_variable", "is_environment",
+           "kinds", "knob", "named", "named_in", "origin", "removal", "spelled", "texts"]  # fmt: skip

@@ -37,6 +37,7 @@ from rocmft.config.lfargs import (
     lf_arguments,
     stack_versions,
 )
+from rocmft.config.provenance import Kind, Source, texts
 from rocmft.errors import ConfigError
 from rocmft.fsutil import default_cache_dir
 from rocmft.nesting import TOO_DEEP, TooDeep, check_depth
@@ -576,21 +577,25 @@ class Settings:
             from a choice.
         arguments: training arguments given by the user (the YAML first, environment over it, the command line's
             key=value over both), by field name, secrets excluded.
-        sources: where each argument came from, e.g. ``{"learning_rate": "LEARNING_RATE"}``,
-            ``{"cutoff_len": "ROCMFT_CONFIG (/config/my.yaml)"}``, ``the command line's CONFIG (/abs/my.yaml)`` or
-            ``command line (learning_rate=5e-5)``, for error messages and the manifest.
+        sources: where each argument came from (:class:`rocmft.config.provenance.Source`: the environment
+            variable, ROCMFT_CONFIG's file, the command line's YAML or its key=value), for decisions (by kind),
+            messages and the manifest (rendered).
         secrets: secret-valued arguments given in the environment (env name -> value). Never rendered; the
             worker receives them through its environment.
         given: the text the user wrote for each argument (field name) and each ROCMFT_ setting (``ROCMFT_<FIELD>``),
             before typing, for messages (:mod:`rocmft.config.provenance`): ``1e-4`` where the value is 0.0001.
+        overridden: rocmft's settings that rocmft itself set for this attempt (field -> its source, e.g. the
+            restart after a non-finite loss: precision fp32, resume from a checkpoint); never in
+            ``explicit_rocmft``, so no rule takes rocmft's decision for the user's.
     """
 
     rocmft: RocmftSettings
     explicit_rocmft: set[str]
     arguments: dict[str, Any] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, Source] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
     given: dict[str, str] = field(default_factory=dict)
+    overridden: dict[str, Source] = field(default_factory=dict)
 
     def named(self, name: str) -> str:
         """Argument ``name`` for a message: its value and where it came from
@@ -605,11 +610,12 @@ class Settings:
         from rocmft.config.provenance import knob
 
         return knob(field, getattr(self.rocmft, field), field in self.explicit_rocmft,
-                    self.given.get(f"ROCMFT_{field.upper()}"))  # fmt: skip
+                    self.given.get(f"ROCMFT_{field.upper()}"), self.overridden.get(field))  # fmt: skip
 
     def source_of(self, name: str) -> str:
-        """The variable or file an argument came from, or ``the default of <name>``."""
-        return self.sources.get(name, f"the default of {name}")
+        """Where an argument came from, in words (the source rendered), or ``the default of <name>``."""
+        source = self.sources.get(name)
+        return str(source) if source is not None else f"the default of {name}"
 
     def redacted(self) -> dict[str, Any]:
         """The settings for the manifest: rocmft knobs, arguments and their sources; secrets as names only."""
@@ -617,7 +623,8 @@ class Settings:
             "rocmft": self.rocmft.model_dump(mode="json"),
             "explicit_rocmft": sorted(self.explicit_rocmft),
             "arguments": self.arguments,
-            "sources": self.sources,
+            "sources": texts(self.sources),
+            "rocmft_overrides": texts(self.overridden),
             "secrets_given": sorted(self.secrets),
         }
 
@@ -680,7 +687,8 @@ def _allowed_values(err: ValidationError) -> str:
     return f"Set {'; '.join(fixes)}. The README's variable reference lists every variable."
 
 
-def load_settings(environ: Mapping[str, str] | None = None, command_line: CommandLine | None = None) -> Settings:
+def load_settings(environ: Mapping[str, str] | None = None, command_line: CommandLine | None = None,
+                  overrides: Mapping[str, tuple[Any, Source]] | None = None) -> Settings:  # fmt: skip
     """Read and check every setting from ``environ`` (default: ``os.environ``) and the command line.
 
     Precedence, highest first (README, "Your own model and data"): a ``key=value`` on the command line > the
@@ -692,6 +700,9 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
         environ: the environment to read (default ``os.environ``).
         command_line: the command's ``[CONFIG.yaml] [key=value ...]``
             (:func:`rocmft.config.cmdline.parse_command_line`), or None.
+        overrides: rocmft's settings that rocmft itself decides for this attempt, field -> (value, source), above
+            the environment (a restart's precision and checkpoint: rocmft.cli.train); recorded in
+            :attr:`Settings.overridden`, never as the user's.
 
     Raises:
         ConfigError: an unknown ``ROCMFT_`` variable, a variable that looks like a removed or misspelled
@@ -711,14 +722,16 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
     # the cache folder's default reads XDG_CACHE_HOME/HOME: from ``environ`` too
     given = {k.upper() for k in environ}
     default = {} if PREFIX + "CACHE_DIR" in given else {"cache_dir": _default_cache_dir_in(environ)}
+    overrides = dict(overrides or {})
     try:
-        rocmft = _from_mapping(RocmftSettings, environ, **default)
+        rocmft = _from_mapping(RocmftSettings, environ, **default, **{k: value for k, (value, _) in overrides.items()})
     except ValidationError as err:
         raise ConfigError(
             "Invalid rocmft settings:\n  " + "\n  ".join(_validation_messages(err, lambda n: PREFIX + n.upper(), {})),
             _allowed_values(err),
         ) from err
-    explicit = {name for name in RocmftSettings.model_fields if PREFIX + name.upper() in {k.upper() for k in environ}}
+    explicit = {name for name in RocmftSettings.model_fields
+                if PREFIX + name.upper() in {k.upper() for k in environ} and name not in overrides}  # fmt: skip
     _refuse_overlong_names({PREFIX + name.upper(): getattr(rocmft, name) for name in PATH_SETTINGS})
 
     arguments_by_name = lf_arguments()
@@ -730,7 +743,7 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
             "Give each variable a value of the type shown (e.g. LEARNING_RATE=1e-4, BF16=true).",
         ) from err
 
-    config_source = f"ROCMFT_CONFIG ({rocmft.config})"
+    config_source = Source(Kind.CONFIG_FILE, str(rocmft.config))
     if command_line.config is not None:
         if rocmft.config is not None and not _same_file(rocmft.config, command_line.config):
             raise ConfigError(
@@ -741,8 +754,9 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
             )
         rocmft = rocmft.model_copy(update={"config": command_line.config})
         explicit.add("config")
-        config_source = f"the command line's CONFIG ({command_line.config})"
-    settings = Settings(rocmft=rocmft, explicit_rocmft=explicit)
+        config_source = Source(Kind.COMMAND_LINE_YAML, str(command_line.config))
+    settings = Settings(rocmft=rocmft, explicit_rocmft=explicit,
+                        overridden={name: source for name, (_, source) in overrides.items()})  # fmt: skip
     upper = {k.upper(): v for k, v in environ.items()}
     settings.given.update({PREFIX + name.upper(): upper[PREFIX + name.upper()].strip() for name in explicit
                            if PREFIX + name.upper() in upper})  # fmt: skip
@@ -763,7 +777,7 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
             settings.secrets[argument.env] = str(value)
             continue
         settings.arguments[key] = value
-        settings.sources[key] = argument.env
+        settings.sources[key] = Source.environment(argument.env)
         _remember(settings.given, key, environ.get(argument.env, upper.get(argument.env.upper())))
     _apply_command_line(settings, command_line)
     _refuse_overlong_names({f"{name} ({settings.source_of(name)})": value for name, value in settings.arguments.items()
@@ -810,21 +824,20 @@ def _apply_command_line(settings: Settings, command_line: CommandLine) -> None:
     where = "The command line"
     value_of = {name: command_line.tokens[name][-1].partition("=")[2] for name in overrides}
     _refuse_unknown_keys(overrides, where, command_line.shown, lambda key: replacement(key, cli_value=value_of[key]))
-    merged_into: dict[str, str] = {}
+    merged_into: dict[str, Source | None] = {}
     for key, value in overrides.items():
         if lf_arguments()[key].secret:  # parse_command_line refuses these by name already; the vocabulary decides
             raise ConfigError(f"`{key}` on the command line is a secret (the value is not repeated here).", SECRET_FIX)
         below = settings.arguments.get(key)
         if isinstance(value, dict) and isinstance(below, dict):
             overrides[key] = OmegaConf.to_container(OmegaConf.merge(below, value))
-            merged_into[key] = settings.source_of(key)
+            merged_into[key] = settings.sources.get(key)
     typed = _typed_values(overrides, where, lambda key, _value: command_line.shown(key),
                           "Give each key a value of the type shown (e.g. learning_rate=5e-5 bf16=true "
                           "lora_target=q_proj,v_proj report_to=[wandb,tensorboard]).")  # fmt: skip
     for key, value in typed.items():
         settings.arguments[key] = value
-        merged = f", merged into {merged_into[key]}" if key in merged_into else ""
-        settings.sources[key] = command_line.source(key) + merged
+        settings.sources[key] = command_line.source(key, merged_into.get(key))
         _remember(settings.given, key, value_of[key] if key not in merged_into else None)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from rocmft import __version__
 from rocmft.config.lfargs import is_secret_name, stack_versions
+from rocmft.config.provenance import kinds, texts
 from rocmft.facts.host import host_facts
 from rocmft.facts.image import build_record
 from rocmft.fsutil import atomic_write_json
@@ -100,7 +101,8 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "demo": plan.demo,
         "settings": plan.settings.redacted(),
         "arguments": plan.arguments,
-        "argument_sources": plan.sources,
+        "argument_sources": texts(plan.sources),
+        "argument_source_kinds": kinds(plan.sources),
         "plan": plan.perf.as_dict() if getattr(plan, "perf", None) is not None else None,
         "data_sets": plan.registry.entries,
         "ds_config": plan.ds_config,

@@ -27,6 +27,7 @@ import yaml
 
 from rocmft import __version__
 from rocmft.config.layers import BUILTIN_SOURCE, Layers, builtin_templates
+from rocmft.config.provenance import Kind, Source
 from rocmft.config.settings import Settings
 from rocmft.console import say, warn
 from rocmft.errors import ConfigError
@@ -42,7 +43,7 @@ from rocmft.render.precision import Precision, resolve_precision
 from rocmft.render.resume import ResumeChoice, checkpoints, choose
 
 RUN_SUBDIR = "rocmft"
-TEMPLATE_SOURCE = "the default in train.yaml.j2"
+TEMPLATE_SOURCE = Source(Kind.TEMPLATE)
 
 # FSDP through transformers' TrainingArguments (works under torchrun, as LLaMA-Factory requires): full
 # sharding with auto-wrap of the model's own decoder-layer class (_no_split_modules), PyTorch docs'
@@ -100,7 +101,7 @@ class Plan:
     run_dir: Path
     staging: Path
     arguments: dict[str, Any]
-    sources: dict[str, str]
+    sources: dict[str, Source]
     precision: Precision
     device: DeviceFacts
     registry: Registry
@@ -230,7 +231,7 @@ class _Fixed:
     """What rocmft decides over the layered arguments (folders, precision, the distributed config), with sources."""
 
     values: dict[str, Any]
-    sources: dict[str, str]
+    sources: dict[str, Source]
     ds_config: dict[str, Any] | None
     launcher: str
 
@@ -253,7 +254,7 @@ class Rendered:
     run_dir: Path
     staging: Path
     arguments: dict[str, Any]
-    sources: dict[str, str]
+    sources: dict[str, Source]
     precision: Precision
     device: DeviceFacts
     registry: Registry
@@ -272,14 +273,14 @@ class Rendered:
         return ModelDir(str(self.arguments.get("model_name_or_path", "")))
 
 
-def _destination(settings: Settings, layered: dict[str, Any], sources: dict[str, str], demo: bool,
+def _destination(settings: Settings, layered: dict[str, Any], sources: dict[str, Source], demo: bool,
                  make_staging) -> _Destination:  # fmt: skip
     """OUTPUT_DIR (:func:`default_output_dir`) and the staging folder; records the default's source in ``sources``."""
     rocmft = settings.rocmft
     output_dir = default_output_dir(layered, rocmft.saves_dir, rocmft.run_name, demo)
     if "output_dir" not in layered:
         name = "ROCMFT_RUN_NAME" if rocmft.run_name else "<run name>"
-        sources["output_dir"] = f"rocmft's default (ROCMFT_SAVES_DIR/{name})"
+        sources["output_dir"] = Source(Kind.ROCMFT_DEFAULT, f"ROCMFT_SAVES_DIR/{name}")
     run_dir = output_dir / run_subdir()
     return _Destination(output_dir=output_dir, run_dir=run_dir, staging=make_staging(output_dir))
 
@@ -292,7 +293,7 @@ def _registry(layered: dict[str, Any]) -> Registry:
 
 
 def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, layered: dict[str, Any],
-           sources: dict[str, str], where: _Destination, registry: Registry,
+           sources: dict[str, Source], where: _Destination, registry: Registry,
            precision: Precision) -> _Fixed:  # fmt: skip
     """The values rocmft sets itself: output and data folders, precision, the DeepSpeed or FSDP config, and the
     launcher (``torchrun`` for any distributed strategy, several GPUs or processes: LLaMA-Factory refuses one
@@ -309,11 +310,18 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
         "bf16": precision.bf16,
         "fp16": precision.fp16,
     }
+    data_source = sources.get("dataset_dir")
+    policy = Source(Kind.ROCMFT, f"precision policy ({precision.reason})",
+                    basis=sources.get(precision.chosen_by) if precision.chosen_by else None)  # fmt: skip
     fixed_sources = {
-        "output_dir": sources.get("output_dir", "OUTPUT_DIR"),
-        "dataset_dir": f"rocmft's data set registry of {source_dir} ({sources.get('dataset_dir', 'default data/')})",
-        "bf16": f"precision policy ({precision.reason})",
-        "fp16": f"precision policy ({precision.reason})",
+        "output_dir": sources.get("output_dir", Source.environment("OUTPUT_DIR")),
+        "dataset_dir": Source(
+            Kind.ROCMFT,
+            f"rocmft's data set registry of {source_dir} ({data_source or 'default data/'})",
+            basis=data_source,
+        ),
+        "bf16": policy,
+        "fp16": policy,
     }
     ds_config = None
     if rocmft.distributed == "deepspeed" and "deepspeed" not in layered:
@@ -329,11 +337,12 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
                               f"zero_optimization.stage (it has {json.dumps(ds_config)[:120]}).",
                               "Fix the template (or unset ROCMFT_TEMPLATES to use the built-in one).")  # fmt: skip
         fixed["deepspeed"] = str(where.run_dir / "ds_config.json")
-        fixed_sources["deepspeed"] = f"ROCMFT_DISTRIBUTED=deepspeed, ZeRO-{rocmft.zero_stage}, offload {rocmft.offload}"
+        fixed_sources["deepspeed"] = Source(Kind.ROCMFT, f"ROCMFT_DISTRIBUTED=deepspeed, ZeRO-{rocmft.zero_stage}, "
+                                                         f"offload {rocmft.offload}")  # fmt: skip
     if rocmft.distributed == "fsdp":
         fixed["fsdp"] = FSDP_OPTIONS
         fixed["fsdp_config"] = {**FSDP_CONFIG, **(layered.get("fsdp_config") or {})}
-        fixed_sources["fsdp"] = fixed_sources["fsdp_config"] = "ROCMFT_DISTRIBUTED=fsdp"
+        fixed_sources["fsdp"] = fixed_sources["fsdp_config"] = Source(Kind.ROCMFT, "ROCMFT_DISTRIBUTED=fsdp")
     torchrun = (rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1
                 or asked_processes(settings) > 1)  # fmt: skip
     # a scheduler that started one process per GPU (Slurm's task layout) is the launch: no torchrun on top
@@ -347,10 +356,10 @@ def _resumed(settings: Settings, fixed: _Fixed, resume: ResumeChoice, resumable:
     values, sources = dict(fixed.values), dict(fixed.sources)
     if resume.checkpoint is not None:
         values["resume_from_checkpoint"] = str(resume.checkpoint)
-        sources["resume_from_checkpoint"] = f"ROCMFT_RESUME={settings.rocmft.resume}"
+        sources["resume_from_checkpoint"] = Source(Kind.ROCMFT, f"ROCMFT_RESUME={settings.rocmft.resume}")
     elif resumable:
         values["overwrite_output_dir"] = True
-        sources["overwrite_output_dir"] = f"ROCMFT_RESUME={settings.rocmft.resume} ({resume.note})"
+        sources["overwrite_output_dir"] = Source(Kind.ROCMFT, f"ROCMFT_RESUME={settings.rocmft.resume} ({resume.note})")
     return _Fixed(values=values, sources=sources, ds_config=fixed.ds_config, launcher=fixed.launcher)
 
 
@@ -364,8 +373,8 @@ def _train_yaml(env: jinja2.Environment, layered: dict[str, Any], fixed: _Fixed,
     return text, _load_rendered_yaml(text, "train.yaml")
 
 
-def _final_sources(layered: dict[str, Any], sources: dict[str, str], fixed: _Fixed,
-                   arguments: dict[str, Any]) -> dict[str, str]:  # fmt: skip
+def _final_sources(layered: dict[str, Any], sources: dict[str, Source], fixed: _Fixed,
+                   arguments: dict[str, Any]) -> dict[str, Source]:  # fmt: skip
     """Where each rendered argument came from; the template's own defaults are :data:`TEMPLATE_SOURCE`.
 
     Raises:

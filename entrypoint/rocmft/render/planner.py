@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocmft.config.provenance import Kind, Source
 from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
 from rocmft.facts.image import ARCH_PROFILE, profile_for
@@ -391,7 +392,7 @@ class _Chooser:
 
 
 def apply(plan: PerfPlan, layered: dict[str, Any],
-          sources: dict[str, str]) -> tuple[dict[str, Any], dict[str, str], bool]:  # fmt: skip
+          sources: dict[str, Source]) -> tuple[dict[str, Any], dict[str, Source], bool]:  # fmt: skip
     """Render's layered arguments and their sources with the planned values put in (source ``rocmft plan:
     <reason>``), as new dicts (the given ones are not changed), and whether any value changed."""
     layered, sources = dict(layered), dict(sources)
@@ -400,7 +401,7 @@ def apply(plan: PerfPlan, layered: dict[str, Any],
         if choice.planned:
             changed = changed or layered.get(choice.name) != choice.value
             layered[choice.name] = choice.value
-            sources[choice.name] = f"{PLANNED}: {choice.reason}"
+            sources[choice.name] = Source(Kind.PLAN, choice.reason)
     return layered, sources, changed
 
 

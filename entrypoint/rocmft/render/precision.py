@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rocmft.config.provenance import named_in, removal
+from rocmft.config.provenance import named_in, removal, stated
 from rocmft.config.settings import Settings
 from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
@@ -30,6 +30,8 @@ class Precision:
         compute_dtype: the torch dtype name the weights are loaded in (``bfloat16``/``float16``/``float32``).
         bf16, fp16: the trainer's mixed-precision flags rendered into train.yaml.
         reason: why this policy, for the log and the manifest.
+        chosen_by: the training argument whose value chose the policy (``bf16``, ``pure_bf16``, ``fp16``), or
+            None when rocmft's setting or default did.
     """
 
     policy: str
@@ -37,6 +39,7 @@ class Precision:
     bf16: bool
     fp16: bool
     reason: str
+    chosen_by: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready copy."""
@@ -49,7 +52,9 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
     Rules, in order:
 
     1. BF16 and FP16 both true (in any spelling LLaMA-Factory accepts) is an error.
-    2. An explicit ROCMFT_PRECISION wins, but contradicting an explicit BF16/FP16 true is an error.
+    2. rocmft's own override wins over everything the user set (the restart in real fp32 after a non-finite
+       loss, :attr:`Settings.overridden`: the user's BF16=true chose the first attempt's precision, not this one's).
+       Else an explicit ROCMFT_PRECISION wins, but contradicting an explicit BF16/FP16 true is an error.
     3. Without ROCMFT_PRECISION, BF16=true (or PURE_BF16=true) means bf16, FP16=true means fp16, and both
        explicitly false means real fp32.
     4. ``auto``: bf16 where the GPU supports it, otherwise fp32. Never fp16 on its own: fp16 without bf16
@@ -70,6 +75,9 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
     def named(name: str) -> str:
         return named_in(name, arguments, settings.sources, settings.given)
 
+    def chose(name: str) -> str:  # the reason when the user's BF16/FP16 chose the policy
+        return stated(name, arguments.get(name), settings.sources.get(name), settings.given.get(name))
+
     if bf16 and fp16:
         raise ConfigError(
             f"Both {named(bf16_name)} and {named('fp16')} are enabled; a run trains in one of them.",
@@ -78,7 +86,11 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
             f"{removal('fp16', settings.sources.get('fp16'))}.",
         )
     asked = "bf16" if bf16 else "fp16" if fp16 else None
-    if "precision" in settings.explicit_rocmft:
+    chosen_by = None
+    override = settings.overridden.get("precision")
+    if override is not None:
+        policy, reason = settings.rocmft.precision, f"ROCMFT_PRECISION={settings.rocmft.precision} ({override})"
+    elif "precision" in settings.explicit_rocmft:
         policy = settings.rocmft.precision
         if asked and policy != "auto" and asked != policy:
             name = bf16_name if bf16 else "fp16"
@@ -88,9 +100,9 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
             )
         reason = f"ROCMFT_PRECISION={policy}"
         if policy == "auto" and asked:
-            policy, reason = asked, f"{settings.source_of(bf16_name if bf16 else 'fp16')}=true"
+            policy, reason, chosen_by = asked, chose(bf16_name if bf16 else "fp16"), bf16_name if bf16 else "fp16"
     elif asked:
-        policy, reason = asked, f"{settings.source_of(bf16_name if bf16 else 'fp16')}=true"
+        policy, reason, chosen_by = asked, chose(bf16_name if bf16 else "fp16"), bf16_name if bf16 else "fp16"
     elif "bf16" in arguments and "fp16" in arguments:
         policy, reason = "fp32", "bf16 and fp16 both set to false: real fp32"
     else:
@@ -108,5 +120,10 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
             "Use ROCMFT_PRECISION=fp32 (or fp16 with loss scaling).",
         )
     return Precision(
-        policy=policy, compute_dtype=_DTYPE[policy], bf16=policy == "bf16", fp16=policy == "fp16", reason=reason
+        policy=policy,
+        compute_dtype=_DTYPE[policy],
+        bf16=policy == "bf16",
+        fp16=policy == "fp16",
+        reason=reason,
+        chosen_by=chosen_by,
     )

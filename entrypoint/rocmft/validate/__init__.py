@@ -74,6 +74,23 @@ def _names_in(message: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _parser_fix(names: list[str], plan: Plan) -> str:
+    """The fix for a parser refusal naming ``names``: how to take each one away where the user set it (the user's
+    own setting behind a value rocmft derived: ``bf16: true`` of a YAML behind the precision policy's BF16)."""
+    from rocmft.config.provenance import removal
+
+    if not names:
+        return "Change the settings LLaMA-Factory's message names"
+    ways = []
+    for name in names:
+        source = plan.sources.get(name)
+        user = source.basis if source is not None and source.basis is not None else source
+        if user is not None and user.user_chosen:
+            ways.append(removal(name, user))
+    precision = " (ROCMFT_PRECISION alone chooses the precision)" if {"bf16", "fp16", "pure_bf16"} & set(names) else ""
+    return "Change the variables named above" + (f": {', or '.join(ways)}{precision}" if ways else "")
+
+
 def _describe(name: str, plan: Plan) -> str:
     from rocmft.config.provenance import named_in
 
@@ -128,12 +145,12 @@ def validate(plan: Plan, keep: bool = False) -> ParseResult:
         )
     if not result.ok:
         message = result.error or ""
-        involved = [_describe(name, plan) for name in _names_in(message)]
+        names = _names_in(message)
+        involved = [_describe(name, plan) for name in names]
         detail = f"\n  involved: {', '.join(involved)}" if involved else ""
         raise ConfigError(
             f"LLaMA-Factory {result.llamafactory or ''} rejected the configuration: {result.type}: {message}{detail}",
-            ("Change the variables named above" if involved else "Change the settings LLaMA-Factory's message names")
-            + "; `rocmft render` checks again in seconds.",
+            _parser_fix(names, plan) + "; `rocmft render` checks again in seconds.",
         )
     return result
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from rocmft.config.provenance import named_in
+from rocmft.config.provenance import Source, named_in
 
 
-def user_set(name: str, sources: dict[str, str]) -> bool:
-    """Whether the user chose ``name`` (environment or ROCMFT_CONFIG), not a template or built-in default."""
-    return name in sources and "default" not in sources[name]
+def user_set(name: str, sources: Mapping[str, Source]) -> bool:
+    """Whether the user chose ``name`` (the environment, a YAML or the command line), not a default, the planner
+    or a restart: read from the source's kind (:attr:`rocmft.config.provenance.Source.user_chosen`), never its
+    text (a file named default-qwen.yaml is the user's choice too)."""
+    source = sources.get(name)
+    return source is not None and source.user_chosen
 
 
 def named(run: Any, name: str, default: Any = None) -> str:

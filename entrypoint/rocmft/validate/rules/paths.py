@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rocmft.config.provenance import origin
+from rocmft.config.provenance import Source, origin
 from rocmft.errors import ConfigError
 from rocmft.facts.modeldir import looks_like_path
 from rocmft.render import Rendered
@@ -28,7 +28,7 @@ def folders(run: Rendered) -> None:
     model = str(arguments.get("model_name_or_path") or "")
     checks = [
         ("MODEL_NAME_OR_PATH", Path(model).expanduser() if model else None, sources.get("model_name_or_path")),
-        ("DATASET_DIR", source_dir, "DATASET_DIR" if "(DATASET_DIR)" in sources.get("dataset_dir", "") else "default"),
+        ("DATASET_DIR", source_dir, _basis(sources.get("dataset_dir"))),
         ("OUTPUT_DIR", Path(str(arguments.get("output_dir", ""))).expanduser(), sources.get("output_dir")),
     ]
     for variable, path, source in checks:
@@ -69,6 +69,11 @@ def folders(run: Rendered) -> None:
                               f"a model, and {named(run, 'dataset')}: MODEL_NAME_OR_PATH and DATASET look swapped.",
                               "Set MODEL_NAME_OR_PATH to the model's folder or hub id and DATASET to the data set "
                               "name.")  # fmt: skip
+
+
+def _basis(source: Source | None) -> Source | None:
+    """The user's input behind a value rocmft derived (DATASET_DIR behind the data set registry); None: not set."""
+    return source.basis if source is not None else None
 
 
 @rule("rendered", 70)

@@ -53,9 +53,6 @@ def ranges(run: Rendered) -> list[str]:
     """
     arguments, sources = run.arguments, run.sources
 
-    def where(name: str) -> str:
-        return sources.get(name, "default")
-
     for name in ("lora_rank", "cutoff_len", "per_device_train_batch_size", "gradient_accumulation_steps"):
         value = arguments.get(name)
         if isinstance(value, (int, float)) and value <= 0:
@@ -77,7 +74,7 @@ def ranges(run: Rendered) -> list[str]:
         if isinstance(context, int) and cutoff > context and not arguments.get("rope_scaling"):
             message = (f"{named(run, 'cutoff_len')} is beyond the model's context length "
                        f"({context}, max_position_embeddings in {config})")  # fmt: skip
-            if "cutoff_len" in sources and "default" not in sources["cutoff_len"]:
+            if _user_set("cutoff_len", sources):
                 fix = f"Set CUTOFF_LEN to at most {context}, or extend the context with ROPE_SCALING."
                 raise ConfigError(message + ".", fix)
             # a template default the user never chose: only samples longer than the context are affected
@@ -111,9 +108,6 @@ def more_values(run: Rendered) -> list[str]:
         ConfigError: naming the variables and the fix.
     """
     arguments, sources = run.arguments, run.sources
-
-    def where(name: str) -> str:
-        return sources.get(name, "default")
 
     def user(name: str) -> float | None:
         return _number(arguments.get(name)) if _user_set(name, sources) else None
