@@ -49,7 +49,7 @@ REHEARSAL_IMAGE ?= rocmft-rehearsal:$(ARCH)
 STANDIN      := $(shell sed -n "s/^image=//p" docker/rehearsal/standin.sh)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv train render check test lint format docs lock lock-rocm clean docker-ready image images plan \
+.PHONY: help venv train render check test test-fast lint format docs lock lock-rocm clean docker-ready image images plan \
         smoke rehearse rehearsals pull pin-bases pin-check profile-check rehearse-arch slurm-ready \
         vllm-ready serve-image
 
@@ -226,6 +226,9 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 
 test: docker-ready slurm-ready vllm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~45 min cold)
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: venv ## the in-process tests only (rules, render, planner, checks on injected records): the inner loop
+	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the GPU and cpu setups
 	$(BIN)/ruff check entrypoint tests bench docker

@@ -76,7 +76,9 @@ def _clean_environment() -> dict[str, str]:
 
 @pytest.fixture
 def render_env(tmp_path, cache_dir, tiny_model):
-    """render(environ) -> Plan, with OUTPUT_DIR and the cache in tmp_path, the tiny model unless overridden."""
+    """render(environ) -> Plan, with OUTPUT_DIR and the cache in tmp_path, the tiny model unless overridden. The
+    settings read the test's process environment (cleaned of rocmft's and the arguments' variables; a test sets
+    the rest with monkeypatch) under ``environ``, as `rocmft render` reads its own."""
 
     def run(environ: dict[str, str], model: bool = True, device=None):
         base = {"ROCMFT_CACHE_DIR": str(cache_dir), "OUTPUT_DIR": str(tmp_path / "out")}
@@ -84,7 +86,7 @@ def render_env(tmp_path, cache_dir, tiny_model):
             base["MODEL_NAME_OR_PATH"] = str(tiny_model)
         from rocmft.config.settings import load_settings
 
-        settings = load_settings({**base, **environ})
+        settings = load_settings({**_clean_environment(), **base, **environ})
 
         def make_staging(output_dir: Path) -> Path:
             staging = tmp_path / "staging"
@@ -272,3 +274,18 @@ def cpu_image(docker_client):
     result = subprocess.run(["make", "image", "ARCH=cpu"], cwd=REPO, capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return docker_client.images.get("rocmft:cpu")
+
+
+# The fast layer (`make test-fast`): every test that runs in this process. A test is slow when it starts rocmft (or
+# Docker, Slurm, a vLLM) as a process, found from the fixtures it uses and the markers it carries; what is left
+# constructs its subject in-process (load_settings + render_checked, a check on a synthetic tree or injected probe
+# record). Measured with `make test-fast` (BENCHMARKS.md: "The fast test layer").
+SPAWNING_FIXTURES = frozenset({"run_rocmft", "start_rocmft", "lora_run", "exported", "cpu_image", "docker_client",
+                               "checkout_copy"})  # fmt: skip
+SLOW_MARKERS = ("train", "docker", "slurm", "vllm", "gpu", "slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SPAWNING_FIXTURES & set(item.fixturenames) or any(item.get_closest_marker(m) for m in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)

@@ -244,8 +244,15 @@ def test_injected_slingshot_single_node_is_untouched(tmp_path, plugins):
 
 
 class Plan:
+    """The check's subject: the facts, and settings whose environment is the test's process environment (which
+    the test sets with monkeypatch)."""
+
     def __init__(self, facts: dict):
+        import os
+        from types import SimpleNamespace
+
         self.probes = {"fabric": facts}
+        self.settings = SimpleNamespace(environ=os.environ)
 
 
 def run_check(monkeypatch, root: Path, environ: dict, nodes: int):

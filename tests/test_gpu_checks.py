@@ -3,6 +3,7 @@ rocmft.facts.probe reports them on a GPU host; every check's pass, warn, fail an
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -40,7 +41,8 @@ def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=
         probes={"image": image, "devices": probe, **probes},
         device=facts_from_probe(probe), ds_config=ds_config,
         launcher=launcher, arguments={"dataloader_num_workers": workers, **(arguments or {})},
-        settings=SimpleNamespace(rocmft=SimpleNamespace(nproc_per_node=nproc, distributed="none", offload="none")),
+        settings=SimpleNamespace(rocmft=SimpleNamespace(nproc_per_node=nproc, distributed="none", offload="none"),
+                                 environ=os.environ),  # the process environment, which the tests set (monkeypatch)
         precision=SimpleNamespace(compute_dtype="bfloat16"),
     )  # fmt: skip
 

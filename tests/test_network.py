@@ -31,7 +31,7 @@ from rocmft.checks.network import NODES_FILE, net_limits, net_names, net_rdma, n
 from rocmft.facts.network import limits, rdma_facts, rendezvous_bound_s
 
 NODE_SCRIPT = r"""
-import json, sys
+import json, os, sys
 from pathlib import Path
 from types import SimpleNamespace
 from rocmft.checks.network import net_names, net_rendezvous
@@ -40,7 +40,8 @@ folder.mkdir(parents=True, exist_ok=True)
 plan = SimpleNamespace(
     probes={"rdma": {"devices": [], "uverbs": [], "gid_index": None, "ib_disabled": False},
             "limits": {"memlock": [None, None], "nofile": [1048576, 1048576]}},
-    settings=SimpleNamespace(rocmft=SimpleNamespace(net_timeout_s=float(sys.argv[2]), expected_nics=None)),
+    settings=SimpleNamespace(rocmft=SimpleNamespace(net_timeout_s=float(sys.argv[2]), expected_nics=None),
+                             environ=os.environ),
     staging=folder, run_dir=folder, launch=None)
 out = {}
 for fn in (net_names, net_rendezvous):
@@ -183,7 +184,9 @@ def two_nodes(monkeypatch):
 
 
 def plan_of(probes: dict | None = None, expected_nics: int | None = None) -> SimpleNamespace:
-    settings = SimpleNamespace(rocmft=SimpleNamespace(net_timeout_s=5.0, expected_nics=expected_nics))
+    settings = SimpleNamespace(
+        rocmft=SimpleNamespace(net_timeout_s=5.0, expected_nics=expected_nics), environ=os.environ
+    )  # the process environment, which the tests set (monkeypatch)
     return SimpleNamespace(probes=dict(probes or {}), settings=settings, launch=None)
 
 

@@ -160,7 +160,7 @@ def test_each_conflict_names_both_settings_their_values_sources_and_a_fix(
         return tmp_path / "staging"
 
     with pytest.raises(ConfigError) as caught:
-        plan = render_checked(load_settings(environ), device, make_staging)
+        plan = render_checked(load_settings({**environ, **case.process}), device, make_staging)
         apply("launch", plan)  # as rocmft.launch.prepare_launch does
     err = caught.value
     assert rule in _raised_in(err), (rule, str(err))

@@ -173,17 +173,28 @@ def test_sigkill_while_saving_leaves_a_checkpoint_the_next_run_skips(run_rocmft,
     assert final_loss(output)[0] == 20
 
 
-def test_non_finite_loss_with_on_nan_fp32_restarts_in_real_fp32(run_rocmft, tmp_path):
+@pytest.mark.parametrize("way", ["ROCMFT_PRECISION=bf16", "BF16=true", "bf16: true in the command line's YAML"])
+def test_non_finite_loss_with_on_nan_fp32_restarts_in_real_fp32(run_rocmft, tmp_path, way):
     """The fault (after step 12, bf16 only, as an overflow would) is seen at the next logging step (15); the
     restart resumes from checkpoint-10 (the newest before the last finite loss, logged at step 10) in fp32,
-    finishes, and saves float32 weights."""
+    finishes, and saves float32 weights, whichever way bf16 was chosen. Issue 29: with BF16=true (as
+    LLaMA-Factory's own examples set it) the restart was refused on 1c709cb, 'ROCMFT_PRECISION=fp32 (set in the
+    environment) contradicts BF16=true', exit 2: the restart wrote its decision into os.environ."""
     output = tmp_path / "nan"
-    result = run_rocmft("train", env={
-        "OUTPUT_DIR": str(output), "ROCMFT_PRECISION": "bf16", "USE_CPU": "true", "ROCMFT_FAULT_NAN_AT_STEP": "12",
-        "ROCMFT_ON_NAN": "fp32", "MAX_STEPS": "30", "SAVE_STEPS": "5", "SAVE_STRATEGY": "steps",
-    })  # fmt: skip
+    env = {"OUTPUT_DIR": str(output), "USE_CPU": "true", "ROCMFT_FAULT_NAN_AT_STEP": "12", "ROCMFT_ON_NAN": "fp32",
+           "MAX_STEPS": "30", "SAVE_STEPS": "5", "SAVE_STRATEGY": "steps"}  # fmt: skip
+    arguments = []
+    if way == "ROCMFT_PRECISION=bf16":
+        env["ROCMFT_PRECISION"] = "bf16"
+    elif way == "BF16=true":
+        env["BF16"] = "true"
+    else:
+        (tmp_path / "bf16.yaml").write_text("bf16: true\n")
+        arguments = [str(tmp_path / "bf16.yaml")]
+    result = run_rocmft("train", *arguments, env=env)
     assert result.returncode == ExitCode.OK, result.stdout[-3000:]
     assert "at step 15" in result.stdout and "restarting in real fp32" in result.stdout
+    assert "precision: fp32 (ROCMFT_PRECISION=fp32 (the restart after a non-finite loss at step 15))" in result.stdout
     manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
     assert manifest["restarts"] == [{"cause": "non-finite loss", "at_step": 15,
                                      "from_checkpoint": str(output / "checkpoint-10"),

@@ -158,7 +158,7 @@ def gpu_arch(plan) -> Outcome:
     foreign = [t for t in targets if t not in built]
     if not foreign:
         return Outcome(PASS, ", ".join(targets), f"the image was built for {', '.join(sorted(built))}")
-    override = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
+    override = plan.settings.environ.get("HSA_OVERRIDE_GFX_VERSION")
     advice = []
     for target in foreign:
         base, version = GFX_OVERRIDES.get(target, (None, None))
@@ -329,7 +329,7 @@ def shm(plan) -> Outcome:
     from rocmft.facts.scheduler import job_layout
 
     # the processes of this node that communicate: torchrun's, or the scheduler's tasks on this node
-    launched = {"torchrun": processes_per_node(plan), "task": job_layout().local_world_size or 1}
+    launched = {"torchrun": processes_per_node(plan), "task": job_layout(plan.settings.environ).local_world_size or 1}
     ranks = launched.get(plan.launcher, 0)
     workers = int(plan.arguments.get("dataloader_num_workers") or 0) * max(ranks, 1)
     need = ranks * SHM_PER_RANK + workers * SHM_PER_WORKER

@@ -150,8 +150,8 @@ def _local_model_dir(plan) -> Path | None:
     return path if path.is_dir() else None
 
 
-def _endpoint_reachable(timeout_s: float = 3.0) -> tuple[bool, str]:
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+def _endpoint_reachable(environ, timeout_s: float = 3.0) -> tuple[bool, str]:
+    endpoint = environ.get("HF_ENDPOINT", "https://huggingface.co")
     parsed = urlparse(endpoint)
     host, port = parsed.hostname or "huggingface.co", parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
@@ -202,13 +202,13 @@ def model(plan) -> Outcome:
     cached = try_to_load_from_cache(name, "config.json")
     if isinstance(cached, str):
         return Outcome(PASS, "hub id, cached", f"{name} is in the local hub cache ({Path(cached).parents[2]}).")
-    offline = truthy(os.environ.get("HF_HUB_OFFLINE", ""))
+    offline = truthy(plan.settings.environ.get("HF_HUB_OFFLINE", ""))
     if offline:
         return Outcome(
             FAIL, "not cached, offline", f"{name} is not in the hub cache and HF_HUB_OFFLINE is set.",
             "Download it on a machine with network (`hf download " + name + "`) into HF_HOME, or mount a local copy.",
         )  # fmt: skip
-    reachable, endpoint = _endpoint_reachable()
+    reachable, endpoint = _endpoint_reachable(plan.settings.environ)
     if not reachable:
         return Outcome(
             FAIL, "hub unreachable", f"{name} is not cached and {endpoint} cannot be reached from here.",

@@ -14,7 +14,6 @@ they are read.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +36,13 @@ _MEMLOCK_REMEDY = (
 )
 
 
-def _multi_node_layout():
+def _multi_node_layout(plan):
     """``(layout, None)`` for a multi-node job (rocmft.facts.scheduler.job_layout), else ``(None, outcome)``: a
     skip on one node, a fail naming the variable when the job layout cannot be read."""
     from rocmft.facts.scheduler import job_layout
 
     try:
-        layout = job_layout()
+        layout = job_layout(plan.settings.environ)
     except ConfigError as err:
         return None, Outcome(FAIL, "bad job layout", err.message, err.remedy)
     if layout.nnodes == 1:
@@ -63,19 +62,20 @@ def _endpoint(host: str, port) -> str:
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
-def names_facts(layout) -> dict[str, Any]:
+def names_facts(layout, environ) -> dict[str, Any]:
     """What ``net-names`` judges: :func:`rocmft.facts.network.resolve` of MASTER_ADDR, its addresses that are this
-    host's own (:func:`is_local_address`), and :func:`advertised`."""
+    host's own (:func:`is_local_address`), and :func:`advertised` (``environ``: the run's)."""
     from rocmft.facts.network import advertised, is_local_address, resolve
 
     master = resolve(layout.master_addr)
     return {"master": master, "local": [a for a in master["addresses"] if is_local_address(a)],
-            "self": advertised(layout.master_addr, layout.master_port)}  # fmt: skip
+            "self": advertised(layout.master_addr, layout.master_port, environ)}  # fmt: skip
 
 
 def _gloo_ifname(plan) -> str | None:
     launch = (getattr(plan, "launch", None) or {}).get("environment") or {}
-    return (os.environ.get("GLOO_SOCKET_IFNAME") or launch.get("GLOO_SOCKET_IFNAME") or "").strip() or None
+    environ = plan.settings.environ
+    return (environ.get("GLOO_SOCKET_IFNAME") or launch.get("GLOO_SOCKET_IFNAME") or "").strip() or None
 
 
 @check("net-names", "network: MASTER_ADDR and this node's name resolve", timeout_s=20)
@@ -84,11 +84,11 @@ def net_names(plan) -> Outcome:
     on node 0 it should be one of node 0's own addresses (**warn** otherwise: the others would wait at another
     host); this node's host name should resolve (**warn**: gloo, without GLOO_SOCKET_IFNAME, listens on the address
     of the host name: torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, createDefaultDevice)."""
-    layout, outcome = _multi_node_layout()
+    layout, outcome = _multi_node_layout(plan)
     if outcome is not None:
         return outcome
     if "net-names" not in plan.probes:
-        plan.probes["net-names"] = names_facts(layout)
+        plan.probes["net-names"] = names_facts(layout, plan.settings.environ)
     facts = plan.probes["net-names"]
     master, me = facts["master"], facts["self"]
     source = _source(layout, "master_addr", "MASTER_ADDR", layout.master_addr)
@@ -129,7 +129,7 @@ def _rdma(plan) -> dict[str, Any]:
     if "rdma" not in plan.probes:
         from rocmft.facts.network import rdma_facts
 
-        plan.probes["rdma"] = rdma_facts()
+        plan.probes["rdma"] = rdma_facts(Path("/"), plan.settings.environ)
     return plan.probes["rdma"]
 
 
@@ -153,7 +153,7 @@ def net_rdma(plan) -> Outcome:
     """
     from rocmft.facts.network import roce_v2_index
 
-    _, outcome = _multi_node_layout()
+    _, outcome = _multi_node_layout(plan)
     if outcome is not None:
         return outcome
     facts = _rdma(plan)
@@ -257,7 +257,7 @@ def net_limits(plan) -> Outcome:
     registers, and rdma-core's libibverbs.md ("Using libibverbs") asks for a locked-memory limit large enough for
     them, in practice unlimited (Docker's default is 8 MiB, where ibv_reg_mr fails: ROCm/cvs#452; NCCL then falls
     back to sockets: NVIDIA/nvidia-container-toolkit#2037)."""
-    _, outcome = _multi_node_layout()
+    _, outcome = _multi_node_layout(plan)
     if outcome is not None:
         return outcome
     found = _limits(plan)
@@ -301,10 +301,10 @@ def _local_statuses(plan) -> dict[str, dict[str, str]]:
     return found
 
 
-def _slurm_hosts() -> list[str]:
+def _slurm_hosts(environ) -> list[str]:
     import hostlist
 
-    text = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or ""
+    text = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
     try:
         return hostlist.expand_hostlist(text) if text else []
     except hostlist.BadHostlist:
@@ -389,7 +389,7 @@ def net_rendezvous(plan) -> Outcome:
     from rocmft.console import say
     from rocmft.facts.network import GLOO_TIMEOUT_S, run_rendezvous
 
-    layout, outcome = _multi_node_layout()
+    layout, outcome = _multi_node_layout(plan)
     if outcome is not None:
         return outcome
     if layout.mode == "task":  # one process per GPU: every task of a node has its NODE_RANK, and the tasks that
@@ -401,7 +401,7 @@ def net_rendezvous(plan) -> Outcome:
     info = {"node_name": me.get("node_name"), "hostname": me.get("hostname"), "address": me.get("address"),
             "checks": _local_statuses(plan)}  # fmt: skip
     launch_env = (getattr(plan, "launch", None) or {}).get("environment") or {}
-    environ = {**os.environ, **{k: v for k, v in launch_env.items() if k in ("GLOO_SOCKET_IFNAME",)}}
+    environ = {**plan.settings.environ, **{k: v for k, v in launch_env.items() if k in ("GLOO_SOCKET_IFNAME",)}}
     spec = {"nnodes": layout.nnodes, "node_rank": layout.node_rank, "master_addr": layout.master_addr,
             "master_port": layout.master_port, "timeout_s": timeout_s, "run_id": layout.job_id or "job",
             "info": info}  # fmt: skip
@@ -415,7 +415,7 @@ def net_rendezvous(plan) -> Outcome:
     data: dict[str, Any] = {"result": result, "timeout_s": timeout_s}
     listing = None
     if result.get("nodes"):
-        listing = node_list(result["nodes"], _slurm_hosts())
+        listing = node_list(result["nodes"], _slurm_hosts(plan.settings.environ))
         data["list"] = listing
         written = _write_nodes(plan, listing)
         data["file"] = written

@@ -8,7 +8,6 @@ and kept in ``plan.probes``; tests inject them there instead (a fake node is dat
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -142,13 +141,13 @@ def gpu_faults(plan) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------------------------------
-def _supported(target: str, built: set[str]) -> bool:
+def _supported(target: str, built: set[str], environ) -> bool:
     """Whether the image can run ``target``: built for it, or for its override base with HSA_OVERRIDE_GFX_VERSION
-    set to match (the same rule gpu-arch applies)."""
+    set to match in ``environ`` (the same rule gpu-arch applies)."""
     if target in built:
         return True
     base, version = GFX_OVERRIDES.get(target, (None, None))
-    return base in built and os.environ.get("HSA_OVERRIDE_GFX_VERSION") == version
+    return base in built and environ.get("HSA_OVERRIDE_GFX_VERSION") == version
 
 
 @check("gpu-families", "GPUs the image cannot run mapped in", timeout_s=10)
@@ -168,7 +167,7 @@ def gpu_families(plan) -> Outcome:
     root = _root(plan)
     mapped = [g for g in gpus if g["render"] and (root / g["render"].lstrip("/")).exists()]
     families = sorted({g["target"] for g in gpus})
-    foreign = [g for g in mapped if not _supported(g["target"], built)]
+    foreign = [g for g in mapped if not _supported(g["target"], built, plan.settings.environ)]
     good = [g for g in mapped if g not in foreign]
     value = f"{len(mapped)} of {len(gpus)} GPU(s) mapped; host has {', '.join(families) or 'none'}"
     data = {"gpus": gpus, "mapped": [g["render"] for g in mapped], "built": sorted(built)}
@@ -190,7 +189,7 @@ def gpu_families(plan) -> Outcome:
             FAIL, value, f"Mapped into the container: {named}. With a {legacy[0]['target']} GPU present, ROCm's "
             "runtime fails to start for every GPU (hsa_init: HSA_STATUS_ERROR; ROCm/rocm-systems#6883).", fix, data,
         )  # fmt: skip
-    visible = {k: v for k, v in os.environ.items() if k in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
+    visible = {k: v for k, v in plan.settings.environ.items() if k in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
     shown = ", ".join(f"{k}={v}" for k, v in visible.items())
     hidden = f" ({shown} is set: check it leaves them out)" if visible else ""
     return Outcome(

@@ -8,7 +8,6 @@ they are read: host settings from /proc and /sys (:func:`host_settings`), librar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -251,16 +250,16 @@ def memory_fit(plan) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------------------------------
-def fabric_facts(root: Path = Path("/"), environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def fabric_facts(root: Path, environ: Mapping[str, str]) -> dict[str, Any]:
     """What the ``fabric`` check judges: the Slingshot NICs under ``root`` and the network plugin RCCL would load in
-    a process started with ``environ`` (default os.environ), really loaded (:func:`rocmft.facts.topology.net_plugin`).
+    a process started with ``environ`` (the run's: rocmft.config.settings.Settings.environ), really loaded
+    (:func:`rocmft.facts.topology.net_plugin`).
 
     Returns ``{"fabric": SlingshotFabric.as_dict(), "plugin": NetPlugin.as_dict(), "plugin_summary":
     NetPlugin.describe(), "nccl_net": NCCL_NET or None, "net_names": the names NCCL_NET may take}``.
     """
     from rocmft.facts.topology import net_names, net_plugin, slingshot_fabric
 
-    environ = os.environ if environ is None else environ
     plugin = net_plugin(environ)
     return {
         "fabric": slingshot_fabric(root).as_dict(),
@@ -298,10 +297,10 @@ def fabric(plan) -> Outcome:
     * Otherwise pass (the plugin in use, or one node, where collectives do not use the network), or skip without a
       Slingshot NIC.
     """
-    from rocmft.facts.job import nnodes
+    from rocmft.facts.scheduler import job_layout
 
     if "fabric" not in plan.probes:
-        plan.probes["fabric"] = fabric_facts()
+        plan.probes["fabric"] = fabric_facts(Path("/"), plan.settings.environ)
     facts = plan.probes["fabric"]
     found, plugin, nccl_net = facts["fabric"], facts["plugin"], facts.get("nccl_net")
     names = facts.get("net_names") or []
@@ -321,7 +320,7 @@ def fabric(plan) -> Outcome:
     if not (found["interfaces"] or found["devices"]):
         return Outcome(SKIP, "no Slingshot NIC", "No hsn* interface in /sys/class/net and no cxi device.", data=facts)
     nics = ", ".join(found["interfaces"] or found["devices"])
-    if nnodes() == 1:
+    if job_layout(plan.settings.environ).nnodes == 1:
         return Outcome(PASS, f"Slingshot ({nics}), one node",
                        f"One node: collectives stay on the node's GPU links. {described}", data=facts)  # fmt: skip
     if not plugin["loads"]:

@@ -5,6 +5,7 @@ of the current run for ``rocmft status``."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -141,7 +142,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     from rocmft.validate.rules import render_checked
 
     started = time.monotonic()
-    settings = load_settings(command_line=command_line, overrides=overrides)
+    settings = load_settings(os.environ, command_line=command_line, overrides=overrides)  # the run's one snapshot
     validate_skip(settings.rocmft.skip_checks)
     timings["settings"] = time.monotonic() - started
 

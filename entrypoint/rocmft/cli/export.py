@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from rocmft.errors import ExitCode
 
 
@@ -20,7 +22,7 @@ def run(args) -> int:
     from rocmft.config.settings import load_settings
     from rocmft.outputs.export import export, find_run, plan_export
 
-    settings = load_settings()
+    settings = load_settings(os.environ)
     plan = plan_export(find_run(args.run, settings), settings)
     export(plan, settings.rocmft.saves_dir)
     return ExitCode.OK

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,7 +30,7 @@ def run(args) -> int:
 
     given = command_line(args)
     start_probes()
-    settings = load_settings(command_line=given)
+    settings = load_settings(os.environ, command_line=given)
     device = facts_from_probe(probe_devices_raw())
     staging = Path(tempfile.mkdtemp(prefix="rocmft-plan-"))
     try:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from rocmft.console import say
 from rocmft.errors import ExitCode
 
@@ -20,6 +22,6 @@ def run(args) -> int:
     from rocmft.outputs.export import find_run
     from rocmft.outputs.report import write_summary
 
-    run = find_run(args.run, load_settings())
+    run = find_run(args.run, load_settings(os.environ))
     say(f"run summary in {write_summary(run.output_dir)}", all_ranks=True)
     return ExitCode.OK

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from rocmft.cli.chat import _positive_int
 from rocmft.errors import ExitCode
 
@@ -27,7 +29,7 @@ def run(args) -> int:
     from rocmft.config.settings import load_settings
     from rocmft.outputs.serve import load_and_ask, server_url
 
-    settings = load_settings()
+    settings = load_settings(os.environ)
     prompts = [p for p in args.prompt or [] if p.strip()] or None
     load_and_ask(args.load, server_url(args.url, settings), args.name, prompts, args.max_tokens, args.json, settings)
     return ExitCode.OK

@@ -23,6 +23,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, create_model, field_validator
@@ -584,6 +585,9 @@ class Settings:
             worker receives them through its environment.
         given: the text the user wrote for each argument (field name) and each ROCMFT_ setting (``ROCMFT_<FIELD>``),
             before typing, for messages (:mod:`rocmft.config.provenance`): ``1e-4`` where the value is 0.0001.
+        environ: the environment the settings were read from, a read-only snapshot taken where the command
+            started: every later stage reads the process's variables (torch's, ROCm's, the scheduler's) here, never
+            from ``os.environ`` (issue 29; docs/layout.md, "One run context").
         overridden: rocmft's settings that rocmft itself set for this attempt (field -> its source, e.g. the
             restart after a non-finite loss: precision fp32, resume from a checkpoint); never in
             ``explicit_rocmft``, so no rule takes rocmft's decision for the user's.
@@ -596,6 +600,7 @@ class Settings:
     secrets: dict[str, str] = field(default_factory=dict)
     given: dict[str, str] = field(default_factory=dict)
     overridden: dict[str, Source] = field(default_factory=dict)
+    environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def named(self, name: str) -> str:
         """Argument ``name`` for a message: its value and where it came from
@@ -687,9 +692,10 @@ def _allowed_values(err: ValidationError) -> str:
     return f"Set {'; '.join(fixes)}. The README's variable reference lists every variable."
 
 
-def load_settings(environ: Mapping[str, str] | None = None, command_line: CommandLine | None = None,
+def load_settings(environ: Mapping[str, str], command_line: CommandLine | None = None,
                   overrides: Mapping[str, tuple[Any, Source]] | None = None) -> Settings:  # fmt: skip
-    """Read and check every setting from ``environ`` (default: ``os.environ``) and the command line.
+    """Read and check every setting from ``environ`` (the process environment, which the command line passes: the
+    run's one snapshot, kept as :attr:`Settings.environ`) and the command line.
 
     Precedence, highest first (README, "Your own model and data"): a ``key=value`` on the command line > the
     environment > the YAML (``rocmft train CONFIG.yaml`` or ROCMFT_CONFIG) > rocmft's defaults (applied later, by
@@ -697,7 +703,7 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
     is merged into a mapping from below, as ``OmegaConf.merge`` merges LLaMA-Factory's overrides into its YAML.
 
     Args:
-        environ: the environment to read (default ``os.environ``).
+        environ: the environment to read.
         command_line: the command's ``[CONFIG.yaml] [key=value ...]``
             (:func:`rocmft.config.cmdline.parse_command_line`), or None.
         overrides: rocmft's settings that rocmft itself decides for this attempt, field -> (value, source), above
@@ -710,7 +716,7 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
             YAML file, a YAML on the command line that is not ROCMFT_CONFIG's, or a command-line key that is not
             an argument or a value of the wrong type (named as typed).
     """
-    environ = dict(os.environ if environ is None else environ)
+    environ = dict(environ)
     command_line = command_line or CommandLine()
     errors = unknown_variable_errors(environ)
     if errors:
@@ -755,7 +761,7 @@ def load_settings(environ: Mapping[str, str] | None = None, command_line: Comman
         rocmft = rocmft.model_copy(update={"config": command_line.config})
         explicit.add("config")
         config_source = Source(Kind.COMMAND_LINE_YAML, str(command_line.config))
-    settings = Settings(rocmft=rocmft, explicit_rocmft=explicit,
+    settings = Settings(rocmft=rocmft, explicit_rocmft=explicit, environ=MappingProxyType(environ),
                         overridden={name: source for name, (_, source) in overrides.items()})  # fmt: skip
     upper = {k.upper(): v for k, v in environ.items()}
     settings.given.update({PREFIX + name.upper(): upper[PREFIX + name.upper()].strip() for name in explicit

@@ -7,10 +7,10 @@ own. Read-only: nothing here changes the environment.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from rocmft.facts.scheduler import JobLayout, job_layout
+from rocmft.values import whole_number
 
 if TYPE_CHECKING:
     from rocmft.config.settings import Settings
@@ -21,22 +21,12 @@ if TYPE_CHECKING:
 LAUNCHERS = ("python", "torchrun", "task")
 
 
-def node_rank() -> int:
-    """This host's index in the job (:attr:`JobLayout.node_rank`: SLURM_NODEID, PET_NODE_RANK, NODE_RANK...);
-    0 alone. Raises ConfigError on a bad scheduler or launcher variable."""
-    return job_layout().node_rank
-
-
-def nnodes() -> int:
-    """Hosts in the job (:attr:`JobLayout.nnodes`), 1 alone. Raises ConfigError on a bad variable."""
-    return job_layout().nnodes
-
-
 def asked_processes(settings: Settings, layout: JobLayout | None = None) -> int:
     """Processes per node the user or scheduler asked for: ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE, else the
-    scheduler's (Kubeflow's PET_NPROC_PER_NODE); 0 when none."""
-    layout = job_layout() if layout is None else layout
-    return settings.rocmft.nproc_per_node or int(os.environ.get("NPROC_PER_NODE") or 0) or layout.nproc_per_node or 0
+    scheduler's (Kubeflow's PET_NPROC_PER_NODE); 0 when none. Variables are read from ``settings.environ``."""
+    layout = job_layout(settings.environ) if layout is None else layout
+    given = whole_number(settings.environ.get("NPROC_PER_NODE") or "")
+    return settings.rocmft.nproc_per_node or given or layout.nproc_per_node or 0
 
 
 def local_processes(settings: Settings, device: DeviceFacts, launcher: str) -> int:
@@ -49,10 +39,10 @@ def local_processes(settings: Settings, device: DeviceFacts, launcher: str) -> i
 
 def world_size(settings: Settings, device: DeviceFacts, launcher: str) -> int:
     """Processes in the whole job: the scheduler's task count in task mode, else processes per node × nodes."""
-    layout = job_layout()
+    layout = job_layout(settings.environ)
     if launcher == "task":
         return layout.world_size or 1
     return local_processes(settings, device, launcher) * layout.nnodes
 
 
-__all__ = ["LAUNCHERS", "asked_processes", "local_processes", "nnodes", "node_rank", "world_size"]
+__all__ = ["LAUNCHERS", "asked_processes", "local_processes", "world_size"]

@@ -28,7 +28,6 @@ server that torchrun starts next binds with SO_REUSEADDR (tests/test_network.py 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -78,15 +77,14 @@ def is_local_address(address: str) -> bool:
         return False
 
 
-def node_name(environ: Mapping[str, str] | None = None) -> str:
+def node_name(environ: Mapping[str, str]) -> str:
     """This node's name as a scheduler spells it: ``SLURMD_NODENAME`` (Slurm's name for the node, ``man srun``),
     else the short host name (``socket.gethostname()`` up to the first dot)."""
-    environ = os.environ if environ is None else environ
     return (environ.get("SLURMD_NODENAME") or "").strip() or socket.gethostname().split(".")[0]
 
 
-def advertised(master_addr: str | None, master_port: int | None) -> dict[str, Any]:
-    """The name and address this node shows the others.
+def advertised(master_addr: str | None, master_port: int | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The name and address this node shows the others (``environ``: the run's, for :func:`node_name`).
 
     Returns ``{"hostname": gethostname(), "fqdn": getfqdn(), "node_name": :func:`node_name`, "address": the
     source address the kernel picks for MASTER_ADDR (a UDP ``connect`` sends nothing; None when there is no
@@ -107,7 +105,7 @@ def advertised(master_addr: str | None, master_port: int | None) -> dict[str, An
             except OSError:
                 address = None
     hostname = socket.gethostname()
-    return {"hostname": hostname, "fqdn": socket.getfqdn(), "node_name": node_name(), "address": address,
+    return {"hostname": hostname, "fqdn": socket.getfqdn(), "node_name": node_name(environ), "address": address,
             "hostname_resolves": resolve(hostname)["addresses"]}  # fmt: skip
 
 
@@ -146,7 +144,7 @@ def rendezvous_bound_s(timeout_s: float) -> float:
     return timeout_s + 2 * min(GLOO_TIMEOUT_S, timeout_s) + LEAVE_S + 15.0
 
 
-def run_rendezvous(spec: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def run_rendezvous(spec: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     """Run :func:`rendezvous` in a child process (``python -m rocmft.facts.network``) and return its result,
     killing the child's process group at :func:`rendezvous_bound_s`.
 
@@ -164,7 +162,7 @@ def run_rendezvous(spec: Mapping[str, Any], environ: Mapping[str, str] | None = 
     bound = rendezvous_bound_s(float(spec["timeout_s"]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "rocmft.facts.network"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True, env=dict(os.environ if environ is None else environ),
+        stderr=subprocess.PIPE, text=True, start_new_session=True, env=dict(environ),
     )  # fmt: skip
     try:
         stdout, stderr = proc.communicate(json.dumps(dict(spec)), timeout=bound)
@@ -331,7 +329,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def rdma_facts(root: Path = Path("/"), environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def rdma_facts(root: Path, environ: Mapping[str, str]) -> dict[str, Any]:
     """The RDMA devices under ``root`` as the kernel shows them (Documentation/ABI/stable/sysfs-class-infiniband).
 
     Returns ``{"devices": [{"name", "ports": [{"port": int, "state": "ACTIVE"/"DOWN"/..., "link_layer",
@@ -340,7 +338,6 @@ def rdma_facts(root: Path = Path("/"), environ: Mapping[str, str] | None = None)
     container; the nodes are there only when ``--device /dev/infiniband`` gave them), "gid_index": NCCL_IB_GID_INDEX
     or None, "ib_disabled": NCCL_IB_DISABLE set to a true value}``.
     """
-    environ = os.environ if environ is None else environ
     devices = []
     base = root / "sys/class/infiniband"
     for device in sorted(base.iterdir()) if base.is_dir() else []:

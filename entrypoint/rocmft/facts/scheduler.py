@@ -29,7 +29,6 @@ wrong and the job would wait forever for a node that never comes. Read-only: not
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -284,14 +283,14 @@ def _kubernetes(environ: Mapping[str, str]) -> dict[str, Any] | None:
     return None
 
 
-def job_layout(environ: Mapping[str, str] | None = None) -> JobLayout:
-    """The job layout of this process, from ``environ`` (default os.environ); see the module docstring.
+def job_layout(environ: Mapping[str, str]) -> JobLayout:
+    """The job layout of this process, from ``environ`` (the run's snapshot, rocmft.config.settings.Settings.environ;
+    the process environment only at a process's own edge); see the module docstring.
 
     Raises:
         ConfigError: a scheduler or launcher variable that is not a number, NNODES/NODE_RANK by hand that
             contradict the scheduler's, NODE_RANK ≥ NNODES, a multi-node Slurm batch shell outside srun.
     """
-    environ = os.environ if environ is None else environ
     found = _slurm(environ) or _kubernetes(environ) or {}
     layout: dict[str, Any] = {"engine": "none", **found, "sources": dict(found.get("sources", {}))}
     by_hand = {

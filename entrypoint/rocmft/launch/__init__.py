@@ -12,7 +12,6 @@ MASTER_PORT (LLaMA-Factory's launcher names, passed to torchrun as they are).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,7 @@ def prepare_launch(plan: Plan, root: Path = Path("/"), numactl: bool | None = No
     from rocmft.validate.rules import apply
 
     apply("launch", plan)  # NNODES, NODE_RANK and WORLD_SIZE agree (rocmft.validate.rules.distributed.world_size)
-    plan.launch = build_launch_spec(plan, os.environ, root, numactl, allowed_cpus).as_record()
+    plan.launch = build_launch_spec(plan, plan.settings.environ, root, numactl, allowed_cpus).as_record()
     return plan.launch
 
 

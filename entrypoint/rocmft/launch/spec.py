@@ -7,7 +7,6 @@ variable with its source, the NUMA binding); it starts nothing and changes nothi
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -121,7 +120,7 @@ def communication_environment(environ: dict[str, str], added: dict[str, str], pr
     return effective
 
 
-def build_launch_spec(plan: Plan, environ: Mapping[str, str] | None = None, root: Path = Path("/"),
+def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path("/"),
                       numactl: bool | None = None, allowed_cpus: set[int] | None = None) -> LaunchSpec:  # fmt: skip
     """Decide how the worker starts for ``plan``; no side effects.
 
@@ -133,7 +132,8 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str] | None = None, root
 
     Args:
         plan: the rendered run (its device probe gives the GPUs' PCI addresses).
-        environ: the environment the launch starts from (default os.environ), where the job layout is read
+        environ: the environment the launch starts from (the run's, rocmft.config.settings.Settings.environ), where
+            the job layout is read
             (rocmft.facts.scheduler.job_layout).
         root: where /sys and /proc are (tests pass a recorded host layout).
         numactl: whether numactl is installed (torch binds through it); None looks on PATH.
@@ -145,7 +145,7 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str] | None = None, root
     """
     from rocmft.facts.topology import binding_plan, network_environment
 
-    environ = dict(os.environ if environ is None else environ)
+    environ = dict(environ)
     layout = job_layout(environ)
     added = {"PYTHONUNBUFFERED": "1"}
     added.update(cache_environment(environ))  # node-local caches under Apptainer/Slurm (rocmft.facts.caches)
@@ -198,8 +198,7 @@ def _task_notes(layout: JobLayout, visible_gpus: int) -> list[str]:
     return []
 
 
-def worker_command(plan: Plan, numa_args: list[str] | None = None,
-                   environ: Mapping[str, str] | None = None) -> list[str]:  # fmt: skip
+def worker_command(plan: Plan, numa_args: list[str] | None, environ: Mapping[str, str]) -> list[str]:
     """The command line that starts the worker(s) for ``plan``.
 
     One process, or one task of a scheduler's one-process-per-GPU launch: ``python -m rocmft.worker RUN_DIR``.
@@ -207,9 +206,8 @@ def worker_command(plan: Plan, numa_args: list[str] | None = None,
     (rocmft.facts.scheduler: Slurm, Kubeflow, or NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT by hand), processes per
     node from :func:`processes_per_node`, each local rank's output also in
     ``RUN_DIR/logs`` (``--log-dir``, ``--tee 3``), and ``numa_args`` (``--numa-binding node``) when binding.
-    ``environ``: where the job layout is read (default os.environ; a free port when no rendezvous is given).
+    ``environ``: where the job layout is read (the run's; a free port when no rendezvous is given).
     """
-    environ = os.environ if environ is None else environ
     layout = job_layout(environ)
     worker = ["-m", "rocmft.worker", str(plan.run_dir)]
     if plan.launcher != "torchrun":

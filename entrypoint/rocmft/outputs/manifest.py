@@ -8,7 +8,6 @@ secrets, and environment values of secret-named variables are replaced by ``<red
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -109,7 +108,7 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "checks": checks,
         "worker": worker.to_json() if worker else None,
         "restarts": [restart.as_dict() for restart in restarts],
-        "environment": redact_env(dict(os.environ)),
+        "environment": redact_env(dict(plan.settings.environ)),
         "outputs": outputs,
     }
     return atomic_write_json(path, data)

@@ -25,7 +25,6 @@ HTTP goes through httpx (already in the training stack with huggingface_hub).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,12 +63,11 @@ def server_url(given: str | None, settings) -> str:
 class Server:
     """A vLLM OpenAI-compatible server at ``url`` (requests with httpx, JSON in and out)."""
 
-    def __init__(self, url: str, timeout_s: float = TIMEOUT_S):
+    def __init__(self, url: str, key: str | None = None, timeout_s: float = TIMEOUT_S):
+        """``key``: vLLM's --api-key (its variable VLLM_API_KEY, vllm/envs.py), sent as a bearer token when set."""
         import httpx
 
         self.url = url
-        # vLLM's own variable for its --api-key (vllm/envs.py VLLM_API_KEY); requests then carry it as a bearer token
-        key = os.environ.get("VLLM_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.Client(base_url=url, timeout=timeout_s, trust_env=False, headers=headers)
         self._httpx = httpx
@@ -202,7 +200,7 @@ def load_and_ask(
         )
     base, rank = adapter_facts(run)
     name = name or run.name
-    server = Server(url)
+    server = Server(url, settings.environ.get("VLLM_API_KEY"))
     models = server.models()
     bases = [m for m in models if not m.get("parent")]
     roots = [str(m.get("root") or m.get("id")) for m in bases]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -59,11 +60,12 @@ FSDP_CONFIG = {
 }
 
 
-def run_subdir() -> str:
+def run_subdir(environ: Mapping[str, str]) -> str:
     """``rocmft`` on node 0 (in task mode: for rank 0); ``rocmft-node<k>`` on the other nodes of a multi-node run
     (``rocmft-rank<r>`` for the other tasks), so that node 0 alone writes OUTPUT_DIR/rocmft and the weights, while
-    each other process that rocmft runs keeps its own record beside it."""
-    layout = job_layout()
+    each other process that rocmft runs keeps its own record beside it. ``environ``: where the job layout is read
+    (:attr:`rocmft.config.settings.Settings.environ`)."""
+    layout = job_layout(environ)
     if layout.is_first_node:
         return RUN_SUBDIR
     return f"{RUN_SUBDIR}-rank{layout.rank}" if layout.mode == "task" else f"{RUN_SUBDIR}-node{layout.node_rank}"
@@ -281,7 +283,7 @@ def _destination(settings: Settings, layered: dict[str, Any], sources: dict[str,
     if "output_dir" not in layered:
         name = "ROCMFT_RUN_NAME" if rocmft.run_name else "<run name>"
         sources["output_dir"] = Source(Kind.ROCMFT_DEFAULT, f"ROCMFT_SAVES_DIR/{name}")
-    run_dir = output_dir / run_subdir()
+    run_dir = output_dir / run_subdir(settings.environ)
     return _Destination(output_dir=output_dir, run_dir=run_dir, staging=make_staging(output_dir))
 
 
@@ -346,7 +348,7 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
     torchrun = (rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1
                 or asked_processes(settings) > 1)  # fmt: skip
     # a scheduler that started one process per GPU (Slurm's task layout) is the launch: no torchrun on top
-    launcher = "task" if job_layout().mode == "task" else "torchrun" if torchrun else "python"
+    launcher = "task" if job_layout(settings.environ).mode == "task" else "torchrun" if torchrun else "python"
     return _Fixed(values=fixed, sources=fixed_sources, ds_config=ds_config, launcher=launcher)
 
 

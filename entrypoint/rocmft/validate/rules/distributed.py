@@ -3,7 +3,6 @@ a user's own DeepSpeed config against the trainer, and the job's shape (NNODES, 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -257,7 +256,8 @@ def world_size(plan: Plan) -> None:
     Raises:
         ConfigError: naming the variables and their values.
     """
-    layout = job_layout()
+    environ = plan.settings.environ
+    layout = job_layout(environ)
     if plan.launcher == "task":
         return  # the scheduler started every rank: its layout is the job
     nodes, per_node = layout.nnodes, processes_per_node(plan)
@@ -267,14 +267,14 @@ def world_size(plan: Plan) -> None:
                           "run is one process.", "Set ROCMFT_DISTRIBUTED=ddp, deepspeed or fsdp for a multi-node "
                           "run.")  # fmt: skip
     # the training operator v1 sets WORLD_SIZE to the pods (rocmft.facts.scheduler reads it as the node count)
-    given = os.environ.get("WORLD_SIZE", "").strip() if layout.engine != "kubernetes" else ""
+    given = environ.get("WORLD_SIZE", "").strip() if layout.engine != "kubernetes" else ""
     if given and given != str(nodes * per_node):
         shape = ", ".join(f"{k} from {v}" for k, v in layout.sources.items() if k in ("nnodes", "nproc_per_node"))
         per_node_from = (plan.settings.knob("nproc_per_node") if "nproc_per_node" in plan.settings.explicit_rocmft
-                         else environment_variable("NPROC_PER_NODE", os.environ) if os.environ.get("NPROC_PER_NODE")
+                         else environment_variable("NPROC_PER_NODE", environ) if environ.get("NPROC_PER_NODE")
                          else f"one per visible GPU, {plan.device.count}")  # fmt: skip
         raise ConfigError(
-            f"{environment_variable('WORLD_SIZE', os.environ)} disagrees with NNODES={nodes} "
+            f"{environment_variable('WORLD_SIZE', environ)} disagrees with NNODES={nodes} "
             f"({shape or 'not set: one node'}) x {per_node} processes per node ({per_node_from}) = {nodes * per_node}.",
             "Unset WORLD_SIZE: torchrun sets it for every rank from NNODES and the processes per node.",
         )

@@ -7,7 +7,6 @@ before anything loads.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 
@@ -126,7 +125,7 @@ def allocator_variables(run: Inputs) -> list[str]:
     Raises:
         ConfigError: naming the variables, their values and the fix.
     """
-    return allocator_findings(os.environ)
+    return allocator_findings(run.settings.environ)
 
 
 def tunableop_online_tuning(environ: Mapping[str, str], world_size: int) -> None:
@@ -162,10 +161,10 @@ def tunableop(plan: Plan) -> None:
     Raises:
         ConfigError: see there.
     """
-    layout = job_layout()
+    layout = job_layout(plan.settings.environ)
     world = layout.world_size if plan.launcher == "task" and layout.world_size else (
         layout.nnodes * processes_per_node(plan))  # fmt: skip
-    tunableop_online_tuning(os.environ, world)
+    tunableop_online_tuning(plan.settings.environ, world)
 
 
 # GPU visibility (ROCm docs, "GPU isolation techniques" and "HIP environment variables"): ROCR_VISIBLE_DEVICES is
@@ -243,13 +242,14 @@ def gpu_visibility(run: Inputs) -> list[str]:
     """
     from rocmft.console import say
 
-    physical, warnings = visible_gpus(os.environ, run.device.backend)
+    environ = run.settings.environ
+    physical, warnings = visible_gpus(environ, run.device.backend)
     if physical is not None:
         if not physical:
             warnings.append("the GPU-visibility variables hide every GPU: the run is on the CPU")
         else:
             say("GPUs: " + ", ".join(f"local rank {i} -> GPU {p}" for i, p in enumerate(physical)) +
-                " (" + ", ".join(f"{k}={os.environ[k]}" for k in VISIBILITY if k in os.environ) + ")")  # fmt: skip
+                " (" + ", ".join(f"{k}={environ[k]}" for k in VISIBILITY if k in environ) + ")")  # fmt: skip
     return warnings
 
 
