@@ -102,6 +102,31 @@ def test_grad_norm_spike_on_gpu_warns_then_stops(run_rocmft, tmp_path):
     assert manifest["worker"]["non_finite"]["step"] == 8, manifest["worker"]["non_finite"]
 
 
+@pytest.mark.parametrize("way", ["BF16=true", "bf16: true in the command line's YAML", "ROCMFT_PRECISION=bf16"])
+def test_a_nan_in_bf16_restarts_in_real_fp32_on_the_gpu(run_rocmft, tmp_path, way):
+    """Issue 29: with bf16 chosen the way LLaMA-Factory's examples choose it (BF16=true, a YAML's bf16: true), the
+    restart after a NaN trains in real fp32 on the GPU. On 1c709cb this H200 run ended 'ROCMFT_PRECISION=fp32 (set in
+    the environment) contradicts BF16=true (set in the environment)', exit 2: the restart wrote into os.environ."""
+    output = tmp_path / "nan"
+    env = {"ROCMFT_FAULT_NAN_AT_STEP": "12", "ROCMFT_ON_NAN": "fp32", "MAX_STEPS": "30", "SAVE_STEPS": "5",
+           "SAVE_STRATEGY": "steps", "OUTPUT_DIR": str(output)}  # fmt: skip
+    arguments = []
+    if way == "BF16=true":
+        env["BF16"] = "true"
+    elif way == "ROCMFT_PRECISION=bf16":
+        env["ROCMFT_PRECISION"] = "bf16"
+    else:
+        (tmp_path / "bf16.yaml").write_text("bf16: true\n")
+        arguments = [str(tmp_path / "bf16.yaml")]
+    result = run_rocmft("train", *arguments, env=env)
+    assert result.returncode == ExitCode.OK, result.stdout[-4000:]
+    assert "restarting in real fp32" in result.stdout
+    manifest = manifest_of(output)
+    assert [r["precision"] for r in manifest["restarts"]] == [{"from": "bf16", "to": "fp32"}]
+    assert manifest["precision"]["policy"] == "fp32" and set(manifest["precision"]["parameter_dtypes"]) == {"float32"}
+    assert manifest["device"]["bf16"] is True and manifest["worker"]["last_step"] == 30
+
+
 ALLOC_VALUES = [
     "expandable_segments:True",
     "expandable_segments:true",  # lowercase: torch's parser wants True/False exactly
