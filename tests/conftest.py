@@ -2,7 +2,9 @@
 
 Tests run the real `rocmft` command in a child process with a clean environment (the developer's own
 ROCMFT_* and training variables removed), a private cache folder and HF_HUB_OFFLINE=1: nothing is
-downloaded, as on CI.
+downloaded, as on CI. The command is rocmft's own entry point (rocmft.cli.main) started through the tests' launcher,
+tests/support/rocmft_under_test.py (:data:`ROCMFT`), which alone takes the test hooks ROCMFT_TEST_PROBES and
+ROCMFT_FAULT_* (rocmft.testhooks); without them set it is `python -m rocmft`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# `rocmft` under test: the launcher that installs the test hooks of its environment, then runs rocmft.cli.main
+ROCMFT = (sys.executable, str(REPO / "tests" / "support" / "rocmft_under_test.py"))
+PRODUCTION_ROCMFT = (sys.executable, "-m", "rocmft")  # as a user runs it: no test hooks, whatever the environment
 
 
 @pytest.fixture(scope="session")
@@ -111,10 +116,12 @@ def _rocmft_environment(tmp_path: Path, cache_dir: Path, env: dict[str, str] | N
 
 
 def rocmft_in(folder: Path, cache_dir: Path, *args: str, env: dict[str, str] | None = None,
-              timeout: float = 600, merge_stderr: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
-    """Run ``python -m rocmft *args`` in ``folder`` with the tests' clean environment plus ``env``; stdout and
-    stderr together in ``.stdout`` unless ``merge_stderr`` is False."""
-    return subprocess.run([sys.executable, "-m", "rocmft", *args], cwd=folder,
+              timeout: float = 600, merge_stderr: bool = True,
+              entry: tuple[str, ...] = ROCMFT) -> subprocess.CompletedProcess:  # fmt: skip
+    """Run ``rocmft *args`` in ``folder`` with the tests' clean environment plus ``env``; stdout and stderr together
+    in ``.stdout`` unless ``merge_stderr`` is False. ``entry``: :data:`ROCMFT` (test hooks in ``env`` honoured) or
+    :data:`PRODUCTION_ROCMFT`, or the console script."""
+    return subprocess.run([*entry, *args], cwd=folder,
                           env=_rocmft_environment(folder, cache_dir, env), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
                           timeout=timeout)  # fmt: skip
@@ -189,7 +196,7 @@ def start_rocmft(tmp_path, cache_dir):
 
     def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "rocmft", *args], cwd=tmp_path, env=_rocmft_environment(tmp_path, cache_dir, env),
+            [*ROCMFT, *args], cwd=tmp_path, env=_rocmft_environment(tmp_path, cache_dir, env),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
 

@@ -6,9 +6,10 @@ rocmft's own message, and nothing half-written.
 In-process first (fast: ~0.1 s an example): :func:`rocmft.cli.main` itself, the function the console script calls,
 so its own exception handling turns rocmft's errors into exit codes and anything else escapes as the crash it would
 be. Only what needs other processes is replaced: the GPU probes by the test hook ROCMFT_TEST_PROBES (a CPU machine
-or one MI300X, the shapes of tests/test_rules_checks_cli.py) and LLaMA-Factory's parser child by a stub that
-accepts (the parser runs for real in the subprocess cases at the end, which also prove that the console script turns
-the damaged files into exit 2/3 with a message and no "Traceback").
+or one MI300X, the shapes of tests/test_rules_checks_cli.py; installed by the tests' launcher,
+tests/support/rocmft_under_test.py, whose ``main`` wraps rocmft.cli.main here) and LLaMA-Factory's parser child by a
+stub that accepts (the parser runs for real in the subprocess cases at the end, which also prove that the production
+command, `python -m rocmft`, turns the damaged files into exit 2/3 with a message and no "Traceback").
 
 Budget: ROCMFT_FUZZ_EXAMPLES examples per property (default 120, CI; the whole file ~60 s on 2 cores), derandomized
 (a fixed seed: the same examples on every run). A longer local hunt: ``ROCMFT_FUZZ_EXAMPLES=3000 pytest
@@ -34,7 +35,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, seed, settings
 from hypothesis import strategies as st
 
-from conftest import rocmft_in
+from conftest import PRODUCTION_ROCMFT, rocmft_in
 from rocmft.errors import ExitCode
 
 EXAMPLES = int(os.environ.get("ROCMFT_FUZZ_EXAMPLES", "120"))
@@ -191,9 +192,10 @@ def base_environment(work: Path, cache_dir: Path, tiny_model: Path, demo_data: P
 
 
 def run_main(command: str, environ: dict[str, str], work: Path, tokens: list[str] = ()) -> tuple[int, str]:
-    """``rocmft <command> [tokens]`` through :func:`rocmft.cli.main` in ``work`` with exactly ``environ``:
-    (exit code, what it printed). Any exception but rocmft's own (which main turns into its code) escapes."""
-    from rocmft.cli import main
+    """``rocmft <command> [tokens]`` through :func:`rocmft.cli.main` in ``work`` with exactly ``environ``, the test
+    hooks in it installed by the tests' launcher (its ``main``): (exit code, what it printed). Any exception but
+    rocmft's own (which main turns into its code) escapes."""
+    from support.rocmft_under_test import main
 
     out = io.StringIO()
     with environment(environ), contextlib.chdir(work), contextlib.redirect_stdout(out), \
@@ -632,7 +634,7 @@ def test_the_console_script_turns_damaged_files_into_exit_2_or_3(tmp_path, cache
         environ.pop(name)
     setup(work, environ)
     before = tree(work)
-    result = rocmft_in(work, cache_dir, command, env=environ, timeout=300)
+    result = rocmft_in(work, cache_dir, command, env=environ, timeout=300, entry=PRODUCTION_ROCMFT)
     assert result.returncode == expected, result.stdout[-3000:]
     assert_clean_outcome(result.returncode, result.stdout, work, before, environ)
     for word in words:

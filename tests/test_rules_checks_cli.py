@@ -1,5 +1,5 @@
 """Issue 7's exit-3 kinds end to end: `rocmft check` as a user runs it, with the probes' results injected
-through the test hook ROCMFT_TEST_PROBES (a JSON file; rocmft.facts.device.injected_probes) in the shapes
+through the test hook ROCMFT_TEST_PROBES (a JSON file the tests' launcher installs as rocmft.testhooks) in the shapes
 rocmft.facts.probe and the checks record on a GPU host (tests/test_gpu_checks.py has the same shapes). Each case
 asserts exit 3, the failed check's id, its remedy, and that OUTPUT_DIR holds only rocmft/checks.json."""
 

@@ -284,8 +284,8 @@ class RunPolicy:
         precision: the resolved precision; ``precision["policy"] == "fp32"`` makes the worker force float32 weights.
         distributed: ROCMFT_DISTRIBUTED; launcher: ``python`` or ``torchrun``.
         fault_nan_at_step, fault_kill_in_save_at_step, fault_slow_final_save_s,
-        fault_grad_spike_at_step: the test-only fault injections
-            (ROCMFT_FAULT_*; steps, seconds), None when off.
+        fault_grad_spike_at_step: the test-only fault injections (rocmft.testhooks, installed by the tests'
+            launcher only; steps, seconds), None when off, as always in production.
         loss_spike_factor: ROCMFT_LOSS_SPIKE_FACTOR (0 or None: no spike watchdog).
         grad_norm_spike_factor, grad_norm_limit, on_grad_norm_spike: the gradient-norm watchdog's
             ROCMFT_GRAD_NORM_SPIKE_FACTOR, ROCMFT_GRAD_NORM_LIMIT (0 or None: off) and ROCMFT_ON_GRAD_NORM_SPIKE.

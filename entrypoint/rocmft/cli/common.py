@@ -131,7 +131,8 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     ``[CONFIG.yaml] [key=value ...]`` (rocmft.config.cmdline.CommandLine), read over the environment;
     ``overrides``: rocmft's own settings for this attempt with their sources (a restart's; load_settings).
     ``keep_validator``: `rocmft train` may reuse the parser's process as its worker (rocmft.validate.take_kept)."""
-    from rocmft.facts.device import facts_from_probe, injected_probes, probe_devices_raw, start_probes
+    from rocmft import testhooks
+    from rocmft.facts.device import facts_from_probe, probe_devices_raw, start_probes
     from rocmft.validate import start_validator, validate
 
     start_probes()  # GPU probes in child processes, running while the settings import LLaMA-Factory
@@ -154,7 +155,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     started = time.monotonic()
     plan = render_checked(settings, device, workspace.make_staging)
     plan.probes["devices"] = devices
-    plan.probes.update(injected_probes())  # a test hook (ROCMFT_TEST_PROBES); empty unless set
+    plan.probes.update(testhooks.injected_probes())  # probe results a test injected; empty in production
     prepare_launch(plan)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
     timings["render"] = time.monotonic() - started
     say(f"precision: {plan.precision.policy} ({plan.precision.reason})", all_ranks=True)

@@ -42,6 +42,7 @@ from rocmft.config.provenance import Kind, Source, texts
 from rocmft.errors import ConfigError
 from rocmft.fsutil import default_cache_dir
 from rocmft.nesting import TOO_DEEP, TooDeep, check_depth
+from rocmft.testhooks import VARIABLES as TEST_HOOK_VARIABLES
 
 PREFIX = "ROCMFT_"
 
@@ -222,45 +223,11 @@ class RocmftSettings(BaseSettings):
         description="compose service `serve`: vLLM's --max-lora-rank, the largest adapter rank it can take at run "
         "time (default: the served adapter's rank, at least 16, rounded up to a rank vLLM accepts).",
     )
-    fault_nan_at_step: int | None = Field(
-        None,
-        ge=1,
-        description="TEST ONLY: after optimizer step N, poison the weights with NaN so the loss becomes "
-        "non-finite for real, as a bf16/fp16 overflow would (so only under those precisions: real fp32 does not "
-        "overflow there); proves the non-finite-loss stop (exit 5) and ROCMFT_ON_NAN=fp32.",
-    )
-    fault_kill_in_save_at_step: int | None = Field(
-        None,
-        ge=1,
-        description="TEST ONLY: SIGKILL the worker while it writes the checkpoint of step N (after the weights, "
-        "before the optimizer state and trainer_state.json), as a pre-emption mid-save would; proves that the "
-        "next run skips that checkpoint.",
-    )
-    fault_slow_final_save_s: float | None = Field(
-        None,
-        gt=0,
-        description="TEST ONLY: the rank that writes the model waits N seconds before writing the final model after "
-        "training, as a large model's write takes; proves that under torchrun the other ranks finishing first "
-        "does not cut that write short.",
-    )
-    fault_grad_spike_at_step: int | None = Field(
-        None,
-        ge=1,
-        description="TEST ONLY: multiply the gradients of optimizer step N by 1000 (no NaN), so its logged gradient "
-        "norm is a real spike; proves the gradient-norm watchdog (ROCMFT_GRAD_NORM_SPIKE_FACTOR, "
-        "ROCMFT_ON_GRAD_NORM_SPIKE).",
-    )
     vocabulary: Literal["cached", "live"] = Field(
         "cached",
         description="TEST ONLY: `live` reads LLaMA-Factory's training arguments from its dataclasses at every start "
         "instead of the cached vocabulary file (rocmft.config.lfargs.vocabulary, which reads this variable itself: "
         "the vocabulary is needed before the settings exist).",
-    )
-    test_probes: Path | None = Field(
-        None,
-        description="TEST ONLY: a JSON file of probe results used instead of probing this machine (keys: devices, "
-        "allreduce, libs, image, shm_bytes, host, device_nodes, shaped as rocmft.facts.probe and the checks record "
-        "them), so the GPU checks' failures can be tested end to end without a GPU. Ignored unless set.",
     )
 
     @field_validator("skip_checks", mode="before")
@@ -431,7 +398,8 @@ def _did_you_mean(name: str, candidates: list[str], cutoff: float = 0.6) -> str:
 def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
     """Messages for variables that look meant for rocmft but are not understood by it.
 
-    * every ``ROCMFT_*`` variable that is not a field of :class:`RocmftSettings`;
+    * every ``ROCMFT_*`` variable that is not a field of :class:`RocmftSettings`, the test hooks' variables
+      (rocmft.testhooks: ROCMFT_TEST_PROBES, ROCMFT_FAULT_*) named as such;
     * every other variable that is not a training argument of the installed LLaMA-Factory, does not belong
       to known other software (:data:`FOREIGN_PREFIXES`, :data:`FOREIGN_NAMES`) and comes within
       :data:`TYPO_CUTOFF` of an argument name.
@@ -443,7 +411,9 @@ def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
     for name in sorted(environ):
         upper = name.upper()
         if upper.startswith(PREFIX):
-            if upper not in known_rocmft:
+            if upper in TEST_HOOK_VARIABLES:
+                errors.append(f"{name} is a test hook of rocmft's own tests; the rocmft command does not read it.")
+            elif upper not in known_rocmft:
                 errors.append(f"{name} is not a rocmft setting.{_did_you_mean(upper, known_rocmft)}")
             continue
         if upper in arguments or _is_foreign(upper) or not name.isupper():
@@ -796,7 +766,7 @@ def load_settings(environ: Mapping[str, str], command_line: CommandLine | None =
 # ENAMETOOLONG, where it returns False for a missing file.
 PATH_ARGUMENT = re.compile(r".*(_path|_dir|_file|_or_path)$|^(dataset|eval_dataset|deepspeed|resume_from_checkpoint)$")
 NAME_MAX = 255
-PATH_SETTINGS = ("config", "templates", "saves_dir", "cache_dir", "run_name", "test_probes", "resume")
+PATH_SETTINGS = ("config", "templates", "saves_dir", "cache_dir", "run_name", "resume")
 
 
 def _refuse_overlong_names(given: Mapping[str, Any]) -> None:

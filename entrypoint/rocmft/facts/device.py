@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocmft import testhooks
 from rocmft.proc import kill_group
 from rocmft.records import read_probe_line
 from rocmft.values import whole_number
@@ -118,36 +119,6 @@ def run_probe(args: list[str], timeout_s: float) -> dict[str, Any]:
 
 
 _probes: dict[str, ProbeProcess] = {}
-# TEST ONLY (RocmftSettings.test_probes): a JSON file of recorded probe results that replace the probes, read
-# here because the probes start before the settings are read.
-TEST_PROBES_VARIABLE = "ROCMFT_TEST_PROBES"
-
-
-def injected_probes() -> dict:
-    """The probe results of ROCMFT_TEST_PROBES (a test hook; ``{}`` unless the variable is set).
-
-    Raises:
-        ConfigError: the file cannot be read or is not a JSON object.
-    """
-    import json
-    import os
-    from pathlib import Path
-
-    from rocmft.errors import ConfigError
-
-    path = os.environ.get(TEST_PROBES_VARIABLE)
-    if not path:
-        return {}
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"{TEST_PROBES_VARIABLE}={path} cannot be read as JSON: {err}.",
-            f"Unset {TEST_PROBES_VARIABLE} (a test hook), or point it at a JSON object.",
-        ) from err
-    if not isinstance(data, dict):
-        raise ConfigError(f"{TEST_PROBES_VARIABLE}={path} is not a JSON object.", "Give probe id: result pairs.")
-    return data
 
 
 def start_probes() -> None:
@@ -157,7 +128,7 @@ def start_probes() -> None:
     every visible GPU only where a GPU device node exists. Idempotent."""
     from pathlib import Path
 
-    if injected_probes():
+    if testhooks.injected_probes():  # a test replaced the probes (rocmft.testhooks; never in production)
         return
     _device_probe()
     if "allreduce" not in _probes and any(Path(node).exists() for node in GPU_NODES):
@@ -169,7 +140,7 @@ def probe_devices_raw() -> dict:
 
     On a probe failure: ``{"error": ..., "timed_out": ...}`` — the ``gpu-runtime`` check reports it.
     """
-    injected = injected_probes()
+    injected = testhooks.injected_probes()
     if "devices" in injected:
         return injected["devices"]
     return _device_probe().result()
@@ -185,7 +156,7 @@ def _device_probe() -> ProbeProcess:
 def allreduce_probe(world: int) -> dict:
     """The all-reduce probe's JSON across ``world`` local GPUs: the one :func:`start_probes` started when it
     covers every visible GPU, else a new one (hard timeout ALLREDUCE_TIMEOUT_S)."""
-    injected = injected_probes()
+    injected = testhooks.injected_probes()
     if "allreduce" in injected:
         return injected["allreduce"]
     early = _probes.get("allreduce")

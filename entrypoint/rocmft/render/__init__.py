@@ -554,8 +554,10 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
 
 
 def worker_policy(plan: Plan) -> dict[str, Any]:
-    """What the worker needs beyond train.yaml (rocmft/run.json): the forced dtype, fault injection. The JSON
-    object of :class:`rocmft.records.RunPolicy` (its one reader is rocmft.records.read_run_policy)."""
+    """What the worker needs beyond train.yaml (rocmft/run.json): the forced dtype, the faults a test injected
+    (rocmft.testhooks). The JSON object of :class:`rocmft.records.RunPolicy` (its one reader is
+    rocmft.records.read_run_policy)."""
+    from rocmft import testhooks
     from rocmft.records import RunPolicy
 
     rocmft = plan.settings.rocmft
@@ -564,10 +566,10 @@ def worker_policy(plan: Plan) -> dict[str, Any]:
         precision=plan.precision.as_dict(),
         distributed=rocmft.distributed,
         launcher=plan.launcher,
-        fault_nan_at_step=rocmft.fault_nan_at_step,
-        fault_kill_in_save_at_step=rocmft.fault_kill_in_save_at_step,
-        fault_slow_final_save_s=rocmft.fault_slow_final_save_s,
-        fault_grad_spike_at_step=rocmft.fault_grad_spike_at_step,
+        fault_nan_at_step=testhooks.fault("nan_at_step"),  # the faults a test injected; None in production
+        fault_kill_in_save_at_step=testhooks.fault("kill_in_save_at_step"),
+        fault_slow_final_save_s=testhooks.fault("slow_final_save_s"),
+        fault_grad_spike_at_step=testhooks.fault("grad_spike_at_step"),
         loss_spike_factor=rocmft.loss_spike_factor,
         grad_norm_spike_factor=rocmft.grad_norm_spike_factor,
         grad_norm_limit=rocmft.grad_norm_limit,

@@ -183,9 +183,9 @@ def rocmft_callback(policy: RunPolicy, run_dir: Path):
           turns off transformers' ``logging_nan_inf_filter``, which would otherwise hide NaN losses;
         * at train start, the dtypes of the parameters are recorded, and a ``fp32`` policy whose
           parameters are not all float32 stops the run (the policy must never silently not apply);
-        * ``fault_nan_at_step`` (ROCMFT_FAULT_NAN_AT_STEP, tests only; rocmft.worker.faults) fills the weights
+        * ``fault_nan_at_step`` (tests only: rocmft.testhooks, rocmft.worker.faults) fills the weights
           with NaN after that optimizer step, so the following loss is non-finite for real;
-        * ``fault_grad_spike_at_step`` (ROCMFT_FAULT_GRAD_SPIKE_AT_STEP, tests only) multiplies that step's
+        * ``fault_grad_spike_at_step`` (tests only, the same way) multiplies that step's
           gradients by 1000, so its logged gradient norm is a real spike (rocmft.worker.faults.GradSpike);
         * on a GPU, ``peak_gpu_memory_gib`` (``torch.cuda.max_memory_allocated()`` of this rank, GiB) is
           recorded at each log and at the end, and printed in the final line (rank 0's in the result

@@ -1,6 +1,8 @@
-"""TEST ONLY: the fault injections of ROCMFT_FAULT_* (run.json's ``fault_*``), which make real failures happen on
-purpose so that tests can prove rocmft's answer to them: NaN weights (a low-precision overflow), a SIGKILL in the
-middle of writing a checkpoint, a slow final model write on one rank.
+"""TEST ONLY: the fault injections, which make real failures happen on purpose so that tests can prove rocmft's
+answer to them: NaN weights (a low-precision overflow), a SIGKILL in the middle of writing a checkpoint, a slow final
+model write on one rank, a gradient spike. A test sets them as ROCMFT_FAULT_* for the tests' launcher
+(tests/support/rocmft_under_test.py), which installs them as rocmft.testhooks; the rendering process writes them into
+run.json's ``fault_*``, the worker's only source. A production ``rocmft`` installs none (and refuses those variables).
 
 Not version-guarded like rocmft.worker.patches: a fault that cannot be applied raises (AttributeError) rather than
 letting a test pass without its fault.
@@ -53,7 +55,7 @@ class GradSpike:
         """Hook every trainable parameter of ``model``; raises ValueError when it has none (no fault is no test)."""
         hooked = [p.register_hook(self._scale) for p in model.parameters() if p.requires_grad]
         if not hooked:
-            raise ValueError("ROCMFT_FAULT_GRAD_SPIKE_AT_STEP: the model has no trainable parameter to hook")
+            raise ValueError("the grad_spike_at_step test fault: the model has no trainable parameter to hook")
 
     def arm(self, global_step: int, world_zero: bool) -> None:
         """Turn the multiplication on for the step after ``global_step`` (the trainer's count of finished steps)

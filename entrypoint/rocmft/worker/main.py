@@ -166,7 +166,7 @@ def main(run_dir: str) -> int:
         # Under torchrun every rank exits 0 and the launcher reads the stop from the result file: torchrun SIGTERMs
         # the ranks still running as soon as one exits non-zero, and the other ranks skip the final model write
         # (LLaMA-Factory's save_model after training), so rank 0 was cut off while writing it (torch 2.11;
-        # tests/test_resilience.py reproduces it with ROCMFT_FAULT_SLOW_FINAL_SAVE_S).
+        # tests/test_resilience.py reproduces it with the slow_final_save_s test fault).
         # The same holds for a scheduler's tasks (srun --kill-on-bad-exit ends the step on a non-zero exit).
         distributed = under_torchrun() or int(os.environ.get("WORLD_SIZE") or 1) > 1
         return ExitCode.OK if distributed else ExitCode.INTERRUPTED
