@@ -156,6 +156,23 @@ def test_packed_logits_equal_each_sample_alone_on_gpu():
     assert _packed_against_alone("cuda", torch.bfloat16, contaminate=True) > 5e-2
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: torch's varlen kernel")
+def test_fp32_inputs_take_autocasts_dtype_or_the_per_segment_path_on_gpu():
+    """torch's varlen kernel takes fp16/bf16 only. Under the trainer's bf16 autocast (DDP on the H200 handed
+    attention fp32 q/k/v: 'FlashAttention only support fp16 and bf16 data type', exit 4) the inputs are cast to
+    autocast's dtype, as SDPA would run them; in real fp32 (no autocast) each segment goes through SDPA in fp32."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(40, 4, 16, device="cuda") for _ in range(3))
+    cu = torch.tensor([0, 7, 25, 40], dtype=torch.int32, device="cuda")
+    reference = attention.varlen(q.double().cpu(), k.double().cpu(), v.double().cpu(), cu.cpu(), 18, None)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        mixed = attention.varlen(q, k, v, cu, 18, None)
+    assert mixed.dtype == torch.bfloat16 and (mixed.double().cpu() - reference).abs().max().item() < 2e-2
+    real = attention.varlen(q, k, v, cu, 18, None)
+    assert real.dtype == torch.float32 and (real.double().cpu() - reference).abs().max().item() < 1e-4
+
+
 def _worker_losses(folder, cache_dir, run_dir, packed_attention):
     """Train the rendered run in ``run_dir`` with run.json's packed_attention set as given (the planner plans only
     on a GPU: here the value is injected); the losses and the worker's attention record."""

@@ -130,12 +130,22 @@ def varlen(query, key, value, cu, max_len: int, scale: float | None):
         scale: softmax scale (None: 1/sqrt(D)).
 
     Returns:
-        (T, Hq, D). On a GPU torch's varlen_attn; on the CPU (and where torch has no varlen_attn) one SDPA
-        call per segment — the reference the GPU kernel is tested against.
+        (T, Hq, D). On a GPU torch's varlen_attn (fp16/bf16; fp32 inputs under autocast are cast to its dtype, as
+        SDPA would run them); on the CPU, in real fp32 and where torch has no varlen_attn, one SDPA call per
+        segment — the reference the GPU kernel is tested against.
     """
     import torch
 
     kernel = _varlen_kernel() if query.is_cuda else None
+    if kernel is not None and query.dtype not in (torch.float16, torch.bfloat16):
+        # torch's varlen kernel is FlashAttention's: fp16/bf16 only ("FlashAttention only support fp16 and bf16
+        # data type", seen on the H200 under DDP, where the trainer's bf16 autocast hands attention fp32 q/k/v).
+        # Under autocast, run it in autocast's dtype as SDPA would; real fp32 goes per segment below.
+        if torch.is_autocast_enabled(query.device.type):
+            dtype = torch.get_autocast_dtype(query.device.type)
+            query, key, value = (t.to(dtype) for t in (query, key, value))
+        else:
+            kernel = None
     groups = query.shape[1] // key.shape[1]
     if kernel is not None:
         function, gqa, causal = kernel
