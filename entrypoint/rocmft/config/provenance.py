@@ -17,6 +17,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from rocmft.findings import note
+
 FROM_ENVIRONMENT = "set in the environment"
 NOT_SET = "not set: the default"
 _YAML_SOURCES = ("ROCMFT_CONFIG (", "the command line's CONFIG (")
@@ -71,16 +73,21 @@ def named(name: str, value: Any, source: str | None, given: str | None = None) -
     a command-line key as ``key=value (command line ...)``. ``given`` is the user's text, used when the source is
     the user's (a default or rocmft's decision has no spelling of the user's)."""
     if value is None and source is None:
-        return f"{name.upper()} not set"
+        text = f"{name.upper()} not set"
+        note(name, None, None, text)  # the settings of a rule's finding (rocmft.findings)
+        return text
     user = source is not None and (is_environment(name, source) or source.startswith(_YAML_SOURCES)
                                    or source.startswith("command line"))  # fmt: skip
     shown = spelled(value, given if user else None)
     if source is not None and source.startswith(_YAML_SOURCES):
-        return f"{name}: {shown} ({origin(name, source)})"
-    if source is not None and source.startswith("command line"):
-        return f"{name}={shown} ({source})"
-    variable = source if source is not None and is_environment(name, source) else name.upper()
-    return f"{variable}={shown} ({origin(name, source)})"
+        text = f"{name}: {shown} ({origin(name, source)})"
+    elif source is not None and source.startswith("command line"):
+        text = f"{name}={shown} ({source})"
+    else:
+        variable = source if source is not None and is_environment(name, source) else name.upper()
+        text = f"{variable}={shown} ({origin(name, source)})"
+    note(name, shown, source, text)
+    return text
 
 
 def named_in(name: str, arguments: Mapping[str, Any], sources: Mapping[str, str],
@@ -90,14 +97,19 @@ def named_in(name: str, arguments: Mapping[str, Any], sources: Mapping[str, str]
     argument is not set, is shown as ``NAME=default (not set: the default)``."""
     value = arguments.get(name)
     if value is None and name not in sources and default is not None:
-        return f"{name.upper()}={spelled(default)} ({NOT_SET})"
+        text = f"{name.upper()}={spelled(default)} ({NOT_SET})"
+        note(name, spelled(default), None, text)
+        return text
     return named(name, value, sources.get(name), (given or {}).get(name))
 
 
 def knob(field: str, value: Any, explicit: bool, given: str | None = None) -> str:
     """One of rocmft's own settings: ``ROCMFT_<FIELD>=value (set in the environment)`` or ``(rocmft's default)``."""
     where = FROM_ENVIRONMENT if explicit else "rocmft's default"
-    return f"ROCMFT_{field.upper()}={spelled(value, given if explicit else None)} ({where})"
+    variable, shown = f"ROCMFT_{field.upper()}", spelled(value, given if explicit else None)
+    text = f"{variable}={shown} ({where})"
+    note(variable, shown, variable if explicit else "rocmft's default", text)
+    return text
 
 
 def environment_variable(name: str, environ: Mapping[str, str]) -> str:
@@ -105,10 +117,13 @@ def environment_variable(name: str, environ: Mapping[str, str]) -> str:
     environment)`` (``repr`` of the text when it holds spaces, quotes or control characters, so they show), or
     ``NAME not set``."""
     if name not in environ:
+        note(name, None, None, f"{name} not set")
         return f"{name} not set"
     text = environ[name]
     plain = text and text.isprintable() and not any(c in text for c in " \"'")
-    return f"{name}={text if plain else repr(text)} ({FROM_ENVIRONMENT})"
+    shown = f"{name}={text if plain else repr(text)} ({FROM_ENVIRONMENT})"
+    note(name, text, name, shown)
+    return shown
 
 
 __all__ = ["FROM_ENVIRONMENT", "NOT_SET", "environment_variable", "is_environment", "knob", "named", "named_in",
