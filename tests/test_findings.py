@@ -85,12 +85,16 @@ def test_a_single_refusal_reads_exactly_as_before(render_env, tmp_path, cache_di
     assert not output.exists() or not any(output.iterdir())
 
 
-def test_a_refusal_outside_the_rules_is_one_finding_of_code_config(tmp_path, cache_dir):
-    result = rocmft_in(tmp_path, cache_dir, "render", "--json", "notayaml", env={}, merge_stderr=False)
-    assert result.returncode == ExitCode.CONFIG_ERROR
-    assert "CONFIGURATION ERROR: 'notayaml' on the command line is not a YAML file name" in result.stderr
-    (finding,) = json.loads(result.stdout.strip().splitlines()[-1])["findings"]
+def test_a_refusal_outside_the_rules_is_one_finding_of_code_config_and_json_may_stand_anywhere(capsys):
+    from rocmft.cli import main
+
+    # `--json` between the YAML and the overrides: the overrides after it are still read (HF_TOKEN is refused)
+    assert main(["render", "my.yaml", "--json", "HF_TOKEN=hf_x"]) == ExitCode.CONFIG_ERROR
+    printed = capsys.readouterr()
+    assert "CONFIGURATION ERROR: `HF_TOKEN` on the command line is a secret" in printed.err
+    (finding,) = json.loads(printed.out.strip().splitlines()[-1])["findings"]
     assert finding["code"] == "config" and finding["severity"] == "error" and finding["settings"] == []
+    assert "hf_x" not in printed.out + printed.err
 
 
 def _rules(*fns, masks=()) -> list[Rule]:

@@ -73,7 +73,13 @@ def report_refusal(err: ConfigError, as_json: bool = False) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rocmft`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "config_args") and not any(token.startswith("-") for token in extra):
+        # argparse ends a positional list at an option: `render my.yaml --json lr=1` leaves lr=1 over; keep order
+        args.config_args = [*args.config_args, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.handler(args))
     except ConfigError as err:
