@@ -45,6 +45,16 @@ def test_three_independent_mistakes_are_all_reported_in_one_run_in_rule_order(re
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_the_inputs_phase_reports_its_refusals_together_with_rocmfts_own_settings(render_env):
+    err = _refused(render_env, {"FP16": "1", "BF16": "1", "ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_ZERO_STAGE": "3"})
+    assert isinstance(err, ConfigErrors)
+    assert [f.code for f in err.findings] == ["precision.precision", "distributed.distributed"]
+    assert [(s.name, s.value, s.source) for s in err.findings[1].settings] == [
+        ("ROCMFT_ZERO_STAGE", "3", "ROCMFT_ZERO_STAGE"),
+        ("ROCMFT_DISTRIBUTED", "ddp", "ROCMFT_DISTRIBUTED"),
+    ]
+
+
 def test_the_cli_prints_every_refusal_and_the_json_holds_the_same_codes_and_settings(tmp_path, cache_dir, tiny_model):
     output = tmp_path / "out"
     env = {"OUTPUT_DIR": str(output), "MODEL_NAME_OR_PATH": str(tiny_model), **THREE}

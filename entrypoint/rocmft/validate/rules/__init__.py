@@ -217,12 +217,15 @@ def render_checked(settings: Settings, device: DeviceFacts, make_staging):
         make_staging: ``callable(output_dir) -> Path`` creating the staging folder (the caller owns its clean-up).
 
     Raises:
-        ConfigError: a rule, or rendering (a bad template, a template that dropped a given argument, ...).
+        ConfigError: a rule, or rendering (a bad template, a template that dropped a given argument, ...);
+            :class:`~rocmft.errors.ConfigErrors` when several rules of a phase refuse (:func:`apply`).
     """
     from rocmft.config.layers import layer
     from rocmft.render import render, write
 
-    layers = layer(settings)  # the inputs phase refusing ends it here: rendering needs what it refuses
+    layers = layer(settings)
+    # a refusal of the inputs phase ends the run here (rendering needs what it refuses): the rendered phase's
+    # findings are reported once the inputs pass
     apply("inputs", Inputs(settings=settings, arguments=layers.arguments, device=device, sources=layers.sources))
     rendered = render(settings, device, layers, make_staging)
     apply("rendered", rendered)
