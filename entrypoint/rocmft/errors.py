@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import enum
 
+from rocmft.findings import ERROR, OUTSIDE_RULES, Finding
+
 
 class ExitCode(enum.IntEnum):
     """Process exit codes of every rocmft command (see the module docstring for the table)."""
@@ -60,9 +62,41 @@ class RocmftError(Exception):
 
 
 class ConfigError(RocmftError):
-    """Bad settings: an environment variable, the user's YAML, a template. Exit code 2."""
+    """Bad settings: an environment variable, the user's YAML, a template. Exit code 2.
+
+    ``findings``: set by :func:`rocmft.validate.rules.apply` on the error it raises, every finding of the phase
+    (this error's among them, and the phase's warnings) in rule order; empty for a refusal outside the rules.
+    """
 
     code = ExitCode.CONFIG_ERROR
+    findings: tuple[Finding, ...] = ()
+
+    def reported(self) -> tuple[Finding, ...]:
+        """The findings to report for this error: :attr:`findings`, or this error as the one finding (code
+        ``config``) when no rule made it."""
+        return self.findings or (Finding(OUTSIDE_RULES, ERROR, self.message, self.remedy),)
+
+
+class ConfigErrors(ConfigError):
+    """Several configuration errors found in one run (:func:`rocmft.validate.rules.apply`), each a finding of
+    severity ``error`` in :attr:`findings`, in rule order. Exit code 2.
+
+    ``message`` and ``remedy`` are the findings' messages and fixes, one a line; ``str()`` is their
+    ``message / fix:`` blocks one after another.
+
+    Args:
+        findings: the phase's findings (errors and warnings); at least two errors.
+        errors: the ConfigError each error finding came from, in the same order (kept for their tracebacks).
+    """
+
+    def __init__(self, findings: tuple[Finding, ...], errors: tuple[ConfigError, ...] = ()) -> None:
+        refused = [f for f in findings if f.severity == ERROR]
+        super().__init__("\n".join(f.message for f in refused), "\n".join(f.fix for f in refused))
+        self.findings = tuple(findings)
+        self.errors = tuple(errors)
+
+    def __str__(self) -> str:
+        return "\n".join(str(f) for f in self.findings if f.severity == ERROR)
 
 
 class ChecksFailed(RocmftError):

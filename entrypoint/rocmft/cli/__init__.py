@@ -12,18 +12,22 @@
 * ``report``: (re)write a run's summary, run_summary.md/.png, from its files (rocmft.outputs.report; train too).
 
 Exit codes: see :mod:`rocmft.errors` (0, 2 config, 3 check failed, 4 training failed, 5 non-finite loss,
-143 interrupted). On 2 nothing is left in OUTPUT_DIR; on 3 only OUTPUT_DIR/rocmft/checks.json.
+143 interrupted). On 2 nothing is left in OUTPUT_DIR; on 3 only OUTPUT_DIR/rocmft/checks.json. A refusal prints
+every finding of the rules' phase at once (rocmft.findings), and with ``--json`` (render, check, train, plan) also
+as one JSON line on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from rocmft import __version__
 from rocmft.cli import chat, check, env, export, plan, render, report, serve, status, train
 from rocmft.console import say
 from rocmft.errors import ConfigError, ExitCode, RocmftError
+from rocmft.findings import ERROR, document
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,13 +56,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def report_refusal(err: ConfigError, as_json: bool = False) -> None:
+    """Print a refused configuration on stderr: one ``CONFIGURATION ERROR: message / fix: ...`` block per error
+    finding, in rule order, and after several a count line (``3 configuration errors; nothing was written.``);
+    with ``as_json``, also its findings (rocmft.findings.document) as one JSON line on stdout."""
+    refused = [f for f in err.reported() if f.severity == ERROR]
+    if len(refused) < 2:
+        say(f"CONFIGURATION ERROR: {err}", stream=sys.stderr, all_ranks=True)
+    else:
+        for finding in refused:
+            say(f"CONFIGURATION ERROR: {finding}", stream=sys.stderr, all_ranks=True)
+        say(f"{len(refused)} configuration errors; nothing was written.", stream=sys.stderr, all_ranks=True)
+    if as_json:
+        print(json.dumps(document(err.reported(), err.code)), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rocmft`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "config_args") and not any(token.startswith("-") for token in extra):
+        # argparse ends a positional list at an option: `render my.yaml --json lr=1` leaves lr=1 over; keep order
+        args.config_args = [*args.config_args, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.handler(args))
     except ConfigError as err:
-        say(f"CONFIGURATION ERROR: {err}", stream=sys.stderr, all_ranks=True)
+        report_refusal(err, as_json=getattr(args, "findings_json", False))
         return int(err.code)
     except RocmftError as err:
         say(str(err), stream=sys.stderr, all_ranks=True)

@@ -100,7 +100,8 @@ class Workspace:
 def add_config_arguments(sub, name: str, help: str):
     """Add the command ``name`` to the subcommands ``sub`` with the configuration arguments every command that
     reads a configuration takes (train, render, check, plan): ``[CONFIG.yaml] [key=value ...]``
-    (rocmft.config.cmdline). Returns its parser; :func:`command_line` reads the arguments back."""
+    (rocmft.config.cmdline) and ``--json`` (a refusal's findings as JSON, printed by :func:`rocmft.cli.main`).
+    Returns its parser; :func:`command_line` reads the arguments back."""
     import argparse
 
     from rocmft.config.cmdline import USAGE
@@ -110,6 +111,10 @@ def add_config_arguments(sub, name: str, help: str):
                             formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("config_args", nargs="*", metavar="CONFIG.yaml | key=value",
                         help="the training YAML (first), then overrides; see below")  # fmt: skip
+    parser.add_argument("--json", dest="findings_json", action="store_true",
+                        help='when the configuration is refused (exit 2), also print its findings as one JSON line '
+                        'on stdout, the last: {"findings": [{code, severity, message, fix, settings}], '
+                        '"exit_code": 2}')  # fmt: skip
     return parser
 
 

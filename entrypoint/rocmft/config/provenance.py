@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rocmft.findings import note
+
 FROM_ENVIRONMENT = "set in the environment"
 NOT_SET = "not set: the default"
 
@@ -154,19 +156,20 @@ def removal(name: str, source: Source | None) -> str:
     return f"leave {name.upper()} unset"
 
 
-def _parts(name: str, value: Any, source: Source | None, given: str | None) -> tuple[str, str]:
-    """The setting as the user would find it where it was set (``LEARNING_RATE=1e-4``, ``cutoff_len: 2k``), and
-    where that is, in words; a value rocmft derived from one of the user's settings is named as that setting."""
+def _parts(name: str, value: Any, source: Source | None, given: str | None) -> tuple[str, str, str, Source | None]:
+    """The setting as the user would find it where it was set (``LEARNING_RATE=1e-4``, ``cutoff_len: 2k``), where
+    that is in words, the value as shown, and the source named; a value rocmft derived from one of the user's
+    settings is named as that setting."""
     if source is not None and source.kind is Kind.ROCMFT and source.basis is not None and source.basis.user_chosen:
         source = source.basis
     kind = source.kind if source is not None else None
     shown = spelled(value, given if kind in USER_KINDS else None)
     if kind in YAML_KINDS:
-        return f"{name}: {shown}", origin(name, source)
+        return f"{name}: {shown}", origin(name, source), shown, source
     if kind is Kind.COMMAND_LINE:
-        return f"{name}={shown}", str(source)
+        return f"{name}={shown}", str(source), shown, source
     variable = source.detail if source is not None and kind is Kind.ENVIRONMENT else name.upper()
-    return f"{variable}={shown}", origin(name, source)
+    return f"{variable}={shown}", origin(name, source), shown, source
 
 
 def named(name: str, value: Any, source: Source | None, given: str | None = None) -> str:
@@ -175,14 +178,18 @@ def named(name: str, value: Any, source: Source | None, given: str | None = None
     the user's (a default or rocmft's decision has no spelling of the user's). A value rocmft derived from the
     user's setting (BF16 of the precision policy that followed a YAML's ``bf16: true``) is named as that setting."""
     if value is None and source is None:
-        return f"{name.upper()} not set"
-    setting, where = _parts(name, value, source, given)
-    return f"{setting} ({where})"
+        text = f"{name.upper()} not set"
+        note(name, None, None, text)  # the settings of a rule's finding (rocmft.findings)
+        return text
+    setting, where, shown, said = _parts(name, value, source, given)
+    text = f"{setting} ({where})"
+    note(name, shown, said, text)
+    return text
 
 
 def stated(name: str, value: Any, source: Source | None, given: str | None = None) -> str:
     """:func:`named` as a clause, for text already in parentheses: ``bf16: true, in ROCMFT_CONFIG (x.yaml)``."""
-    setting, where = _parts(name, value, source, given)
+    setting, where, _, _ = _parts(name, value, source, given)
     return f"{setting}, {where}"
 
 
@@ -193,7 +200,9 @@ def named_in(name: str, arguments: Mapping[str, Any], sources: Mapping[str, Sour
     argument is not set, is shown as ``NAME=default (not set: the default)``."""
     value = arguments.get(name)
     if value is None and name not in sources and default is not None:
-        return f"{name.upper()}={spelled(default)} ({NOT_SET})"
+        text = f"{name.upper()}={spelled(default)} ({NOT_SET})"
+        note(name, spelled(default), None, text)
+        return text
     return named(name, value, sources.get(name), (given or {}).get(name))
 
 
@@ -201,9 +210,14 @@ def knob(field: str, value: Any, explicit: bool, given: str | None = None, overr
     """One of rocmft's own settings: ``ROCMFT_<FIELD>=value (set in the environment)``, ``(rocmft's default)``, or
     with the source of rocmft's own ``override`` (``(the restart after a non-finite loss at step 15)``)."""
     if override is not None:
-        return f"ROCMFT_{field.upper()}={spelled(value)} ({override})"
+        text = f"ROCMFT_{field.upper()}={spelled(value)} ({override})"
+        note(f"ROCMFT_{field.upper()}", spelled(value), override, text)
+        return text
     where = FROM_ENVIRONMENT if explicit else "rocmft's default"
-    return f"ROCMFT_{field.upper()}={spelled(value, given if explicit else None)} ({where})"
+    variable, shown = f"ROCMFT_{field.upper()}", spelled(value, given if explicit else None)
+    text = f"{variable}={shown} ({where})"
+    note(variable, shown, variable if explicit else "rocmft's default", text)
+    return text
 
 
 def environment_variable(name: str, environ: Mapping[str, str]) -> str:
@@ -211,10 +225,13 @@ def environment_variable(name: str, environ: Mapping[str, str]) -> str:
     environment)`` (``repr`` of the text when it holds spaces, quotes or control characters, so they show), or
     ``NAME not set``."""
     if name not in environ:
+        note(name, None, None, f"{name} not set")
         return f"{name} not set"
     text = environ[name]
     plain = text and text.isprintable() and not any(c in text for c in " \"'")
-    return f"{name}={text if plain else repr(text)} ({FROM_ENVIRONMENT})"
+    shown = f"{name}={text if plain else repr(text)} ({FROM_ENVIRONMENT})"
+    note(name, text, name, shown)
+    return shown
 
 
 __all__ = ["FROM_ENVIRONMENT", "NOT_SET", "USER_KINDS", "Kind", "Source", "environment_variable", "is_environment",

@@ -1,18 +1,21 @@
 """Rules: the misconfigurations rocmft refuses before anything loads (docs/rules.md lists them with the reports
 behind them). A violation is a :class:`~rocmft.errors.ConfigError` (exit 2) naming the variables and files
-involved; a few rules return warnings instead, printed once the phase has passed.
+involved; a few rules return warnings instead, printed once every rule of the phase has run.
 
 A rule is a function ``subject -> list[str] | None`` registered with :func:`rule` for a phase, in a module of
 its concern (precision, distributed, hygiene, paths, template, method, ranges, data, model). :func:`apply` runs
-a phase's rules by their ``order``, the first error wins; ``order`` keeps the sequence in which the rules have
-always fired, so the first error reported for an input does not depend on which module a rule lives in:
+every rule of a phase by their ``order`` and reports all they found at once: each rule's error and warnings
+become :class:`~rocmft.findings.Finding` s with the rule's code (``<module>.<function>``, :attr:`Rule.code`), and
+the settings each message names (noted by :mod:`rocmft.config.provenance` while the rule runs). ``order`` keeps the
+sequence in which the rules have always fired, so the findings of an input come in the same order whichever module
+a rule lives in:
 
 * ``inputs`` (:class:`Inputs`: the layered arguments of :mod:`rocmft.config.layers`, the settings, the device),
   before anything is rendered or any folder made: precision conflicts, then distributed settings that cannot
   work together, then quantization that cannot be sharded;
 * ``rendered`` (:class:`rocmft.render.Rendered`: the arguments parsed back from the rendered train.yaml, so
   what is checked is what would run), before any file is written: text hygiene first (stray spaces and CRs would
-  mislead every later message) ... the chat template last;
+  mislead every later message: its findings mask later ones about the same settings) ... the chat template last;
 * ``launch`` (:class:`rocmft.render.Plan`), as the launch is prepared (:func:`rocmft.launch.prepare_launch`):
   NNODES / NODE_RANK / WORLD_SIZE.
 
@@ -27,15 +30,18 @@ drops given arguments (:mod:`rocmft.render`, the only place that sees both sides
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from rocmft.config.settings import Settings
 from rocmft.console import warn
+from rocmft.errors import ConfigError, ConfigErrors
 from rocmft.facts.device import DeviceFacts
 from rocmft.facts.modeldir import ModelDir
+from rocmft.findings import ERROR, WARNING, Finding, Setting, noting
 
 PHASES = ("inputs", "rendered", "launch")
 # The concern modules, imported (and so registered) on first use.
@@ -44,19 +50,28 @@ MODULES = ("precision", "distributed", "hygiene", "paths", "template", "method",
 
 @dataclass(frozen=True)
 class Rule:
-    """A registered rule: ``fn(subject)`` in ``phase`` at ``order`` (lower first); returns warnings or None."""
+    """A registered rule: ``fn(subject)`` in ``phase`` at ``order`` (lower first); returns warnings or None.
+    ``masks``: the rule refuses a value for its own text (stray spaces, quotes), so later findings that name the
+    same setting are about that broken text and are left out (:func:`findings`)."""
 
     name: str
     phase: str
     order: int
     fn: Callable[[Any], list[str] | None]
+    masks: bool = False
+
+    @property
+    def code(self) -> str:
+        """The findings' stable code: ``<module>.<function>`` (``ranges.more_ranges``); docs/rules.md lists them."""
+        return f"{self.fn.__module__.rsplit('.', 1)[-1]}.{self.name}"
 
 
 REGISTRY: list[Rule] = []
 
 
-def rule(phase: str, order: int):
-    """Register ``fn`` as a rule of ``phase`` (one of :data:`PHASES`), applied at ``order``.
+def rule(phase: str, order: int, masks: bool = False):
+    """Register ``fn`` as a rule of ``phase`` (one of :data:`PHASES`), applied at ``order``; ``masks`` see
+    :class:`Rule`.
 
     Raises:
         ValueError: an unknown phase, or an order another rule of the phase already has.
@@ -67,7 +82,7 @@ def rule(phase: str, order: int):
     def register(fn: Callable[[Any], list[str] | None]) -> Callable[[Any], list[str] | None]:
         if any(r.phase == phase and r.order == order for r in REGISTRY):
             raise ValueError(f"two rules of phase {phase} at order {order}")
-        REGISTRY.append(Rule(name=fn.__name__, phase=phase, order=order, fn=fn))
+        REGISTRY.append(Rule(name=fn.__name__, phase=phase, order=order, fn=fn, masks=masks))
         return fn
 
     return register
@@ -80,17 +95,89 @@ def registered(phase: str) -> list[Rule]:
     return sorted((r for r in REGISTRY if r.phase == phase), key=lambda r: r.order)
 
 
-def apply(phase: str, subject: Any) -> None:
-    """Run the rules of ``phase`` on ``subject``; print their warnings (``[rocmft] WARNING: ...``) after the last.
+def _settings(message: str, fix: str, noted: list[Setting], subject: Any) -> tuple[Setting, ...]:
+    """The settings a finding names: those noted while the rule ran that its message or fix shows (a rule may word
+    a setting it then does not use), then any argument of ``subject`` the message writes as ``NAME=`` by hand;
+    each once, in the order the text names them."""
+    from rocmft.config.provenance import spelled
+
+    text = f"{message}\n{fix}"
+    chosen: dict[str, tuple[int, Setting]] = {}
+    for setting in noted:
+        if setting.name not in chosen and setting.text and setting.text in text:
+            chosen[setting.name] = (text.index(setting.text), setting)
+    arguments, sources = getattr(subject, "arguments", None), getattr(subject, "sources", None)
+    if isinstance(arguments, Mapping):
+        sources = sources if isinstance(sources, Mapping) else {}
+        for name, value in arguments.items():
+            if not isinstance(name, str) or name in chosen:
+                continue
+            if found := re.search(rf"(?<![A-Za-z0-9_]){re.escape(name.upper())}=", message):
+                source = sources.get(name)
+                setting = Setting(name, spelled(value), None if source is None else str(source))
+                chosen[name] = (found.start(), setting)
+    return tuple(setting for _, setting in sorted(chosen.values(), key=lambda pair: pair[0]))
+
+
+def findings(phase: str, subject: Any) -> tuple[list[Finding], list[ConfigError]]:
+    """Run every rule of ``phase`` on ``subject``; the findings in rule order (a rule's error, or its warnings)
+    and the ConfigError behind each error finding.
+
+    A finding that names a setting whose text a ``masks`` rule already refused is left out (TEMPLATE="qwen" is
+    refused for its quotes, not also as an unknown template). A rule that fails with another exception after an
+    earlier rule refused the configuration is passed over: it met input the refusal is about.
 
     Raises:
-        ConfigError: the first rule that fails.
+        Exception: a rule's own failure (not a ConfigError) when no earlier rule refused anything (a bug).
     """
-    warnings: list[str] = []
+    found: list[Finding] = []
+    raised: list[ConfigError] = []
+    masked: set[str] = set()
     for item in registered(phase):
-        warnings += item.fn(subject) or []
-    for warning in warnings:
-        warn(warning, all_ranks=True)  # the entrypoint's line, printed whatever RANK says, as always
+        with noting() as noted:
+            try:
+                warnings, err = item.fn(subject) or [], None
+            except ConfigError as caught:
+                warnings, err = [], caught
+            except Exception:
+                if raised:
+                    continue
+                raise
+        if err is not None:
+            settings = _settings(err.message, err.remedy, noted, subject)
+            if masked & {s.name for s in settings}:
+                continue
+            found.append(Finding(item.code, ERROR, err.message, err.remedy, settings))
+            raised.append(err)
+            if item.masks:
+                masked |= {s.name for s in settings}
+            continue
+        for warning in warnings:
+            settings = _settings(warning, "", noted, subject)
+            if not masked & {s.name for s in settings}:
+                found.append(Finding(item.code, WARNING, warning, "", settings))
+    return found, raised
+
+
+def apply(phase: str, subject: Any) -> tuple[Finding, ...]:
+    """Run every rule of ``phase`` on ``subject`` (:func:`findings`); print the warnings (``[rocmft] WARNING:
+    ...``), then refuse if any rule did. Returns the findings (warnings only, when it returns).
+
+    Raises:
+        ConfigError: the one rule that refused, as it raised it, with :attr:`~rocmft.errors.ConfigError.findings`
+            set to the phase's findings; :class:`~rocmft.errors.ConfigErrors` (a ConfigError, exit 2) when several
+            did, carrying every finding in rule order.
+    """
+    found, raised = findings(phase, subject)
+    for finding in found:
+        if finding.severity == WARNING:
+            warn(finding.message, all_ranks=True)  # the entrypoint's line, printed whatever RANK says, as always
+    if len(raised) == 1:
+        raised[0].findings = tuple(found)
+        raise raised[0]
+    if raised:
+        raise ConfigErrors(tuple(found), tuple(raised))
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -130,16 +217,20 @@ def render_checked(settings: Settings, device: DeviceFacts, make_staging):
         make_staging: ``callable(output_dir) -> Path`` creating the staging folder (the caller owns its clean-up).
 
     Raises:
-        ConfigError: a rule, or rendering (a bad template, a template that dropped a given argument, ...).
+        ConfigError: a rule, or rendering (a bad template, a template that dropped a given argument, ...);
+            :class:`~rocmft.errors.ConfigErrors` when several rules of a phase refuse (:func:`apply`).
     """
     from rocmft.config.layers import layer
     from rocmft.render import render, write
 
     layers = layer(settings)
+    # a refusal of the inputs phase ends the run here (rendering needs what it refuses): the rendered phase's
+    # findings are reported once the inputs pass
     apply("inputs", Inputs(settings=settings, arguments=layers.arguments, device=device, sources=layers.sources))
     rendered = render(settings, device, layers, make_staging)
     apply("rendered", rendered)
     return write(rendered)
 
 
-__all__ = ["MODULES", "PHASES", "REGISTRY", "Inputs", "Rule", "apply", "registered", "render_checked", "rule"]
+__all__ = ["MODULES", "PHASES", "REGISTRY", "Inputs", "Rule", "apply", "findings", "registered", "render_checked",
+           "rule"]  # fmt: skip

@@ -142,7 +142,7 @@ def user_ds_config(run: Rendered) -> list[str]:
     offload settings DeepSpeed can honour (:func:`ds_offload`);
     literals that transformers would compare (batch, accumulation, clipping, learning rate, warmup, fp16/bf16)
     must equal the trainer's values, every mismatched pair listed; ``"auto"`` only in keys transformers fills
-    (:data:`AUTO_FILLED`). Returns nothing; raises on the first rule that fails.
+    (:data:`AUTO_FILLED`). Returns nothing; raises on the first of these that fails.
 
     Raises:
         ConfigError: the file is missing or not JSON, or a rule fails (message lists every offending key).

@@ -14,7 +14,7 @@ PATH_ARGUMENTS = ("model_name_or_path", "adapter_name_or_path", "dataset_dir", "
                   "resume_from_checkpoint", "cache_dir", "tokenized_path", "media_dir", "logging_dir")  # fmt: skip
 
 
-@rule("rendered", 10)
+@rule("rendered", 10, masks=True)
 def text_hygiene(run: Rendered) -> None:
     """Values the user set that carry invisible characters or a host path the container cannot have:
     leading/trailing spaces and tabs (``DATASET=alpaca_en_demo `` in a .env file), a carriage return (a .env
@@ -51,7 +51,7 @@ def text_hygiene(run: Rendered) -> None:
                           "path inside it (/models/<name>), with forward slashes.")  # fmt: skip
 
 
-@rule("rendered", 40)
+@rule("rendered", 40, masks=True)
 def quoted_values(run: Rendered) -> None:
     """Text values wrapped in matching quotes: ``docker run --env-file`` and some .env loaders keep them, so
     TEMPLATE="qwen" reaches LLaMA-Factory as the seven characters ``"qwen"``.
