@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import rocmft_in
+from rocmft.config.provenance import Source
 from rocmft.errors import ConfigError, ConfigErrors, ExitCode
 from rocmft.findings import Finding, Setting
 from rocmft.validate.rules import PHASES, Rule, findings, registered
@@ -86,11 +87,13 @@ def test_a_single_refusal_reads_exactly_as_before(render_env, tmp_path, cache_di
     assert "WARNING: CUTOFF_LEN=2048 (the default in train.yaml.j2) is beyond" in result.stdout
     document = json.loads(result.stdout.strip().splitlines()[-1])
     assert document["findings"][1]["severity"] == "warning" and document["findings"][1]["code"] == "ranges.ranges"
-    assert document["findings"][1]["settings"] == [{"name": "cutoff_len", "value": "2048",
-                                                    "source": "the default in train.yaml.j2"}]  # fmt: skip
+    assert document["findings"][1]["settings"] == [
+        {"name": "cutoff_len", "value": "2048", "source": "the default in train.yaml.j2", "kind": "template"}
+    ]
     message, fix = DROPOUT.split("\n  fix: ")
     golden = {"code": "ranges.more_ranges", "severity": "error", "message": message, "fix": fix,
-              "settings": [{"name": "lora_dropout", "value": "5", "source": "LORA_DROPOUT"}]}  # fmt: skip
+              "settings": [{"name": "lora_dropout", "value": "5", "source": "LORA_DROPOUT",
+                            "kind": "environment"}]}  # fmt: skip
     assert document == {"exit_code": 2, "findings": [golden, document["findings"][1]]}
     assert not output.exists() or not any(output.iterdir())
 
@@ -133,7 +136,8 @@ def test_findings_collects_warnings_passes_over_a_crash_after_a_refusal_and_mask
 
     def Run():
         return SimpleNamespace(arguments={"template": '"qwen"', "cutoff_len": 9},
-                               sources={"template": "TEMPLATE", "cutoff_len": "CUTOFF_LEN"},
+                               sources={"template": Source.environment("TEMPLATE"),
+                                        "cutoff_len": Source.environment("CUTOFF_LEN")},
                                settings=SimpleNamespace(given={}))  # fmt: skip
 
     monkeypatch.setattr(rules, "registered", lambda phase: _rules(warns, quoted, about_template, crashes, independent,
@@ -142,7 +146,8 @@ def test_findings_collects_warnings_passes_over_a_crash_after_a_refusal_and_mask
     assert [(f.code, f.severity) for f in found] == [("test_findings.warns", "warning"),
                                                      ("test_findings.quoted", "error"),
                                                      ("test_findings.independent", "error")]  # fmt: skip
-    assert found[1].settings == (Setting("template", '"qwen"', "TEMPLATE", 'TEMPLATE="qwen" (set in the environment)'),)
+    assert found[1].settings == (Setting("template", '"qwen"', "TEMPLATE", 'TEMPLATE="qwen" (set in the environment)',
+                                         kind="environment"),)  # fmt: skip
     assert [(s.name, s.value, s.source) for s in found[2].settings] == [("cutoff_len", "9", "CUTOFF_LEN")]
     assert len(raised) == 2
     with pytest.raises(ConfigErrors) as caught:

@@ -8,7 +8,6 @@ Everything here runs in-process through the real path (load_settings, render_che
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
@@ -152,6 +151,8 @@ CASES = [
     ("output_not_input", {"OUTPUT_DIR": "{model}/out"}),
 ]
 PLACES = ["environment", "ROCMFT_CONFIG", "the command line's YAML", "key=value"]
+KINDS = {"environment": "environment", "ROCMFT_CONFIG": "rocmft_config", "the command line's YAML": "command_line_yaml",
+         "key=value": "command_line"}  # fmt: skip
 _names = st.lists(st.sampled_from([*TRAP_WORDS, "c", "my run", "x-1"]), min_size=1, max_size=3).map(" ".join)
 
 
@@ -179,8 +180,8 @@ def test_the_verdict_and_the_settings_named_do_not_depend_on_where_a_value_was_w
     rule, offending, data, tmp_path_factory, cache_dir, model_copy
 ):
     """For each rule and each offending value written in the environment, ROCMFT_CONFIG, the command line's YAML
-    (under any file name, trap words included) or a key=value: the same rule refuses, and its message names each
-    setting with its value as written and the place it was written."""
+    (under any file name, trap words included) or a key=value: the same rule refuses (its finding's code), and the
+    finding names each setting with its value as written and the kind of place it was written in."""
     tmp = tmp_path_factory.mktemp("where")
     case = {k: v.replace("{model}", str(model_copy)) for k, v in offending.items()}
     places = {name: data.draw(st.sampled_from(PLACES), label=name) for name in case}
@@ -213,12 +214,12 @@ def test_the_verdict_and_the_settings_named_do_not_depend_on_where_a_value_was_w
     arguments += tokens
     with pytest.raises(ConfigError) as caught:
         _render(environ, tmp / "staging", arguments)
-    raised, tb = set(), caught.value.__traceback__
-    while tb is not None:
-        raised.add(tb.tb_frame.f_code.co_name)
-        tb = tb.tb_next
-    assert rule in raised, (places, caught.value.message)
-    message = caught.value.message
+    findings = {f.code.rpartition(".")[2]: f for f in caught.value.findings}  # rocmft.findings, by rule
+    assert rule in findings, (places, [f.code for f in caught.value.findings], caught.value.message)
+    finding = findings[rule]
+    named = {setting.name: setting for setting in finding.settings}
     for name, value in case.items():
         said = _where_said(places[name], name.lower(), value, config)
-        assert said in message or re.sub(r"\s+", " ", said) in message, (said, message)
+        assert said in finding.message, (said, finding.message)
+        assert named[name.lower()].kind == KINDS[places[name]], (name, named[name.lower()])
+        assert named[name.lower()].value == value

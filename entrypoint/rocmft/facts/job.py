@@ -29,20 +29,22 @@ def asked_processes(settings: Settings, layout: JobLayout | None = None) -> int:
     return settings.rocmft.nproc_per_node or given or layout.nproc_per_node or 0
 
 
-def local_processes(settings: Settings, device: DeviceFacts, launcher: str) -> int:
+def local_processes(settings: Settings, device: DeviceFacts, launcher: str, layout: JobLayout | None = None) -> int:
     """Processes rocmft starts on this node: 1 without torchrun (one process, or one scheduler task); with it
-    ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE, else the scheduler's, else one per visible GPU (at least one)."""
+    ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE, else the scheduler's, else one per visible GPU (at least one).
+    ``layout``: the run's job layout (read from ``settings.environ`` when not given)."""
     if launcher != "torchrun":
         return 1
-    return asked_processes(settings) or max(device.count, 1)
+    return asked_processes(settings, layout) or max(device.count, 1)
 
 
-def world_size(settings: Settings, device: DeviceFacts, launcher: str) -> int:
-    """Processes in the whole job: the scheduler's task count in task mode, else processes per node × nodes."""
-    layout = job_layout(settings.environ)
+def world_size(settings: Settings, device: DeviceFacts, launcher: str, layout: JobLayout | None = None) -> int:
+    """Processes in the whole job: the scheduler's task count in task mode, else processes per node × nodes.
+    ``layout``: the run's job layout (read from ``settings.environ`` when not given)."""
+    layout = job_layout(settings.environ) if layout is None else layout
     if launcher == "task":
         return layout.world_size or 1
-    return local_processes(settings, device, launcher) * layout.nnodes
+    return local_processes(settings, device, launcher, layout) * layout.nnodes
 
 
 __all__ = ["LAUNCHERS", "asked_processes", "local_processes", "world_size"]

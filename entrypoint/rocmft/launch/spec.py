@@ -146,7 +146,7 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
     from rocmft.facts.topology import binding_plan, network_environment
 
     environ = dict(environ)
-    layout = job_layout(environ)
+    layout = plan.layout or job_layout(environ)
     added = {"PYTHONUNBUFFERED": "1"}
     added.update(cache_environment(environ))  # node-local caches under Apptainer/Slurm (rocmft.facts.caches)
     numa = None
@@ -208,7 +208,7 @@ def worker_command(plan: Plan, numa_args: list[str] | None, environ: Mapping[str
     ``RUN_DIR/logs`` (``--log-dir``, ``--tee 3``), and ``numa_args`` (``--numa-binding node``) when binding.
     ``environ``: where the job layout is read (the run's; a free port when no rendezvous is given).
     """
-    layout = job_layout(environ)
+    layout = plan.layout or job_layout(environ)
     worker = ["-m", "rocmft.worker", str(plan.run_dir)]
     if plan.launcher != "torchrun":
         return [sys.executable, *worker]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -35,7 +34,7 @@ from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
 from rocmft.facts.job import asked_processes, local_processes, world_size
 from rocmft.facts.modeldir import ModelDir
-from rocmft.facts.scheduler import job_layout
+from rocmft.facts.scheduler import JobLayout, job_layout
 from rocmft.fsutil import atomic_write_json, atomic_write_text
 from rocmft.nesting import loads_json
 from rocmft.render import planner
@@ -60,12 +59,10 @@ FSDP_CONFIG = {
 }
 
 
-def run_subdir(environ: Mapping[str, str]) -> str:
+def run_subdir(layout: JobLayout) -> str:
     """``rocmft`` on node 0 (in task mode: for rank 0); ``rocmft-node<k>`` on the other nodes of a multi-node run
     (``rocmft-rank<r>`` for the other tasks), so that node 0 alone writes OUTPUT_DIR/rocmft and the weights, while
-    each other process that rocmft runs keeps its own record beside it. ``environ``: where the job layout is read
-    (:attr:`rocmft.config.settings.Settings.environ`)."""
-    layout = job_layout(environ)
+    each other process that rocmft runs keeps its own record beside it. ``layout``: the run's job layout."""
     if layout.is_first_node:
         return RUN_SUBDIR
     return f"{RUN_SUBDIR}-rank{layout.rank}" if layout.mode == "task" else f"{RUN_SUBDIR}-node{layout.node_rank}"
@@ -114,6 +111,7 @@ class Plan:
     probes: dict[str, Any] = field(default_factory=dict)
     launch: dict[str, Any] = field(default_factory=dict)
     perf: Any = None
+    layout: JobLayout | None = None  # the run's job layout (rocmft.facts.scheduler), read once by render
 
     def staged(self, final: str | Path) -> Path:
         """Map a path under ``run_dir`` to its staged twin (used to validate before files move)."""
@@ -268,6 +266,7 @@ class Rendered:
     resume: ResumeChoice
     resumable: bool
     world_size: int
+    layout: JobLayout | None = None
 
     @cached_property
     def model(self) -> ModelDir:
@@ -275,7 +274,7 @@ class Rendered:
         return ModelDir(str(self.arguments.get("model_name_or_path", "")))
 
 
-def _destination(settings: Settings, layered: dict[str, Any], sources: dict[str, Source], demo: bool,
+def _destination(settings: Settings, layout: JobLayout, layered: dict[str, Any], sources: dict[str, Source], demo: bool,
                  make_staging) -> _Destination:  # fmt: skip
     """OUTPUT_DIR (:func:`default_output_dir`) and the staging folder; records the default's source in ``sources``."""
     rocmft = settings.rocmft
@@ -283,7 +282,7 @@ def _destination(settings: Settings, layered: dict[str, Any], sources: dict[str,
     if "output_dir" not in layered:
         name = "ROCMFT_RUN_NAME" if rocmft.run_name else "<run name>"
         sources["output_dir"] = Source(Kind.ROCMFT_DEFAULT, f"ROCMFT_SAVES_DIR/{name}")
-    run_dir = output_dir / run_subdir(settings.environ)
+    run_dir = output_dir / run_subdir(layout)
     return _Destination(output_dir=output_dir, run_dir=run_dir, staging=make_staging(output_dir))
 
 
@@ -296,7 +295,7 @@ def _registry(layered: dict[str, Any]) -> Registry:
 
 def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, layered: dict[str, Any],
            sources: dict[str, Source], where: _Destination, registry: Registry,
-           precision: Precision) -> _Fixed:  # fmt: skip
+           precision: Precision, layout: JobLayout) -> _Fixed:  # fmt: skip
     """The values rocmft sets itself: output and data folders, precision, the DeepSpeed or FSDP config, and the
     launcher (``torchrun`` for any distributed strategy, several GPUs or processes: LLaMA-Factory refuses one
     process driving several GPUs, "Please launch distributed training with llamafactory-cli or torchrun").
@@ -346,9 +345,9 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
         fixed["fsdp_config"] = {**FSDP_CONFIG, **(layered.get("fsdp_config") or {})}
         fixed_sources["fsdp"] = fixed_sources["fsdp_config"] = Source(Kind.ROCMFT, "ROCMFT_DISTRIBUTED=fsdp")
     torchrun = (rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1
-                or asked_processes(settings) > 1)  # fmt: skip
+                or asked_processes(settings, layout) > 1)  # fmt: skip
     # a scheduler that started one process per GPU (Slurm's task layout) is the launch: no torchrun on top
-    launcher = "task" if job_layout(settings.environ).mode == "task" else "torchrun" if torchrun else "python"
+    launcher = "task" if layout.mode == "task" else "torchrun" if torchrun else "python"
     return _Fixed(values=fixed, sources=fixed_sources, ds_config=ds_config, launcher=launcher)
 
 
@@ -415,14 +414,15 @@ def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging
     """
     layered, sources, demo = dict(layers.arguments), dict(layers.sources), layers.demo
     precision = resolve_precision(settings, layered, device)
-    where = _destination(settings, layered, sources, demo, make_staging)
+    layout = job_layout(settings.environ)  # the run's job layout, read once
+    where = _destination(settings, layout, layered, sources, demo, make_staging)
     registry = _registry(layered)
     env = _environment(settings)
-    fixed = _fixed(settings, device, env, layered, sources, where, registry, precision)
+    fixed = _fixed(settings, device, env, layered, sources, where, registry, precision, layout)
     rendered_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
     text, arguments = _train_yaml(env, layered, fixed, rendered_at)
-    world = world_size(settings, device, fixed.launcher)
+    world = world_size(settings, device, fixed.launcher, layout)
     # the planner replaces template defaults (never the user's values) with ones chosen for the GPU
     perf = _plan_performance(settings, arguments, device, precision, fixed.ds_config, world, demo, registry)
     layered, sources, changed = planner.apply(perf, layered, sources)
@@ -452,6 +452,7 @@ def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging
         resume=resume,
         resumable=resumable,
         world_size=world,
+        layout=layout,
     )
 
 
@@ -484,6 +485,7 @@ def write(rendered: Rendered) -> Plan:
         launcher=rendered.launcher,
         files=files,
         perf=rendered.perf,
+        layout=rendered.layout,
     )
     plan.files["run.json"] = atomic_write_json(staging / "run.json", worker_policy(plan))
     return plan
@@ -519,7 +521,7 @@ def _plan_performance(settings: Settings, arguments: dict[str, Any], device: Dev
 def processes_per_node(plan: Plan) -> int:
     """Local processes the launch starts: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else
     NPROC_PER_NODE, else one per visible GPU (at least one)."""
-    return local_processes(plan.settings, plan.device, plan.launcher)
+    return local_processes(plan.settings, plan.device, plan.launcher, getattr(plan, "layout", None))
 
 
 def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run_dir: Path,

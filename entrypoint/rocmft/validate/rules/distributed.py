@@ -257,7 +257,7 @@ def world_size(plan: Plan) -> None:
         ConfigError: naming the variables and their values.
     """
     environ = plan.settings.environ
-    layout = job_layout(environ)
+    layout = plan.layout or job_layout(environ)
     if plan.launcher == "task":
         return  # the scheduler started every rank: its layout is the job
     nodes, per_node = layout.nnodes, processes_per_node(plan)

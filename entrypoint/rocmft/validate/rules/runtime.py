@@ -161,7 +161,7 @@ def tunableop(plan: Plan) -> None:
     Raises:
         ConfigError: see there.
     """
-    layout = job_layout(plan.settings.environ)
+    layout = plan.layout or job_layout(plan.settings.environ)
     world = layout.world_size if plan.launcher == "task" and layout.world_size else (
         layout.nnodes * processes_per_node(plan))  # fmt: skip
     tunableop_online_tuning(plan.settings.environ, world)
