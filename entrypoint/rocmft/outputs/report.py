@@ -25,6 +25,23 @@ from rocmft.records import WorkerResult, read_worker_result
 
 SUMMARY_MD = "run_summary.md"
 SUMMARY_PNG = "run_summary.png"
+# The training arguments the summary shows as the run's method (those the run set).
+METHOD_KEYS = (
+    "stage",
+    "finetuning_type",
+    "lora_rank",
+    "lora_alpha",
+    "lora_target",
+    "quantization_bit",
+    "learning_rate",
+    "num_train_epochs",
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "cutoff_len",
+    "packing",
+    "template",
+)
 
 
 def _read_json(path: Path) -> Any:
@@ -66,55 +83,9 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
     manifest = _read_json(output_dir / "rocmft" / "manifest.json") or {}
     arguments = manifest.get("arguments") or {}
 
-    train = [{"step": r["current_steps"], "loss": r["loss"], "lr": r.get("lr")} for r in log if "loss" in r]
-    evals = [{"step": r["current_steps"], "eval_loss": r["eval_loss"]} for r in log if "eval_loss" in r]
-    if not train:  # no LLaMA-Factory log: the worker's own record of the losses
-        train = [{"step": e.step, "loss": e.loss, "lr": None} for e in worker.losses]
-
-    throughput = []
-    history = [h for h in state.get("log_history") or [] if "loss" in h and "num_input_tokens_seen" in h]
-    previous = (0, 0.0)
-    for entry in history:
-        tokens, seconds = entry["num_input_tokens_seen"], entry.get("train_runtime")
-        if seconds is None:
-            continue
-        if seconds > previous[1]:
-            throughput.append({"step": entry["step"], "tokens_per_s": (tokens - previous[0]) / (seconds - previous[1])})
-        previous = (tokens, seconds)
-    if not throughput:  # older transformers: LLaMA-Factory's running average
-        throughput = [
-            {"step": r["current_steps"], "tokens_per_s": r["throughput"]}
-            for r in log
-            if "loss" in r and r.get("throughput")
-        ]
-
-    memory = [
-        {"step": e.step, "allocated_gib": e.gpu_memory_gib, "peak_gib": e.peak_gpu_memory_gib}
-        for e in worker.losses
-        if e.peak_gpu_memory_gib is not None
-    ]
-
+    train, evals = _loss_series(log, worker)
     final_train = [h for h in state.get("log_history") or [] if "train_runtime" in h and "train_loss" in h]
-    method = {
-        key: arguments.get(key)
-        for key in (
-            "stage",
-            "finetuning_type",
-            "lora_rank",
-            "lora_alpha",
-            "lora_target",
-            "quantization_bit",
-            "learning_rate",
-            "num_train_epochs",
-            "max_steps",
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "cutoff_len",
-            "packing",
-            "template",
-        )
-        if arguments.get(key) is not None
-    }
+    method = {key: arguments.get(key) for key in METHOD_KEYS if arguments.get(key) is not None}
     return {
         "output_dir": str(output_dir),
         "status": manifest.get("status"),
@@ -136,8 +107,55 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
             for k in ("llamafactory", "transformers", "peft", "torch", "deepspeed")
         }
         | {"rocmft": manifest.get("rocmft_version")},
-        "series": {"train": train, "eval": evals, "throughput": throughput, "memory": memory},
+        "series": {
+            "train": train,
+            "eval": evals,
+            "throughput": _throughput_series(state, log),
+            "memory": _memory_series(worker),
+        },
     }
+
+
+def _loss_series(log: list[dict[str, Any]], worker: WorkerResult) -> tuple[list[dict], list[dict]]:
+    """The train series (step, loss, lr) and the eval series (step, eval_loss) from LLaMA-Factory's
+    ``trainer_log.jsonl`` rows; without train rows there, the worker's own record of the losses (lr None)."""
+    train = [{"step": r["current_steps"], "loss": r["loss"], "lr": r.get("lr")} for r in log if "loss" in r]
+    evals = [{"step": r["current_steps"], "eval_loss": r["eval_loss"]} for r in log if "eval_loss" in r]
+    if not train:  # no LLaMA-Factory log: the worker's own record of the losses
+        train = [{"step": e.step, "loss": e.loss, "lr": None} for e in worker.losses]
+    return train, evals
+
+
+def _throughput_series(state: dict[str, Any], log: list[dict[str, Any]]) -> list[dict]:
+    """Tokens/s per logging interval (step, tokens_per_s): the difference of transformers' ``log_history``
+    ``num_input_tokens_seen`` over that of ``train_runtime`` (seconds) between consecutive logs; where the history
+    has no such entries (older transformers), LLaMA-Factory's running average ``throughput`` from its log."""
+    throughput = []
+    history = [h for h in state.get("log_history") or [] if "loss" in h and "num_input_tokens_seen" in h]
+    previous = (0, 0.0)
+    for entry in history:
+        tokens, seconds = entry["num_input_tokens_seen"], entry.get("train_runtime")
+        if seconds is None:
+            continue
+        if seconds > previous[1]:
+            throughput.append({"step": entry["step"], "tokens_per_s": (tokens - previous[0]) / (seconds - previous[1])})
+        previous = (tokens, seconds)
+    if not throughput:  # older transformers: LLaMA-Factory's running average
+        throughput = [
+            {"step": r["current_steps"], "tokens_per_s": r["throughput"]}
+            for r in log
+            if "loss" in r and r.get("throughput")
+        ]
+    return throughput
+
+
+def _memory_series(worker: WorkerResult) -> list[dict]:
+    """GPU memory per log (step, allocated_gib, peak_gib in GiB) from the worker's record; empty for a CPU run."""
+    return [
+        {"step": e.step, "allocated_gib": e.gpu_memory_gib, "peak_gib": e.peak_gpu_memory_gib}
+        for e in worker.losses
+        if e.peak_gpu_memory_gib is not None
+    ]
 
 
 def _plot(facts: dict[str, Any], path: Path) -> bool:

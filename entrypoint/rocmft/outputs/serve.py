@@ -187,6 +187,32 @@ def load_and_ask(
     Raises:
         ConfigError: see the module docstring (exit 2); ChecksFailed: no server, runtime loading off (exit 3).
     """
+    run = _finished_run(given, settings)
+    base, rank = adapter_facts(run)
+    name = name or run.name
+    server = Server(url, settings.environ.get("VLLM_API_KEY"))
+    models = server.models()
+    bases = [m for m in models if not m.get("parent")]
+    _check_served_base(bases, url, run, base, name)
+    # vLLM lists max_model_len on the base's entry (an adapter's may have none: vLLM 0.32 gives null)
+    max_len = next((m.get("max_model_len") for m in bases if m.get("max_model_len")), None)
+    questions = prompts or [_first_question(run)]
+    counted = _local_tokens(run, questions)
+    _check_prompt_lengths(questions, counted, max_len, max_tokens)
+    if any(m.get("id") == name for m in models if m.get("parent")):
+        server.request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+    _load_adapter(server, url, run, name, rank)
+    say(f"loaded the adapter of {run.weights} into {url} as {name!r} (rank {rank}, base {base})", stream=sys.stderr)
+    return [_ask(server, name, q, ours, max_tokens, as_json) for q, ours in zip(questions, counted, strict=True)]
+
+
+def _finished_run(given: str, settings) -> Run:
+    """The run at ``given`` (a folder), refused unless its top-level weights are a finished run's or ``given``
+    is a checkpoint.
+
+    Raises:
+        ConfigError: ``given`` is not a folder, holds no run (:func:`find_run`), or the run did not finish.
+    """
     if not Path(given).expanduser().is_dir():
         raise ConfigError(
             f"rocmft serve --load {given}: {'a file, not a folder' if Path(given).exists() else 'no such folder'}.",
@@ -198,11 +224,16 @@ def load_and_ask(
             f"The run in {run.output_dir} did not finish (status {run.manifest.get('status')!r}).",
             f"Finish it first, or load a checkpoint: `rocmft serve --load {run.output_dir}/checkpoint-<step>`.",
         )
-    base, rank = adapter_facts(run)
-    name = name or run.name
-    server = Server(url, settings.environ.get("VLLM_API_KEY"))
-    models = server.models()
-    bases = [m for m in models if not m.get("parent")]
+    return run
+
+
+def _check_served_base(bases: list[dict], url: str, run: Run, base: str, name: str) -> None:
+    """Refuse an adapter the server's base models (``bases``: /v1/models entries without a parent) cannot take:
+    trained on another base, or named like a served base.
+
+    Raises:
+        ConfigError: the served bases are not the adapter's base (:func:`same_base`), or ``name`` is a base's id.
+    """
     roots = [str(m.get("root") or m.get("id")) for m in bases]
     if bases and not any(same_base(root, base) for root in roots):
         raise ConfigError(
@@ -216,10 +247,15 @@ def load_and_ask(
             f"--name {name!r} is the name of the model the server serves as its base.",
             "Give the adapter another name with --name (the API's `model` then selects it).",
         )
-    # vLLM lists max_model_len on the base's entry (an adapter's may have none: vLLM 0.32 gives null)
-    max_len = next((m.get("max_model_len") for m in bases if m.get("max_model_len")), None)
-    questions = prompts or [_first_question(run)]
-    counted = _local_tokens(run, questions)
+
+
+def _check_prompt_lengths(questions: list[str], counted: list[list[int] | None], max_len: Any, max_tokens: int) -> None:
+    """Refuse, before the adapter loads, a prompt whose own token count (``counted``, None when unknown) plus
+    ``max_tokens`` exceeds the server's ``max_model_len`` (``max_len``, checked only when an int).
+
+    Raises:
+        ConfigError: naming the first prompt that does not fit.
+    """
     for question, ours in zip(questions, counted, strict=True):
         if ours is not None and isinstance(max_len, int) and len(ours) + max_tokens > max_len:
             raise ConfigError(
@@ -228,8 +264,16 @@ def load_and_ask(
                 "Shorten the prompt or --max-tokens, or restart the serve service with a larger --max-model-len "
                 "(ROCMFT_SERVE_ARGS) where the model allows it.",
             )
-    if any(m.get("id") == name for m in models if m.get("parent")):
-        server.request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+
+
+def _load_adapter(server: Server, url: str, run: Run, name: str, rank: int | None) -> None:
+    """POST /v1/load_lora_adapter for the run's weights as ``name``, and explain a refusal.
+
+    Raises:
+        ChecksFailed: the server has no runtime adapter loading (404, 405, 501).
+        ConfigError: vLLM refused the adapter (any other status but 200), with a fix for a rank above the
+            server's maximum (:data:`VLLM_LORA_RANKS`) or a path the server cannot see.
+    """
     status, data = server.request(
         "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(run.weights.absolute())}
     )
@@ -255,8 +299,6 @@ def load_and_ask(
                 "place in both containers (compose does: /saves), and give --load that path."
             )
         raise ConfigError(f"vLLM refused to load the adapter {run.weights} as {name!r}: {text}", fix)
-    say(f"loaded the adapter of {run.weights} into {url} as {name!r} (rank {rank}, base {base})", stream=sys.stderr)
-    return [_ask(server, name, q, ours, max_tokens, as_json) for q, ours in zip(questions, counted, strict=True)]
 
 
 def _first_question(run: Run) -> str:
