@@ -151,8 +151,6 @@ def net_rdma(plan) -> Outcome:
       between subnets). NCCL_IB_GID_INDEX unset: the RoCE v2 index is named (NCCL picks one itself since 2.21:
       NVIDIA/nccl v2.31.2-1 src/transport/net_ib/connect.cc); no RoCE v2 GID at all: **warn**.
     """
-    from rocmft.facts.network import roce_v2_index
-
     _, outcome = _multi_node_layout(plan)
     if outcome is not None:
         return outcome
@@ -175,6 +173,19 @@ def net_rdma(plan) -> Outcome:
             "driver); set ROCMFT_EXPECTED_NICS to what every node has.",
             data=facts,
         )  # fmt: skip
+    gid = facts["gid_index"]
+    problems = _device_problems(facts, ports) + _gid_problems(active, gid)
+    hint = _gid_hint(active, gid)
+    if not problems:
+        return Outcome(PASS, value, f"/dev/infiniband: {', '.join(facts['uverbs'])}{hint}", data=facts)
+    status = FAIL if any(s == FAIL for s, _, _ in problems) else WARN
+    return Outcome(status, value, "; ".join(w for _, w, _ in problems) + hint,
+                   " ".join(dict.fromkeys(r for _, _, r in problems)), data=facts)  # fmt: skip
+
+
+def _device_problems(facts: dict[str, Any], ports: list[tuple[str, dict]]) -> list[tuple[str, str, str]]:
+    """``(status, what, remedy)`` for the RDMA devices: no /dev/infiniband/uverbs* in the container, ports not
+    ACTIVE."""
     problems: list[tuple[str, str, str]] = []  # (status, what, remedy)
     if not facts["uverbs"]:
         problems.append(
@@ -190,7 +201,15 @@ def net_rdma(plan) -> Outcome:
     if down:
         problems.append((WARN, f"port(s) not ACTIVE: {', '.join(down)}", "Check them with ibstat (cable, switch "
                          "port, subnet manager for InfiniBand); RCCL uses only the active ones."))  # fmt: skip
-    gid = facts["gid_index"]
+    return problems
+
+
+def _gid_problems(active: list[tuple[str, dict]], gid: str | None) -> list[tuple[str, str, str]]:
+    """``(status, what, remedy)`` for the RoCE ports among the ``active`` ones: without NCCL_IB_GID_INDEX (``gid``),
+    no RoCE v2 GID; with it, no GID at that index, or one that is not RoCE v2."""
+    from rocmft.facts.network import roce_v2_index
+
+    problems: list[tuple[str, str, str]] = []
     for name, port in active:
         if port["link_layer"] != "Ethernet":
             continue
@@ -223,6 +242,13 @@ def net_rdma(plan) -> Outcome:
             problems.append((WARN, f"NCCL_IB_GID_INDEX={gid} is a {types.get(int(gid), 'untyped')} GID on {here}",
                              f"Set NCCL_IB_GID_INDEX={best} (RoCE v2)." if best is not None else
                              "Give the interface an IP address for a RoCE v2 GID."))  # fmt: skip
+    return problems
+
+
+def _gid_hint(active: list[tuple[str, dict]], gid: str | None) -> str:
+    """With NCCL_IB_GID_INDEX unset, the RoCE v2 indexes RCCL will pick on the active RoCE ports ("" otherwise)."""
+    from rocmft.facts.network import roce_v2_index
+
     roce = [(n, p) for n, p in active if p["link_layer"] == "Ethernet"]
     hint = ""
     if gid is None and roce:
@@ -231,11 +257,7 @@ def net_rdma(plan) -> Outcome:
         if found:
             hint = (f"; NCCL_IB_GID_INDEX unset, RoCE v2 at index {'/'.join(map(str, found))} "
                     f"(RCCL picks it; to pin it: NCCL_IB_GID_INDEX={found[0]})")  # fmt: skip
-    if not problems:
-        return Outcome(PASS, value, f"/dev/infiniband: {', '.join(facts['uverbs'])}{hint}", data=facts)
-    status = FAIL if any(s == FAIL for s, _, _ in problems) else WARN
-    return Outcome(status, value, "; ".join(w for _, w, _ in problems) + hint,
-                   " ".join(dict.fromkeys(r for _, _, r in problems)), data=facts)  # fmt: skip
+    return hint
 
 
 def _limits(plan) -> dict[str, Any]:
@@ -386,9 +408,6 @@ def net_rendezvous(plan) -> Outcome:
     the all-reduce did not complete although the port answered (hiyouga/LlamaFactory#9350), or a node whose own
     network checks failed (node 0's list). Node 0 writes the per-node list (:func:`node_list`) to
     ``rocmft/network-nodes.json`` and prints :func:`exclude_line`."""
-    from rocmft.console import say
-    from rocmft.facts.network import GLOO_TIMEOUT_S, run_rendezvous
-
     layout, outcome = _multi_node_layout(plan)
     if outcome is not None:
         return outcome
@@ -397,6 +416,25 @@ def net_rendezvous(plan) -> Outcome:
         return Outcome(SKIP, "task mode", "Slurm started one task per GPU: the rendezvous preflight runs in node mode "
                        "(--ntasks-per-node=1) only; net-names, net-rdma and net-limits ran.")  # fmt: skip
     timeout_s = _timeout_s(plan)
+    result, environ = _meet(plan, layout, timeout_s)
+    data: dict[str, Any] = {"result": result, "timeout_s": timeout_s}
+    listing = _publish_list(plan, layout, result, data)
+    if result.get("ok") and not (listing and listing["bad_ranks"]):
+        where = _endpoint(layout.master_addr, layout.master_port)
+        return Outcome(PASS, f"{layout.nnodes} nodes, all-reduce in {result.get('seconds', 0):.1f} s",
+                       f"every node reached {where} and the gloo all-reduce completed", data=data)  # fmt: skip
+    return _rendezvous_failure(layout, result, listing, environ, timeout_s, data)
+
+
+def _meet(plan, layout, timeout_s: float) -> tuple[dict[str, Any], dict[str, str]]:
+    """Meet the other nodes at MASTER_ADDR:MASTER_PORT and all-reduce over gloo, sending this node's name, address
+    and own checks' statuses (once: the result is kept in ``plan.probes``).
+
+    Returns:
+        The rendezvous result (rocmft.facts.network.run_rendezvous) and the environment it ran with.
+    """
+    from rocmft.facts.network import run_rendezvous
+
     me = plan.probes.get("net-names", {}).get("self") or {}
     info = {"node_name": me.get("node_name"), "hostname": me.get("hostname"), "address": me.get("address"),
             "checks": _local_statuses(plan)}  # fmt: skip
@@ -407,12 +445,14 @@ def net_rendezvous(plan) -> Outcome:
             "info": info}  # fmt: skip
     if "rendezvous" not in plan.probes:
         plan.probes["rendezvous"] = run_rendezvous(spec, environ)
-    result = plan.probes["rendezvous"]
-    where = _endpoint(layout.master_addr, layout.master_port)
-    sources = ", ".join(dict.fromkeys(_source(layout, k, k.upper(), getattr(layout, k))
-                                      for k in ("master_addr", "master_port")))  # fmt: skip
-    gloo_if = environ.get("GLOO_SOCKET_IFNAME") or "unset: the address of the host name"
-    data: dict[str, Any] = {"result": result, "timeout_s": timeout_s}
+    return plan.probes["rendezvous"], environ
+
+
+def _publish_list(plan, layout, result: dict[str, Any], data: dict[str, Any]) -> dict[str, Any] | None:
+    """Node 0 (the node whose result lists the nodes): the per-node pass/fail list, written to
+    ``rocmft/network-nodes.json`` and its :func:`exclude_line` printed; put into ``data``. None on other nodes."""
+    from rocmft.console import say
+
     listing = None
     if result.get("nodes"):
         listing = node_list(result["nodes"], _slurm_hosts(plan.settings.environ))
@@ -420,10 +460,20 @@ def net_rendezvous(plan) -> Outcome:
         written = _write_nodes(plan, listing)
         data["file"] = written
         say(exclude_line(listing, layout.nnodes) + (f" ({written})" if written else ""), all_ranks=True)
+    return listing
+
+
+def _rendezvous_failure(layout, result: dict[str, Any], listing: dict[str, Any] | None, environ: dict[str, str],
+                        timeout_s: float, data: dict[str, Any]) -> Outcome:  # fmt: skip
+    """The failing Outcome, by the stage the rendezvous stopped at: the port, node 0's store, the nodes' arrival,
+    the all-reduce; else the nodes that failed their own checks."""
+    from rocmft.facts.network import GLOO_TIMEOUT_S
+
+    where = _endpoint(layout.master_addr, layout.master_port)
+    sources = ", ".join(dict.fromkeys(_source(layout, k, k.upper(), getattr(layout, k))
+                                      for k in ("master_addr", "master_port")))  # fmt: skip
+    gloo_if = environ.get("GLOO_SOCKET_IFNAME") or "unset: the address of the host name"
     stage, error = result.get("stage"), result.get("error")
-    if result.get("ok") and not (listing and listing["bad_ranks"]):
-        return Outcome(PASS, f"{layout.nnodes} nodes, all-reduce in {result.get('seconds', 0):.1f} s",
-                       f"every node reached {where} and the gloo all-reduce completed", data=data)  # fmt: skip
     if stage == "port":
         why = {"refused": "refused: nothing listens there (node 0 not started, on another MASTER_PORT, or its port "
                           "is taken)",

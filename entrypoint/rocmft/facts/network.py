@@ -211,7 +211,6 @@ def rendezvous(spec: Mapping[str, Any], progress: Callable[[str], None] | None =
     """
     from datetime import timedelta
 
-    import torch
     import torch.distributed as dist
 
     started = time.monotonic()
@@ -245,39 +244,12 @@ def rendezvous(spec: Mapping[str, Any], progress: Callable[[str], None] | None =
     if progress and rank != 0:
         progress(STORE_JOINED)
     store.set(f"{key}/arrived/{rank}", json.dumps(spec.get("info") or {}))
-    arrived = [f"{key}/arrived/{r}" for r in range(n)]
-    nodes: dict[int, dict[str, Any]] = {}
+    nodes, failed = _gather(store, key, n, rank, deadline, started, where=(host, port, timeout_s))
     if rank == 0:
-        missing = _wait_keys(store, arrived, deadline)
-        for r in range(n):
-            got = arrived[r] not in missing
-            nodes[r] = {"node_rank": r, "arrived": got, "allreduce": None,
-                        "info": json.loads(store.get(arrived[r])) if got else None}  # fmt: skip
-        result["nodes"] = [nodes[r] for r in range(n)]
-        if missing:
-            gone = [r for r in range(n) if not nodes[r]["arrived"]]
-            store.set(f"{key}/abort", json.dumps(gone))
-            _leave(store, key, n, rank, started)
-            return finish(stage="arrival", error=f"NODE_RANK {', '.join(map(str, gone))} did not reach "
-                                                  f"{host}:{port} within {timeout_s:g} s")  # fmt: skip
-        store.set(f"{key}/go", "1")
-    else:
-        _wait_keys(store, [f"{key}/go"], deadline + 10, stop=f"{key}/abort")
-        if store.check([f"{key}/abort"]):
-            gone = json.loads(store.get(f"{key}/abort"))
-            return finish(stage="arrival", error=f"node 0 gave up: NODE_RANK {', '.join(map(str, gone))} did not "
-                                                  "arrive")  # fmt: skip
-    error = None
-    try:
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"{key}/pg/", store), rank=rank, world_size=n,
-                                timeout=timedelta(seconds=gloo_s))  # fmt: skip
-        value = torch.tensor([float(rank + 1)])
-        dist.all_reduce(value)
-        if value.item() != n * (n + 1) / 2:
-            error = f"the all-reduce gave {value.item():g}, not {n * (n + 1) / 2:g}"
-    except Exception as err:  # gloo raises RuntimeError/DistError on a connect failure or its timeout
-        error = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else err}"[:400]
-    store.set(f"{key}/done/{rank}", error or "ok")
+        result["nodes"] = nodes
+    if failed:
+        return finish(stage="arrival", error=failed)
+    error = _all_reduce(store, key, n, rank, gloo_s)
     if rank == 0:
         done = [f"{key}/done/{r}" for r in range(n)]
         late = _wait_keys(store, done, time.monotonic() + gloo_s + 2)
@@ -292,6 +264,61 @@ def rendezvous(spec: Mapping[str, Any], progress: Callable[[str], None] | None =
     if error:
         return finish(stage="allreduce", error=error)
     return finish(ok=True, stage="done")
+
+
+def _gather(store, key: str, n: int, rank: int, deadline: float, started: float,
+            where: tuple[str, int, float]) -> tuple[list[dict[str, Any]], str | None]:  # fmt: skip
+    """The arrival: node 0 waits for every NODE_RANK's record in the store, then says go (or abort, naming the
+    missing nodes, and leaves); the other nodes wait for that word.
+
+    Returns:
+        Node 0's row per NODE_RANK (``node_rank``, ``arrived``, ``allreduce`` None, ``info``; empty on other nodes),
+        and the error when the nodes did not all arrive, else None.
+    """
+    host, port, timeout_s = where
+    arrived = [f"{key}/arrived/{r}" for r in range(n)]
+    nodes: dict[int, dict[str, Any]] = {}
+    if rank == 0:
+        missing = _wait_keys(store, arrived, deadline)
+        for r in range(n):
+            got = arrived[r] not in missing
+            nodes[r] = {"node_rank": r, "arrived": got, "allreduce": None,
+                        "info": json.loads(store.get(arrived[r])) if got else None}  # fmt: skip
+        if missing:
+            gone = [r for r in range(n) if not nodes[r]["arrived"]]
+            store.set(f"{key}/abort", json.dumps(gone))
+            _leave(store, key, n, rank, started)
+            return list(nodes.values()), (f"NODE_RANK {', '.join(map(str, gone))} did not reach "
+                                          f"{host}:{port} within {timeout_s:g} s")  # fmt: skip
+        store.set(f"{key}/go", "1")
+    else:
+        _wait_keys(store, [f"{key}/go"], deadline + 10, stop=f"{key}/abort")
+        if store.check([f"{key}/abort"]):
+            gone = json.loads(store.get(f"{key}/abort"))
+            return [], f"node 0 gave up: NODE_RANK {', '.join(map(str, gone))} did not arrive"
+    return list(nodes.values()), None  # node 0's rows in NODE_RANK order; none on the other nodes
+
+
+def _all_reduce(store, key: str, n: int, rank: int, gloo_s: float) -> str | None:
+    """All-reduce one number over gloo through ``store`` (bounded by ``gloo_s``) and record this node's outcome in
+    the store (``ok`` or the error); the error, or None."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    error = None
+    try:
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"{key}/pg/", store), rank=rank, world_size=n,
+                                timeout=timedelta(seconds=gloo_s))  # fmt: skip
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value)
+        if value.item() != n * (n + 1) / 2:
+            error = f"the all-reduce gave {value.item():g}, not {n * (n + 1) / 2:g}"
+    except Exception as err:  # gloo raises RuntimeError/DistError on a connect failure or its timeout
+        error = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else err}"[:400]
+    store.set(f"{key}/done/{rank}", error or "ok")
+    return error
 
 
 def _until_closed(host: str, port: int, deadline: float) -> None:

@@ -101,16 +101,7 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
 
     # installed before the worker starts: a signal meanwhile killed rocmft and left the worker running alone
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    say(f"job: {spec.job.get('description', 'one node')}", all_ranks=True)
-    say(f"launching: {' '.join(command)}", all_ranks=True)
-    if note := cache_note(spec.environment):
-        say(note, all_ranks=True)
-    if launcher != "python":
-        say(f"NUMA binding: {spec.numa['reason']}", all_ranks=True)
-        for note in spec.network_notes:
-            say(f"network: {note}", all_ranks=True)
-        shown = ", ".join(f"{k}={v['value']} ({v['source']})" for k, v in spec.communication.items())
-        say(f"communication settings: {shown or 'library defaults'}", all_ranks=True)
+    _say_launch(spec, command, launcher)
     from rocmft.validate import take_kept
 
     kept = take_kept()
@@ -122,6 +113,40 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
             kept.cancel()
         say(_STOPPED_AT_ONCE, all_ranks=True)
         return ExitCode.INTERRUPTED
+    proc = _start_worker(kept, why_not, command, environ, run_dir, launcher)
+    started.append(proc)
+    if interrupted:  # arrived while it started: before training, so it stops at once
+        try:
+            os.killpg(proc.pid, interrupted[0])
+        except ProcessLookupError:
+            pass
+    try:
+        code = _stream_output(proc, log_path, redact)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return _exit_code(code, spec, run_dir, bool(interrupted))
+
+
+def _say_launch(spec: LaunchSpec, command: list[str], launcher: str) -> None:
+    """The launch's lines: the job, the command, the cache note, and for a distributed launcher the NUMA binding,
+    the network notes and the communication settings."""
+    say(f"job: {spec.job.get('description', 'one node')}", all_ranks=True)
+    say(f"launching: {' '.join(command)}", all_ranks=True)
+    if note := cache_note(spec.environment):
+        say(note, all_ranks=True)
+    if launcher != "python":
+        say(f"NUMA binding: {spec.numa['reason']}", all_ranks=True)
+        for note in spec.network_notes:
+            say(f"network: {note}", all_ranks=True)
+        shown = ", ".join(f"{k}={v['value']} ({v['source']})" for k, v in spec.communication.items())
+        say(f"communication settings: {shown or 'library defaults'}", all_ranks=True)
+
+
+def _start_worker(kept, why_not: str | None, command: list[str], environ: dict[str, str], run_dir: Path,
+                  launcher: str) -> subprocess.Popen:  # fmt: skip
+    """Start the worker: the kept parser process when it can train (``why_not`` None), else a fresh process in a
+    new session (the kept one, if any, cancelled)."""
     if kept is not None and why_not is None:
         say("the worker is the process that validated the configuration (LLaMA-Factory already imported)",
             all_ranks=True)  # fmt: skip
@@ -134,24 +159,24 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
             command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             start_new_session=True, preexec_fn=_block_stop_signals if launcher == "torchrun" else None,
         )  # fmt: skip
-    started.append(proc)
-    if interrupted:  # arrived while it started: before training, so it stops at once
-        try:
-            os.killpg(proc.pid, interrupted[0])
-        except ProcessLookupError:
-            pass
-    try:
-        with Path(log_path).open("a", encoding="utf-8") as log:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                line = redact(line)
-                sys.stdout.write(line)
-                sys.stdout.flush()
-                log.write(line)
-        code = proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    return proc
+
+
+def _stream_output(proc: subprocess.Popen, log_path: Path, redact) -> int:
+    """Copy the worker's output, redacted, to stdout and the log file until it exits; its exit code."""
+    with Path(log_path).open("a", encoding="utf-8") as log:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = redact(line)
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            log.write(line)
+    return proc.wait()
+
+
+def _exit_code(code: int, spec: LaunchSpec, run_dir: Path, interrupted: bool) -> int:
+    """rocmft's exit code for the worker's ``code``: a graceful stop recorded in ``run_dir`` is INTERRUPTED (OK on a
+    Slurm node other than the first), a signal here INTERRUPTED, any other failure TRAINING_FAILED."""
     graceful = graceful_stop_recorded(run_dir)
     if code == ExitCode.OK and graceful:
         if not spec.job.get("is_first") and spec.job.get("engine") == "slurm":

@@ -51,9 +51,10 @@ Per-architecture choices: docs/planner.md.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rocmft.config.provenance import Kind, Source
 from rocmft.errors import ConfigError
@@ -190,17 +191,42 @@ def plan_defaults(
     usable = min(device.memory_gib) * USABLE_FRACTION
     plan = PerfPlan(True, "", usable_gib=round(usable, 2), arch=arch)
     model_dir = Path(str(arguments.get("model_name_or_path") or "")).expanduser()
+    shape = _model_shape(model_dir)
+    stage = str(arguments.get("stage") or "sft")
+    method = str(arguments.get("finetuning_type") or "lora")
+    choose = _Chooser(plan, explicit, arguments)
+    attention = _plan_attention(choose, device, arch, compute_dtype, flash_available)
+    _plan_packing(choose, arguments, explicit, stage, attention, compute_dtype)
+    plan.sample_tokens = sample_tokens
+    _plan_liger(choose, shape, stage, liger_available)
+    batch = _requested_batch(choose, arguments, explicit, sample_tokens)
+    if shape is None:
+        choose.keep("per_device_train_batch_size", batch.micro, f"{model_dir}/config.json is not on disk: not planned")
+        choose.keep("gradient_accumulation_steps", batch.accumulation, "kept with the micro-batch")
+        plan.note = "the model's config.json is not local: memory-based choices were not made"
+        return plan
+    _plan_fit(choose, arguments, explicit, shape, batch, attention, usable, compute_dtype=compute_dtype,
+              zero_stage=zero_stage, offload=offload, world_size=world_size)  # fmt: skip
+    plan.note = f"planned for {arch} with {usable:.1f} GiB per GPU ({method}, {stage}, {compute_dtype})"
+    return plan
+
+
+def _model_shape(model_dir: Path) -> memfit.ModelShape | None:
+    """The model's shape from its local config.json; None when it is not on disk (or broken: the model check
+    reports that)."""
     shape = None
     if (model_dir / "config.json").is_file():
         try:
             shape = memfit.read_model_shape(model_dir)
         except ConfigError:  # the model check reports a broken config; plan without the shape
             shape = None
-    stage = str(arguments.get("stage") or "sft")
-    method = str(arguments.get("finetuning_type") or "lora")
-    choose = _Chooser(plan, explicit, arguments)
+    return shape
 
-    # -- attention ------------------------------------------------------------------------------------------
+
+def _plan_attention(choose: _Chooser, device: DeviceFacts, arch: str | None, compute_dtype: str,
+                    flash_available: bool | None) -> str:  # fmt: skip
+    """Choose ``flash_attn``: FlashAttention-2 where the architecture has a backend and flash_attn is installed
+    (not in fp32), else PyTorch SDPA. Returns the attention the run gets (``fa2``, ``sdpa``, or the user's)."""
     backend = flash_backend(arch) if device.backend == "rocm" else ("cuda" if device.backend == "cuda" else "none")
     flash_ok = has_module("flash_attn") if flash_available is None else flash_available
     if backend != "none" and flash_ok and compute_dtype != "float32":
@@ -212,9 +238,13 @@ def plan_defaults(
     else:
         choose.set("flash_attn", "sdpa", f"{arch} has a {backend} flash-attention backend, but flash_attn is "
                    "not installed here: PyTorch SDPA (build the image with FLASH_ATTN_BACKEND for speed)")  # fmt: skip
-    attention = str(choose.value("flash_attn") or "auto")
+    return str(choose.value("flash_attn") or "auto")
 
-    # -- packing --------------------------------------------------------------------------------------------
+
+def _plan_packing(choose: _Chooser, arguments: dict[str, Any], explicit: set[str], stage: str, attention: str,
+                  compute_dtype: str) -> None:  # fmt: skip
+    """Choose packing: neat packing for SFT unless the user chose, pre-training's own packing kept; and
+    variable-length attention for neat-packed rows under SDPA (``plan.packed_attention``)."""
     if stage == "sft":
         if "packing" in explicit and not truthy(arguments.get("packing")):
             choose.keep("neat_packing", False, "PACKING=false is yours: no packing")
@@ -228,10 +258,13 @@ def plan_defaults(
         choose.keep("packing", truthy(arguments.get("packing", True)), "pre-training packs continuous text already")
     if stage == "sft" and truthy(choose.value("neat_packing")) and attention == "sdpa" and compute_dtype != "float32":
         # the dense 4-D mask keeps SDPA off its flash kernel (~9% of a 7B LoRA step on an H200, BENCHMARKS.md)
-        plan.packed_attention = "varlen"
-    plan.sample_tokens = sample_tokens
+        choose.plan.packed_attention = "varlen"
 
-    # -- fused kernels ----------------------------------------------------------------------------------------
+
+def _plan_liger(choose: _Chooser, shape: memfit.ModelShape | None, stage: str,
+                liger_available: bool | None) -> None:  # fmt: skip
+    """Choose ``enable_liger_kernel``: on where liger-kernel is installed, the model family is one it patches and
+    the stage takes a fused cross-entropy."""
     liger_ok = (has_module("liger_kernel") and has_module("triton")) if liger_available is None else liger_available
     family = shape.model_type if shape else ""
     if not liger_ok:
@@ -246,7 +279,21 @@ def plan_defaults(
         choose.set("enable_liger_kernel", True, "Liger's fused linear cross-entropy: no T×V logits in memory; "
                    "fused RMSNorm/SwiGLU/RoPE")  # fmt: skip
 
-    # -- micro-batch, accumulation, checkpointing ---------------------------------------------------------------
+
+class _Batch(NamedTuple):
+    """The batch the run asks for: the micro-batch and accumulation as given or templated, the effective batch in
+    rows (converted from samples when packed), whether the user fixed it, and the reason the plan keeps it."""
+
+    micro: int
+    accumulation: int
+    effective: int
+    fixed: bool
+    keeps: str
+
+
+def _requested_batch(choose: _Chooser, arguments: dict[str, Any], explicit: set[str],
+                     sample_tokens: float | None) -> _Batch:  # fmt: skip
+    """The effective batch to keep: micro-batch × accumulation samples, as packed rows when the plan packs."""
     micro = int(arguments.get("per_device_train_batch_size") or 8)
     accumulation = int(arguments.get("gradient_accumulation_steps") or 1)
     samples = effective = micro * accumulation
@@ -263,12 +310,17 @@ def plan_defaults(
         else:
             keeps = (f"keeps {effective} rows per GPU; the sample length is unknown, so a packed step holds more "
                      "samples than the unpacked recipe")  # fmt: skip
+    return _Batch(micro, accumulation, effective, batch_fixed, keeps)
+
+
+def _plan_fit(choose: _Chooser, arguments: dict[str, Any], explicit: set[str], shape: memfit.ModelShape,
+              batch: _Batch, attention: str, usable: float, *, compute_dtype: str, zero_stage: int, offload: str,
+              world_size: int) -> None:  # fmt: skip
+    """Choose the micro-batch, accumulation and checkpointing that fit in ``usable`` GiB (checkpointing off
+    first), record memfit's estimate in the plan, and plan the eval batch."""
+    plan = choose.plan
+    micro, accumulation, effective, batch_fixed = batch.micro, batch.accumulation, batch.effective, batch.fixed
     gc_fixed = bool({"disable_gradient_checkpointing", "gradient_checkpointing"} & explicit)
-    if shape is None:
-        choose.keep("per_device_train_batch_size", micro, f"{model_dir}/config.json is not on disk: not planned")
-        choose.keep("gradient_accumulation_steps", accumulation, "kept with the micro-batch")
-        plan.note = "the model's config.json is not local: memory-based choices were not made"
-        return plan
 
     def spec_for(mb: int, ga: int, checkpointing: bool, packed_attention: str | None = "plan") -> memfit.TrainSpec:
         trial = {**arguments, **plan.planned_arguments(), "per_device_train_batch_size": mb,
@@ -296,18 +348,7 @@ def plan_defaults(
         sizes = [(mb, effective // mb) for mb in range(effective, 0, -1) if effective % mb == 0]
         why_batch = f"the largest divisor of the effective batch {effective} that fits"
     options = [False, True] if gc_now is None else [gc_now]
-    picked = None
-    for checkpointing in options:  # checkpointing off first: recomputation costs a forward per step
-        for mb, ga in sizes:
-            estimate = memfit.estimate(shape, spec_for(mb, ga, checkpointing))
-            # the worker keeps LLaMA-Factory's mask when varlen measures slower or fails: that must fit too
-            fallback_fits = plan.packed_attention is None or memfit.estimate(
-                shape, spec_for(mb, ga, checkpointing, None)).fits(free)  # fmt: skip
-            if estimate.fits(free) and fallback_fits:
-                picked = (mb, ga, checkpointing, estimate)
-                break
-        if picked:
-            break
+    picked = _first_fit(shape, spec_for, sizes, options, free, check_fallback=plan.packed_attention is not None)
     fitted = picked is not None
     if picked is None:  # nothing fits: the smallest, with checkpointing; the memory-fit check explains
         mb, ga = sizes[-1]
@@ -317,13 +358,42 @@ def plan_defaults(
     peak = f"peak ≈ {estimate.total / memfit.GiB:.1f} of {usable:.1f} GiB"
     if not fitted:
         why_batch = f"nothing fits in {usable:.1f} GiB (the memory-fit check lists remedies)"
-    if batch_fixed:
-        choose.keep("per_device_train_batch_size", mb, f"{why_batch}; {peak}")
+    _record_fit(choose, explicit, batch, mb, ga, checkpointing, f"{why_batch}; {peak}", gc_fixed=gc_fixed)
+    plan.estimate_gib = round(estimate.total / memfit.GiB, 2)
+    plan.breakdown_gib = estimate.breakdown()
+    _plan_eval_batch(choose, arguments, explicit, shape, spec_for(mb, ga, checkpointing), free)
+
+
+def _first_fit(shape: memfit.ModelShape, spec_for: Callable[..., memfit.TrainSpec], sizes: list[tuple[int, int]],
+               options: list[bool], free: int, *,
+               check_fallback: bool) -> tuple[int, int, bool, memfit.MemoryEstimate] | None:  # fmt: skip
+    """The first (micro-batch, accumulation, checkpointing, estimate) that fits in ``free`` bytes, checkpointing
+    off first; with ``check_fallback`` LLaMA-Factory's dense mask must fit too. None when nothing fits."""
+    picked = None
+    for checkpointing in options:  # checkpointing off first: recomputation costs a forward per step
+        for mb, ga in sizes:
+            estimate = memfit.estimate(shape, spec_for(mb, ga, checkpointing))
+            # the worker keeps LLaMA-Factory's mask when varlen measures slower or fails: that must fit too
+            fallback_fits = not check_fallback or memfit.estimate(
+                shape, spec_for(mb, ga, checkpointing, None)).fits(free)  # fmt: skip
+            if estimate.fits(free) and fallback_fits:
+                picked = (mb, ga, checkpointing, estimate)
+                break
+        if picked:
+            break
+    return picked
+
+
+def _record_fit(choose: _Chooser, explicit: set[str], batch: _Batch, mb: int, ga: int, checkpointing: bool,
+                why: str, *, gc_fixed: bool) -> None:  # fmt: skip
+    """Record the fitted micro-batch, accumulation and checkpointing (kept where the user gave them)."""
+    if batch.fixed:
+        choose.keep("per_device_train_batch_size", mb, why)
         choose.keep("gradient_accumulation_steps", ga, "yours" if "gradient_accumulation_steps" in explicit
                     else "kept with your micro-batch")  # fmt: skip
     else:
-        choose.set("per_device_train_batch_size", mb, f"{why_batch}; {peak}")
-        choose.set("gradient_accumulation_steps", ga, keeps)
+        choose.set("per_device_train_batch_size", mb, why)
+        choose.set("gradient_accumulation_steps", ga, batch.keeps)
     if gc_fixed:
         choose.keep("disable_gradient_checkpointing", not checkpointing, "yours")
     elif checkpointing:
@@ -331,11 +401,6 @@ def plan_defaults(
     else:
         choose.set("disable_gradient_checkpointing", True, f"off: micro-batch {mb} fits without recomputation "
                    "(which costs one more forward per step)")  # fmt: skip
-    plan.estimate_gib = round(estimate.total / memfit.GiB, 2)
-    plan.breakdown_gib = estimate.breakdown()
-    _plan_eval_batch(choose, arguments, explicit, shape, spec_for(mb, ga, checkpointing), free)
-    plan.note = f"planned for {arch} with {usable:.1f} GiB per GPU ({method}, {stage}, {compute_dtype})"
-    return plan
 
 
 EVAL_BATCHES = (8, 4, 2, 1)  # transformers' default per_device_eval_batch_size is 8; halved until it fits

@@ -68,6 +68,27 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
     Raises:
         ConfigError: for rule 1 or 2, or bf16 asked for on a GPU that has no bf16.
     """
+    policy, reason, chosen_by = _chosen_policy(settings, arguments)
+    policy, reason = _on_device(policy, reason, device)
+    return Precision(
+        policy=policy,
+        compute_dtype=_DTYPE[policy],
+        bf16=policy == "bf16",
+        fp16=policy == "fp16",
+        reason=reason,
+        chosen_by=chosen_by,
+    )
+
+
+def _chosen_policy(settings: Settings, arguments: dict[str, Any]) -> tuple[str, str, str | None]:
+    """Rules 1-3 of :func:`resolve_precision`: the policy the settings and arguments ask for (maybe ``auto``).
+
+    Returns:
+        ``(policy, reason, chosen_by)``.
+
+    Raises:
+        ConfigError: for rule 1 or 2.
+    """
     bf16_name = "pure_bf16" if truthy(arguments.get("pure_bf16")) else "bf16"
     bf16 = truthy(arguments.get(bf16_name))
     fp16 = truthy(arguments.get("fp16"))
@@ -107,7 +128,18 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
         policy, reason = "fp32", "bf16 and fp16 both set to false: real fp32"
     else:
         policy, reason = "auto", "ROCMFT_PRECISION=auto (default)"
+    return policy, reason, chosen_by
 
+
+def _on_device(policy: str, reason: str, device: DeviceFacts) -> tuple[str, str]:
+    """Rule 4 of :func:`resolve_precision`: resolve ``auto`` on the device, and refuse bf16 where it has none.
+
+    Returns:
+        ``(policy, reason)``, the policy never ``auto``.
+
+    Raises:
+        ConfigError: bf16 asked for on a GPU that has no bf16.
+    """
     if policy == "auto":
         if device.bf16:
             policy, reason = "bf16", f"{reason}: the {device.backend} device supports bf16"
@@ -119,11 +151,4 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
             f"bf16 was asked for ({reason}) but {device.names[0] if device.names else 'this GPU'} has no bf16.",
             "Use ROCMFT_PRECISION=fp32 (or fp16 with loss scaling).",
         )
-    return Precision(
-        policy=policy,
-        compute_dtype=_DTYPE[policy],
-        bf16=policy == "bf16",
-        fp16=policy == "fp16",
-        reason=reason,
-        chosen_by=chosen_by,
-    )
+    return policy, reason

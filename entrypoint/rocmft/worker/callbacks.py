@@ -168,190 +168,200 @@ def quantization_record(model) -> dict | None:
             "bytes_per_weight": round(stored / weights, 4) if weights else None}  # fmt: skip
 
 
+class _RocmftHooks:
+    """The hooks of rocmft's TrainerCallback, on a plain class (transformers, its base class, is imported only
+    when :func:`rocmft_callback` builds the callback): progress lines, the non-finite watchdog, the dtype record
+    and the test-only NaN fault.
+
+    * one line per logging step on rank 0: step, loss, learning rate, grad norm, tokens/s (from the
+      trainer's non-padding token count), elapsed, ETA;
+    * a NaN/Inf loss or grad norm in a log raises :class:`NonFiniteLoss` (exit 5) — the template
+      turns off transformers' ``logging_nan_inf_filter``, which would otherwise hide NaN losses;
+    * at train start, the dtypes of the parameters are recorded, and a ``fp32`` policy whose
+      parameters are not all float32 stops the run (the policy must never silently not apply);
+    * ``fault_nan_at_step`` (tests only: rocmft.testhooks, rocmft.worker.faults) fills the weights
+      with NaN after that optimizer step, so the following loss is non-finite for real;
+    * ``fault_grad_spike_at_step`` (tests only, the same way) multiplies that step's
+      gradients by 1000, so its logged gradient norm is a real spike (rocmft.worker.faults.GradSpike);
+    * on a GPU, ``peak_gpu_memory_gib`` (``torch.cuda.max_memory_allocated()`` of this rank, GiB) is
+      recorded at each log and at the end, and printed in the final line (rank 0's in the result
+      file); it is what :mod:`rocmft.render.memfit` estimates.
+    """
+
+    def __init__(self, policy: RunPolicy, run_dir: Path) -> None:
+        self.policy, self.run_dir = policy, run_dir
+        self.result = WorkerResult.start()
+        self.recent: list[float] = []  # the last logged losses, on every rank, for the spike watchdog
+        self.recent_norms: list[float] = []  # the last logged gradient norms, for the gradient-norm watchdog
+        self.norm_warned_at: int | None = None  # the step of the last gradient-norm warning
+        self.started = time.monotonic()
+        self.last_time = self.started
+        self.last_tokens = 0
+        spike_step = policy.fault_grad_spike_at_step
+        self.grad_spike = GradSpike(spike_step) if spike_step else None  # TEST ONLY fault
+
+    def _save(self, state) -> None:
+        # each node's local rank 0 writes its node's record (RUN_DIR is per node: rocmft-node<N>), so a node
+        # that stopped because another rank was signalled can say so (rocmft.launch.run_worker reads it);
+        # without torchrun (one process, or one scheduler task: RUN_DIR rocmft-rank<R>) the process always does
+        if state.is_local_process_zero or not under_torchrun():
+            write_worker_result(self.run_dir, self.result)
+
+    def _record_peak(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            peak = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+            self.result = self.result.updated(peak_gpu_memory_gib=peak)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        STOP.training = True
+        dtypes = Counter(str(p.dtype).replace("torch.", "") for p in model.parameters()) if model else Counter()
+        trainable = Counter(
+            str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad
+        ) if model else Counter()  # fmt: skip
+        self.result = self.result.updated(
+            parameter_dtypes=dict(dtypes), trainable_dtypes=dict(trainable), max_steps=state.max_steps,
+            world_size=args.world_size,
+        )  # fmt: skip
+        if self.grad_spike is not None and model is not None:
+            self.grad_spike.attach(model)
+        quantized = quantization_record(model) if model is not None else None
+        if quantized:
+            self.result = self.result.updated(quantization=quantized)
+        self._watch_nodes(args)
+        if self.policy.precision_policy == "fp32" and set(dtypes) - {"float32"}:
+            raise RuntimeError(
+                f"precision policy fp32 is not in effect: parameters are {dict(dtypes)}. "
+                "This is a rocmft bug (LLaMA-Factory changed how it picks the dtype); please report it."
+            )
+        self._save(state)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.grad_spike is not None:
+            self.grad_spike.arm(state.global_step, state.is_world_process_zero)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if _stop_everywhere(STOP.requested, args):
+            # graceful stop: every rank saves this step's checkpoint, then training ends (rocmft exits 143)
+            control.should_save = True
+            control.should_training_stop = True
+            STOP.at_step = state.global_step
+            self.result = self.result.updated(status=with_reason(RunStatus.STOPPING, STOP.requested),
+                                              stopped_at_step=state.global_step)  # fmt: skip
+            if state.is_world_process_zero:
+                say(f"{STOP.requested}: saving checkpoint-{state.global_step} and stopping")
+        nan_after_step(self.policy, state.global_step, model)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        for key in ("loss", "grad_norm"):
+            value = logs.get(key)
+            if isinstance(value, (int, float)) and not math.isfinite(value):
+                self.result = self.result.updated(
+                    status=RunStatus.NON_FINITE_LOSS, non_finite=NonFinite(state.global_step, key, str(value))
+                )
+                self._save(state)
+                raise NonFiniteLoss(state.global_step, key, value)
+        loss = logs.get("loss")
+        if isinstance(loss, (int, float)):
+            median = loss_spike(self.recent, loss, self.policy.loss_spike_factor or 0)
+            if median is not None:
+                self.result = self.result.updated(status=RunStatus.LOSS_SPIKE, non_finite=NonFinite(
+                    state.global_step, "loss", str(loss), median, RunStatus.LOSS_SPIKE.value))  # fmt: skip
+                self._save(state)
+                raise NonFiniteLoss(state.global_step, "loss", loss, median)
+            self.recent = [*self.recent, loss][-SPIKE_WINDOW:]
+        norm = logs.get("grad_norm")
+        if isinstance(norm, (int, float)):
+            self._watch_grad_norm(state, float(norm))
+        if "loss" not in logs or not state.is_world_process_zero:
+            return
+        import torch
+
+        now = time.monotonic()
+        tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+        rate = (tokens - self.last_tokens) / max(now - self.last_time, 1e-9) if tokens else float("nan")
+        self.last_time, self.last_tokens = now, tokens
+        elapsed = now - self.started
+        done = state.global_step / max(state.max_steps, 1)
+        eta = elapsed / done - elapsed if done > 0 else float("nan")
+        self._record_peak()
+        entry = LossRecord(state.global_step, logs["loss"])
+        if torch.cuda.is_available():  # for the run summary's memory curve (rocmft.outputs.report)
+            entry = LossRecord(state.global_step, logs["loss"], round(torch.cuda.memory_allocated() / 2**30, 3),
+                               self.result.peak_gpu_memory_gib)  # fmt: skip
+        self.result = self.result.with_loss(entry).updated(last_step=state.global_step, tokens_seen=tokens,
+                                                           elapsed_s=round(elapsed, 2))  # fmt: skip
+        self._save(state)
+        say(
+            f"step {state.global_step}/{state.max_steps} ({done:.0%}) loss {logs['loss']:.4f} "
+            f"lr {logs.get('learning_rate', float('nan')):.2e} grad_norm {logs.get('grad_norm', float('nan')):.3g} "
+            f"tok/s {rate:,.0f} elapsed {_fmt_duration(elapsed)} "
+            f"eta {_fmt_duration(eta) if math.isfinite(eta) else '?'}"
+        )
+
+    def _watch_nodes(self, args) -> None:
+        """Multi-node runs: the lost-node watch (rocmft.worker.peers) on this node's local rank 0."""
+        from rocmft.worker import peers
+
+        def on_lost(message: str) -> None:
+            if not message.startswith("LOST"):
+                warn(message, all_ranks=True)
+                return
+            message = f"{message}. {peers.resume_hint(Path(args.output_dir))}."
+            say(message, stream=sys.stderr, all_ranks=True)
+            self.result = self.result.updated(status=RunStatus.FAILED, error=message)
+            write_worker_result(self.run_dir, self.result)
+
+        peers.start(self.policy.peer_timeout_s or 0, on_lost)
+
+    def _watch_grad_norm(self, state, norm: float) -> None:
+        spike = grad_norm_spike(self.recent_norms, norm, self.policy.grad_norm_spike_factor or 0,
+                                self.policy.grad_norm_limit or 0)  # fmt: skip
+        self.recent_norms = [*self.recent_norms, norm][-SPIKE_WINDOW:]
+        if spike is None:
+            return
+        reference, why = spike
+        fix = ("run `rocmft check` (its GEMM probe compares the GPU's matrix products with the CPU's), lower "
+               "LEARNING_RATE, or ROCMFT_PRECISION=fp32 to rule out mixed precision")  # fmt: skip
+        if self.policy.on_grad_norm_spike == "stop":
+            self.result = self.result.updated(status=RunStatus.GRAD_NORM_SPIKE, non_finite=NonFinite(
+                state.global_step, "grad_norm", str(norm), reference, RunStatus.GRAD_NORM_SPIKE.value))  # fmt: skip
+            self._save(state)
+            raise NonFiniteLoss(state.global_step, "grad_norm", norm, reference, f" ({why})")
+        step = state.global_step
+        if self.norm_warned_at is None or step - self.norm_warned_at >= GRAD_NORM_WARN_EVERY:
+            self.norm_warned_at = step
+            warn(f"gradient norm {norm:.4g} at step {step} ({why}); gradient clipping (MAX_GRAD_NORM) keeps a "
+                 f"single spike harmless, but norms that stay this high mean broken numerics: {fix}. "
+                 "ROCMFT_ON_GRAD_NORM_SPIKE=stop stops the run instead (next warning at the earliest "
+                 f"{GRAD_NORM_WARN_EVERY} steps later).")  # fmt: skip
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.result.attention:  # how many attention calls took each path (layers × forwards, this rank)
+            from rocmft.worker.attention import CALLS
+
+            self.result = self.result.updated(attention={**self.result.attention, "calls": dict(CALLS)})
+        stopped = STOP.at_step is not None
+        status = with_reason(RunStatus.INTERRUPTED, STOP.requested) if stopped else RunStatus.FINISHED
+        self.result = self.result.updated(status=status, last_step=state.global_step,
+                                          elapsed_s=round(time.monotonic() - self.started, 2))  # fmt: skip
+        self._record_peak()
+        self._save(state)
+        if state.is_world_process_zero:
+            peak = self.result.peak_gpu_memory_gib
+            memory = f", peak GPU memory {peak:.2f} GiB (max_memory_allocated, rank 0)" if peak is not None else ""
+            elapsed = _fmt_duration(self.result.elapsed_s)
+            say(f"training loop done: {state.global_step} steps in {elapsed}{memory}")
+
+
 def rocmft_callback(policy: RunPolicy, run_dir: Path):
     """Build the TrainerCallback (imported lazily: transformers takes seconds to import) for the run in
     ``run_dir`` under ``policy``; its ``result`` is the node's :class:`~rocmft.records.WorkerResult`."""
-    import torch
     from transformers import TrainerCallback
 
-    class RocmftCallback(TrainerCallback):
-        """Progress lines, the non-finite watchdog, the dtype record and the test-only NaN fault.
+    class RocmftCallback(_RocmftHooks, TrainerCallback):
+        """rocmft's TrainerCallback: :class:`_RocmftHooks` on transformers' base class."""
 
-        * one line per logging step on rank 0: step, loss, learning rate, grad norm, tokens/s (from the
-          trainer's non-padding token count), elapsed, ETA;
-        * a NaN/Inf loss or grad norm in a log raises :class:`NonFiniteLoss` (exit 5) — the template
-          turns off transformers' ``logging_nan_inf_filter``, which would otherwise hide NaN losses;
-        * at train start, the dtypes of the parameters are recorded, and a ``fp32`` policy whose
-          parameters are not all float32 stops the run (the policy must never silently not apply);
-        * ``fault_nan_at_step`` (tests only: rocmft.testhooks, rocmft.worker.faults) fills the weights
-          with NaN after that optimizer step, so the following loss is non-finite for real;
-        * ``fault_grad_spike_at_step`` (tests only, the same way) multiplies that step's
-          gradients by 1000, so its logged gradient norm is a real spike (rocmft.worker.faults.GradSpike);
-        * on a GPU, ``peak_gpu_memory_gib`` (``torch.cuda.max_memory_allocated()`` of this rank, GiB) is
-          recorded at each log and at the end, and printed in the final line (rank 0's in the result
-          file); it is what :mod:`rocmft.render.memfit` estimates.
-        """
-
-        def __init__(self) -> None:
-            self.result = WorkerResult.start()
-            self.recent: list[float] = []  # the last logged losses, on every rank, for the spike watchdog
-            self.recent_norms: list[float] = []  # the last logged gradient norms, for the gradient-norm watchdog
-            self.norm_warned_at: int | None = None  # the step of the last gradient-norm warning
-            self.started = time.monotonic()
-            self.last_time = self.started
-            self.last_tokens = 0
-            spike_step = policy.fault_grad_spike_at_step
-            self.grad_spike = GradSpike(spike_step) if spike_step else None  # TEST ONLY fault
-
-        def _save(self, state) -> None:
-            # each node's local rank 0 writes its node's record (RUN_DIR is per node: rocmft-node<N>), so a node
-            # that stopped because another rank was signalled can say so (rocmft.launch.run_worker reads it);
-            # without torchrun (one process, or one scheduler task: RUN_DIR rocmft-rank<R>) the process always does
-            if state.is_local_process_zero or not under_torchrun():
-                write_worker_result(run_dir, self.result)
-
-        def _record_peak(self) -> None:
-            if torch.cuda.is_available():
-                peak = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-                self.result = self.result.updated(peak_gpu_memory_gib=peak)
-
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            STOP.training = True
-            dtypes = Counter(str(p.dtype).replace("torch.", "") for p in model.parameters()) if model else Counter()
-            trainable = Counter(
-                str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad
-            ) if model else Counter()  # fmt: skip
-            self.result = self.result.updated(
-                parameter_dtypes=dict(dtypes), trainable_dtypes=dict(trainable), max_steps=state.max_steps,
-                world_size=args.world_size,
-            )  # fmt: skip
-            if self.grad_spike is not None and model is not None:
-                self.grad_spike.attach(model)
-            quantized = quantization_record(model) if model is not None else None
-            if quantized:
-                self.result = self.result.updated(quantization=quantized)
-            self._watch_nodes(args)
-            if policy.precision_policy == "fp32" and set(dtypes) - {"float32"}:
-                raise RuntimeError(
-                    f"precision policy fp32 is not in effect: parameters are {dict(dtypes)}. "
-                    "This is a rocmft bug (LLaMA-Factory changed how it picks the dtype); please report it."
-                )
-            self._save(state)
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            if self.grad_spike is not None:
-                self.grad_spike.arm(state.global_step, state.is_world_process_zero)
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if _stop_everywhere(STOP.requested, args):
-                # graceful stop: every rank saves this step's checkpoint, then training ends (rocmft exits 143)
-                control.should_save = True
-                control.should_training_stop = True
-                STOP.at_step = state.global_step
-                self.result = self.result.updated(status=with_reason(RunStatus.STOPPING, STOP.requested),
-                                                  stopped_at_step=state.global_step)  # fmt: skip
-                if state.is_world_process_zero:
-                    say(f"{STOP.requested}: saving checkpoint-{state.global_step} and stopping")
-            nan_after_step(policy, state.global_step, model)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            logs = logs or {}
-            for key in ("loss", "grad_norm"):
-                value = logs.get(key)
-                if isinstance(value, (int, float)) and not math.isfinite(value):
-                    self.result = self.result.updated(
-                        status=RunStatus.NON_FINITE_LOSS, non_finite=NonFinite(state.global_step, key, str(value))
-                    )
-                    self._save(state)
-                    raise NonFiniteLoss(state.global_step, key, value)
-            loss = logs.get("loss")
-            if isinstance(loss, (int, float)):
-                median = loss_spike(self.recent, loss, policy.loss_spike_factor or 0)
-                if median is not None:
-                    self.result = self.result.updated(status=RunStatus.LOSS_SPIKE, non_finite=NonFinite(
-                        state.global_step, "loss", str(loss), median, RunStatus.LOSS_SPIKE.value))  # fmt: skip
-                    self._save(state)
-                    raise NonFiniteLoss(state.global_step, "loss", loss, median)
-                self.recent = [*self.recent, loss][-SPIKE_WINDOW:]
-            norm = logs.get("grad_norm")
-            if isinstance(norm, (int, float)):
-                self._watch_grad_norm(state, float(norm))
-            if "loss" not in logs or not state.is_world_process_zero:
-                return
-            now = time.monotonic()
-            tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
-            rate = (tokens - self.last_tokens) / max(now - self.last_time, 1e-9) if tokens else float("nan")
-            self.last_time, self.last_tokens = now, tokens
-            elapsed = now - self.started
-            done = state.global_step / max(state.max_steps, 1)
-            eta = elapsed / done - elapsed if done > 0 else float("nan")
-            self._record_peak()
-            entry = LossRecord(state.global_step, logs["loss"])
-            if torch.cuda.is_available():  # for the run summary's memory curve (rocmft.outputs.report)
-                entry = LossRecord(state.global_step, logs["loss"], round(torch.cuda.memory_allocated() / 2**30, 3),
-                                   self.result.peak_gpu_memory_gib)  # fmt: skip
-            self.result = self.result.with_loss(entry).updated(last_step=state.global_step, tokens_seen=tokens,
-                                                               elapsed_s=round(elapsed, 2))  # fmt: skip
-            self._save(state)
-            say(
-                f"step {state.global_step}/{state.max_steps} ({done:.0%}) loss {logs['loss']:.4f} "
-                f"lr {logs.get('learning_rate', float('nan')):.2e} grad_norm {logs.get('grad_norm', float('nan')):.3g} "
-                f"tok/s {rate:,.0f} elapsed {_fmt_duration(elapsed)} "
-                f"eta {_fmt_duration(eta) if math.isfinite(eta) else '?'}"
-            )
-
-        def _watch_nodes(self, args) -> None:
-            """Multi-node runs: the lost-node watch (rocmft.worker.peers) on this node's local rank 0."""
-            from rocmft.worker import peers
-
-            def on_lost(message: str) -> None:
-                if not message.startswith("LOST"):
-                    warn(message, all_ranks=True)
-                    return
-                message = f"{message}. {peers.resume_hint(Path(args.output_dir))}."
-                say(message, stream=sys.stderr, all_ranks=True)
-                self.result = self.result.updated(status=RunStatus.FAILED, error=message)
-                write_worker_result(run_dir, self.result)
-
-            peers.start(policy.peer_timeout_s or 0, on_lost)
-
-        def _watch_grad_norm(self, state, norm: float) -> None:
-            spike = grad_norm_spike(self.recent_norms, norm, policy.grad_norm_spike_factor or 0,
-                                    policy.grad_norm_limit or 0)  # fmt: skip
-            self.recent_norms = [*self.recent_norms, norm][-SPIKE_WINDOW:]
-            if spike is None:
-                return
-            reference, why = spike
-            fix = ("run `rocmft check` (its GEMM probe compares the GPU's matrix products with the CPU's), lower "
-                   "LEARNING_RATE, or ROCMFT_PRECISION=fp32 to rule out mixed precision")  # fmt: skip
-            if policy.on_grad_norm_spike == "stop":
-                self.result = self.result.updated(status=RunStatus.GRAD_NORM_SPIKE, non_finite=NonFinite(
-                    state.global_step, "grad_norm", str(norm), reference, RunStatus.GRAD_NORM_SPIKE.value))  # fmt: skip
-                self._save(state)
-                raise NonFiniteLoss(state.global_step, "grad_norm", norm, reference, f" ({why})")
-            step = state.global_step
-            if self.norm_warned_at is None or step - self.norm_warned_at >= GRAD_NORM_WARN_EVERY:
-                self.norm_warned_at = step
-                warn(f"gradient norm {norm:.4g} at step {step} ({why}); gradient clipping (MAX_GRAD_NORM) keeps a "
-                     f"single spike harmless, but norms that stay this high mean broken numerics: {fix}. "
-                     "ROCMFT_ON_GRAD_NORM_SPIKE=stop stops the run instead (next warning at the earliest "
-                     f"{GRAD_NORM_WARN_EVERY} steps later).")  # fmt: skip
-
-        def on_train_end(self, args, state, control, **kwargs):
-            if self.result.attention:  # how many attention calls took each path (layers × forwards, this rank)
-                from rocmft.worker.attention import CALLS
-
-                self.result = self.result.updated(attention={**self.result.attention, "calls": dict(CALLS)})
-            stopped = STOP.at_step is not None
-            status = with_reason(RunStatus.INTERRUPTED, STOP.requested) if stopped else RunStatus.FINISHED
-            self.result = self.result.updated(status=status, last_step=state.global_step,
-                                              elapsed_s=round(time.monotonic() - self.started, 2))  # fmt: skip
-            self._record_peak()
-            self._save(state)
-            if state.is_world_process_zero:
-                peak = self.result.peak_gpu_memory_gib
-                memory = f", peak GPU memory {peak:.2f} GiB (max_memory_allocated, rank 0)" if peak is not None else ""
-                elapsed = _fmt_duration(self.result.elapsed_s)
-                say(f"training loop done: {state.global_step} steps in {elapsed}{memory}")
-
-    return RocmftCallback()
+    return RocmftCallback(policy, run_dir)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rocmft.console import say
 from rocmft.errors import ExitCode
-from rocmft.records import RunStatus, read_run_policy, with_reason, write_worker_result
+from rocmft.records import RunPolicy, RunStatus, read_run_policy, with_reason, write_worker_result
 from rocmft.values import truthy
 from rocmft.worker import faults, patches
 from rocmft.worker.callbacks import SAME_STOP_S, STOP, Interrupted, NonFiniteLoss, rocmft_callback, under_torchrun
@@ -81,6 +81,47 @@ def main(run_dir: str) -> int:
     policy = read_run_policy(run_path)
     # torchrun's local rank 0 writes this node's RUN_DIR record; without torchrun the process writes its own
     writes_record = int(os.environ.get("LOCAL_RANK", "0")) == 0 or not under_torchrun()
+    _take_stop_signals()
+
+    from omegaconf import OmegaConf
+
+    arguments = OmegaConf.to_container(OmegaConf.load(run_path / "train.yaml"), resolve=True)
+    arguments.update(_secret_arguments())
+    attention_choice = _patch_and_arm(policy, arguments)
+
+    from llamafactory.train.tuner import run_exp
+
+    callback = rocmft_callback(policy, run_path)
+    if attention_choice:
+        callback.result = callback.result.updated(attention=attention_choice)
+    try:
+        run_exp(args=arguments, callbacks=[callback])
+    except NonFiniteLoss as err:
+        _say_diverged(err, Path(arguments["output_dir"]), callback)
+        return ExitCode.NON_FINITE_LOSS
+    except Interrupted as err:
+        callback.result = callback.result.updated(status=with_reason(RunStatus.INTERRUPTED, str(err)))
+        if writes_record:
+            write_worker_result(run_path, callback.result)
+        say(f"interrupted by {err}", stream=sys.stderr, all_ranks=True)  # rocmft.launch says what it means
+        return ExitCode.INTERRUPTED
+    except Exception as err:
+        traceback.print_exc()
+        from rocmft.worker.peers import verdict_after_error
+
+        verdict_after_error(err)  # a lost node named by the watch ends the process there (exit 4)
+        if _disk_full(err, Path(arguments["output_dir"])):
+            _report_disk_full(Path(arguments["output_dir"]), err)
+        callback.result = callback.result.updated(status=RunStatus.FAILED, error=f"{type(err).__name__}: {err}")
+        if writes_record:
+            write_worker_result(run_path, callback.result)
+        return ExitCode.TRAINING_FAILED
+    return _exit_after_training()
+
+
+def _take_stop_signals() -> None:
+    """SIGTERM/SIGINT during training stop at the next step boundary with a checkpoint (a second one, or one
+    before training, stops at once): install the handler, and take the signals torchrun blocked."""
 
     def on_signal(signum, _frame):
         name, now = signal.Signals(signum).name, time.monotonic()
@@ -99,10 +140,13 @@ def main(run_dir: str) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    from omegaconf import OmegaConf
 
-    arguments = OmegaConf.to_container(OmegaConf.load(run_path / "train.yaml"), resolve=True)
-    arguments.update(_secret_arguments())
+def _patch_and_arm(policy: RunPolicy, arguments: dict) -> dict | None:
+    """Apply the run policy's patches to LLaMA-Factory and transformers, and arm its test-only faults.
+
+    Returns:
+        The attention choice for neat-packed rows (rocmft.worker.attention.decide), or None when not asked.
+    """
     if policy.precision_policy == "fp32":
         patches.force_compute_dtype("float32")
     if policy.fault_kill_in_save_at_step:
@@ -122,44 +166,27 @@ def main(run_dir: str) -> int:
     patches.count_tokens_under_4d_masks()
     patches.resume_optimizer_on_cpu_ranks()
     patches.dataloader_workers_ignore_stop_signals()
+    return attention_choice
 
-    from llamafactory.train.tuner import run_exp
 
-    callback = rocmft_callback(policy, run_path)
-    if attention_choice:
-        callback.result = callback.result.updated(attention=attention_choice)
-    try:
-        run_exp(args=arguments, callbacks=[callback])
-    except NonFiniteLoss as err:
-        from rocmft.render.resume import last_good_checkpoint
+def _say_diverged(err: NonFiniteLoss, output_dir: Path, callback) -> None:
+    """The message for a diverged run: what diverged at which step, the last good checkpoint, what to try."""
+    from rocmft.render.resume import last_good_checkpoint
 
-        good = last_good_checkpoint(Path(arguments["output_dir"]), callback.result.loss_dicts())
-        where = f"the last good checkpoint is {good}" if good else "there is no checkpoint from before it"
-        say(
-            f"STOPPED ({err.cause}): {err}. The weights or the optimizer state diverged; nothing after step "
-            f"{err.step} is trustworthy; {where}. Try: a lower LEARNING_RATE, MAX_GRAD_NORM=1.0, or "
-            "ROCMFT_PRECISION=fp32 to rule out mixed precision (ROCMFT_ON_NAN=fp32 does that by itself).",
-            stream=sys.stderr,
-            all_ranks=True,
-        )
-        return ExitCode.NON_FINITE_LOSS
-    except Interrupted as err:
-        callback.result = callback.result.updated(status=with_reason(RunStatus.INTERRUPTED, str(err)))
-        if writes_record:
-            write_worker_result(run_path, callback.result)
-        say(f"interrupted by {err}", stream=sys.stderr, all_ranks=True)  # rocmft.launch says what it means
-        return ExitCode.INTERRUPTED
-    except Exception as err:
-        traceback.print_exc()
-        from rocmft.worker.peers import verdict_after_error
+    good = last_good_checkpoint(output_dir, callback.result.loss_dicts())
+    where = f"the last good checkpoint is {good}" if good else "there is no checkpoint from before it"
+    say(
+        f"STOPPED ({err.cause}): {err}. The weights or the optimizer state diverged; nothing after step "
+        f"{err.step} is trustworthy; {where}. Try: a lower LEARNING_RATE, MAX_GRAD_NORM=1.0, or "
+        "ROCMFT_PRECISION=fp32 to rule out mixed precision (ROCMFT_ON_NAN=fp32 does that by itself).",
+        stream=sys.stderr,
+        all_ranks=True,
+    )
 
-        verdict_after_error(err)  # a lost node named by the watch ends the process there (exit 4)
-        if _disk_full(err, Path(arguments["output_dir"])):
-            _report_disk_full(Path(arguments["output_dir"]), err)
-        callback.result = callback.result.updated(status=RunStatus.FAILED, error=f"{type(err).__name__}: {err}")
-        if writes_record:
-            write_worker_result(run_path, callback.result)
-        return ExitCode.TRAINING_FAILED
+
+def _exit_after_training() -> int:
+    """The exit code of a training loop that ended: OK, or after a graceful stop INTERRUPTED (OK when distributed,
+    the launcher reads the stop from the result file), with the message that says how to resume."""
     if STOP.at_step is not None:
         say(f"stopped by {STOP.requested} after step {STOP.at_step} with checkpoint-{STOP.at_step} saved; "
             "`rocmft train` with the same settings resumes from it", stream=sys.stderr, all_ranks=True)  # fmt: skip

@@ -107,6 +107,19 @@ def more_values(run: Rendered) -> list[str]:
     Raises:
         ConfigError: naming the variables and the fix.
     """
+    _refuse_pointless_values(run)
+    _interleave(run)
+    _refuse_unused_eval(run)
+    return _value_warnings(run)
+
+
+def _refuse_pointless_values(run: Rendered) -> None:
+    """The errors of :func:`more_values` up to INTERLEAVE_PROBS: LORA_ALPHA ≤ 0, a negative WARMUP_STEPS or
+    MAX_GRAD_NORM, MAX_SAMPLES ≤ 0, a bitsandbytes QUANTIZATION_BIT other than 4 or 8, WARMUP_STEPS with WARMUP_RATIO.
+
+    Raises:
+        ConfigError: naming the variables and the fix.
+    """
     arguments, sources = run.arguments, run.sources
 
     def user(name: str) -> float | None:
@@ -142,18 +155,34 @@ def more_values(run: Rendered) -> list[str]:
                           "transformers uses the steps and ignores the ratio.",
                           f"Remove WARMUP_RATIO ({origin('warmup_ratio', sources.get('warmup_ratio'))}) if "
                           f"{arguments['warmup_steps']} warmup steps is what you want.")  # fmt: skip
-    _interleave(run)
+
+
+def _refuse_unused_eval(run: Rendered) -> None:
+    """STREAMING with a fractional VAL_SIZE, and EVAL_STEPS with EVAL_STRATEGY=no.
+
+    Raises:
+        ConfigError: naming the variables and the fix.
+    """
+    arguments, sources = run.arguments, run.sources
     val_size = _number(arguments.get("val_size")) or 0.0
     if arguments.get("streaming") and 0 < val_size < 1:
         raise ConfigError(f"{named(run, 'streaming')} with {named(run, 'val_size')}: a streamed data set has no "
                           "known length, so a fraction of it cannot be held out.",
                           "Give VAL_SIZE as a count of records (VAL_SIZE=500).")  # fmt: skip
     strategy = str(arguments.get("eval_strategy") or "no").lower()
-    has_eval = val_size > 0 or bool(arguments.get("eval_dataset"))
     if strategy == "no" and _user_set("eval_steps", sources):
         raise ConfigError(f"{named(run, 'eval_steps')} with {named(run, 'eval_strategy', 'no')}: evaluation would "
                           "never run.",
                           "Set EVAL_STRATEGY=steps (and VAL_SIZE or EVAL_DATASET for the data).")  # fmt: skip
+
+
+def _value_warnings(run: Rendered) -> list[str]:
+    """The warnings of :func:`more_values`: eval data never evaluated, SAVE_TOTAL_LIMIT=0, SAVE_STEPS beyond
+    MAX_STEPS or 0, NUM_TRAIN_EPOCHS ignored for MAX_STEPS, an EVAL_DATASET that is also in DATASET."""
+    arguments, sources = run.arguments, run.sources
+    val_size = _number(arguments.get("val_size")) or 0.0
+    strategy = str(arguments.get("eval_strategy") or "no").lower()
+    has_eval = val_size > 0 or bool(arguments.get("eval_dataset"))
     warnings = []
     if strategy == "no" and has_eval:
         given = "VAL_SIZE" if val_size > 0 else "EVAL_DATASET"
