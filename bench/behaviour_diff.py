@@ -219,7 +219,7 @@ def main() -> int:
     # A warm-up, not recorded: the first use of the cache makes the tiny model and the demo data (and prints so),
     # which is not a difference between the checkouts.
     if cases and not (args.cache / "tiny-qwen2-v2").is_dir():
-        rc, out, _ = run_one("warm-up", DEFAULTS["default-render"], old, args.cache, args.work, args.timeout)
+        rc, _, _ = run_one("warm-up", DEFAULTS["default-render"], old, args.cache, args.work, args.timeout)
         print(f"warm-up (makes the cache): exit {rc}", flush=True)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         list(pool.map(both, list(cases)))
@@ -231,7 +231,7 @@ def main() -> int:
         if not all(p.is_file() for p in paths):
             continue
         a, b = (normalise(p.read_text()) for p in paths)  # normalise() is idempotent
-        for p, text in zip(paths, (a, b)):
+        for p, text in zip(paths, (a, b), strict=True):
             p.write_text(text)
         rc_old, rc_new = (t.split("\n", 1)[0].removeprefix("exit ") for t in (a, b))
         same = a == b

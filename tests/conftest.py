@@ -290,9 +290,12 @@ def cpu_image(docker_client):
 SPAWNING_FIXTURES = frozenset({"run_rocmft", "start_rocmft", "lora_run", "exported", "cpu_image", "docker_client",
                                "checkout_copy"})  # fmt: skip
 SLOW_MARKERS = ("train", "docker", "slurm", "vllm", "gpu", "slow")
+# Files whose tests run make, `docker compose` or the ROCm lock's resolver (PyPI) as processes without a fixture
+SLOW_FILES = frozenset({"test_images.py"})
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SPAWNING_FIXTURES & set(item.fixturenames) or any(item.get_closest_marker(m) for m in SLOW_MARKERS):
+        spawns = SPAWNING_FIXTURES & set(item.fixturenames) or item.path.name in SLOW_FILES
+        if spawns or any(item.get_closest_marker(m) for m in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)

@@ -51,9 +51,9 @@ def test_the_launch_adds_and_records_them_and_says_so(render_env, monkeypatch, t
     (plan.launch, written to the manifest), and the printed line names them."""
     monkeypatch.setenv("SLURM_JOB_ID", "99")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "node-local"))
-    plan = render_env({"DATASET": "identity"})
     for name in CACHE_VARIABLES:  # torch's inductor sets TORCHINDUCTOR_CACHE_DIR in os.environ when first asked
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name, raising=False)  # (by an earlier test in this process): the run's start has none
+    plan = render_env({"DATASET": "identity"})
     environment = prepare_launch(plan)["environment"]
     root = tmp_path / "node-local" / f"rocmft-{os.getuid()}"
     assert environment["TRITON_CACHE_DIR"] == str(root / "triton")

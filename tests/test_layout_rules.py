@@ -70,3 +70,22 @@ def test_every_rule_module_is_one_the_registry_loads():
     assert present == set(MODULES), (
         f"not loaded: {sorted(present - set(MODULES))}; missing: {sorted(set(MODULES) - present)}"
     )
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80  # issue 29: sizes a newcomer can read
+
+
+def test_no_module_over_600_lines_and_no_function_over_80():
+    """Every module of the package fits in 600 lines and every function (a method, a nested function) in 80,
+    counted from its ``def`` to its last line."""
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative, text = path.relative_to(PACKAGE).as_posix(), path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{relative} ({len(text.splitlines())})")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{relative}:{node.name} ({length})")
+    assert not long_modules and not long_functions, (long_modules, long_functions)
