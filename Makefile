@@ -225,7 +225,7 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 	bash docker/apptainer/build-sif.sh '$(IMAGE)' '$(SIF)'
 
 test: docker-ready slurm-ready vllm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~45 min cold)
-	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
 test-fast: venv ## the in-process tests only (rules, render, planner, checks on injected records): the inner loop
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
