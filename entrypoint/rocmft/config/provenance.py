@@ -97,10 +97,6 @@ class Source:
             return f"the restart {detail}"
         return detail  # Kind.ROCMFT: the decision in words
 
-    def as_json(self) -> str:
-        """The manifest's text for this source (:meth:`__str__`)."""
-        return str(self)
-
 
 def texts(sources: Mapping[str, Source]) -> dict[str, str]:
     """``sources`` rendered for JSON (the manifest's ``argument_sources``)."""
@@ -110,11 +106,6 @@ def texts(sources: Mapping[str, Source]) -> dict[str, str]:
 def kinds(sources: Mapping[str, Source]) -> dict[str, str]:
     """Each source's :class:`Kind` word, for tools reading the manifest (``argument_source_kinds``)."""
     return {name: source.kind.value for name, source in sources.items()}
-
-
-def is_environment(name: str, source: Source | None) -> bool:
-    """Whether ``source`` says the value of argument ``name`` came from an environment variable."""
-    return source is not None and source.kind is Kind.ENVIRONMENT
 
 
 def origin(name: str, source: Source | None) -> str:
@@ -234,5 +225,5 @@ def environment_variable(name: str, environ: Mapping[str, str]) -> str:
     return shown
 
 
-__all__ = ["FROM_ENVIRONMENT", "NOT_SET", "USER_KINDS", "Kind", "Source", "environment_variable", "is_environment",
+__all__ = ["FROM_ENVIRONMENT", "NOT_SET", "USER_KINDS", "Kind", "Source", "environment_variable",
            "kinds", "knob", "named", "named_in", "origin", "removal", "spelled", "texts"]  # fmt: skip

@@ -71,9 +71,6 @@ USABLE_FRACTION = 0.97
 LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 # Stages whose loss is a token-level cross-entropy: LLaMA-Factory applies Liger's fused cross-entropy there.
 FUSED_CE_STAGES = ("sft", "pt")
-# flash-attention backends per gfx target, as docker/arch/<ARCH>.env names them (FLASH_ATTN_BACKEND); used
-# when neither the image's /etc/rocmft/arch.env nor the checkout's docker/arch/ has the target.
-PLANNED = "rocmft plan"
 
 
 @dataclass(frozen=True)
