@@ -56,8 +56,27 @@ def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, A
     _refuse_unknown_keys(loaded, where, lambda key: key, lambda key: replacement(key, yaml_key=True))
     if raw is not None:  # the values as the YAML spells them, before typing (a "2k" or "1e-4" stays that text)
         raw.update(loaded)
+        raw.update({key: text for key, text in _plain_scalars(path).items() if not isinstance(loaded.get(key), str)})
     return _typed_values(loaded, where, lambda key, value: f"{key}: {value!r}", "Give each key a value of the type "
                          "shown.")  # fmt: skip
+
+
+def _plain_scalars(path: Path) -> dict[str, str]:
+    """The top-level keys of the YAML at ``path`` whose value is a plain scalar, with its text as written: YAML reads
+    ``learning_rate: 1e-4`` as a float and ``fp16: 1`` as an int, which messages would otherwise show as 0.0001 and
+    true where the environment's LEARNING_RATE=1e-4 and the command line's fp16=1 show what the user typed.
+    Interpolations (``${...}``) are left out (their resolved value is shown); a file that does not compose, empty."""
+    import yaml
+
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, ValueError, RecursionError, yaml.YAMLError):
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {key.value: value.value for key, value in node.value
+            if isinstance(key, yaml.ScalarNode) and isinstance(value, yaml.ScalarNode) and value.style is None
+            and value.value and "${" not in value.value}  # fmt: skip
 
 
 def _refuse_unknown_keys(values: Mapping[str, Any], where: str, shown: typing.Callable[[str], str],
