@@ -167,6 +167,32 @@ def _rocmft_setting_hint(key: str, value: Any = None) -> str | None:
     return f"a rocmft setting, not a LLaMA-Factory argument: set {variable} in the environment"
 
 
+# Variables that torch, ROCm and the launcher read from the process's environment (rocmft's runtime and launch rules
+# check several: the allocator's, GPU visibility, WORLD_SIZE, TunableOp's): a YAML or command-line key by such a name
+# is told where it goes.
+PROCESS_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES", "NPROC_PER_NODE", "MASTER_ADDR",
+                 "MASTER_PORT")  # fmt: skip
+PROCESS_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "HIP_", "HSA_", "ROCR_", "ROCM_", "NCCL_", "RCCL_", "MIOPEN_",
+                    "HIPBLASLT_", "OMP_")  # fmt: skip
+
+
+def _process_variable_hint(key: str, value: Any = None) -> str | None:
+    """For a YAML or command-line key that names a variable of the process's environment (``pytorch_alloc_conf``,
+    ``hip_visible_devices``, ``world_size``): where it goes instead, since those keys take LLaMA-Factory's
+    arguments only. None for other keys, and for one that comes close to an argument's name (a typo of
+    ``torch_compile`` is told the argument). A secret's value is not repeated."""
+    from rocmft.config.lfargs import is_secret_name
+
+    upper = key.upper()
+    if upper not in PROCESS_NAMES and not upper.startswith(PROCESS_PREFIXES):
+        return None
+    if key.lower() in lf_arguments() or difflib.get_close_matches(key.lower(), list(lf_arguments()), 1, TYPO_CUTOFF):
+        return None
+    variable = upper + ("" if value is None or is_secret_name(key) else f"={value}")
+    return ("a variable torch, ROCm or the launcher reads from the process's environment, not a LLaMA-Factory "
+            f"argument: set {variable} in the environment")  # fmt: skip
+
+
 def _is_foreign(name: str) -> bool:
     owned_elsewhere = {n.upper() for n in NOT_FROM_ENVIRONMENT}
     return name in FOREIGN_NAMES or name in owned_elsewhere or name.startswith(FOREIGN_PREFIXES)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rocmft.config.envargs import _adapter, _did_you_mean, _rocmft_setting_hint, replacement
+from rocmft.config.envargs import _adapter, _did_you_mean, _process_variable_hint, _rocmft_setting_hint, replacement
 from rocmft.config.lfargs import lf_arguments, stack_versions
 from rocmft.errors import ConfigError
 from rocmft.nesting import TOO_DEEP, TooDeep, check_depth
@@ -94,7 +94,7 @@ def _refuse_unknown_keys(values: Mapping[str, Any], where: str, shown: typing.Ca
         return
     lines = []
     for key in unknown:
-        hint = replaced(key) or _rocmft_setting_hint(key, values[key])
+        hint = replaced(key) or _rocmft_setting_hint(key, values[key]) or _process_variable_hint(key, values[key])
         lines.append(f"  {shown(key)}: {hint}" if hint else f"  {shown(key)}:{_did_you_mean(key, names)}")
     raise ConfigError(
         f"{where} has keys that are not arguments of the installed LLaMA-Factory "
