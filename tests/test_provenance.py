@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from rocmft.cli.train import restart_overrides
@@ -23,6 +23,7 @@ from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
 from rocmft.outputs.manifest import Restart
 from rocmft.validate.rules import render_checked
+from support.conflicts import CONFLICTS, ONE_SETTING, USER_SET, Case, device
 
 # An injected bf16 GPU, shaped as rocmft's probe reports one MI300X.
 INJECTED_BF16_GPU = DeviceFacts(backend="rocm", names=["AMD Instinct MI300X"], archs=["gfx942:sramecc+:xnack-"],
@@ -138,21 +139,39 @@ def test_a_restart_leaves_the_process_environment_alone(tmp_path, cache_dir, tin
 
 # --- the property: the verdict does not depend on where a value was written ------------------------------------
 
-# Conflicts whose settings are all training arguments (each can be written in any of the four places), from
-# tests/test_refusals_complete.py's cases; the rule expected to refuse each, and the settings its message names.
-CASES = [
-    ("method_settings", {"FINETUNING_TYPE": "full", "LORA_RANK": "64"}),
-    ("ranges", {"CUTOFF_LEN": "100000"}),
-    ("more_values", {"WARMUP_STEPS": "10", "WARMUP_RATIO": "0.1"}),
-    ("more_ranges", {"NUM_TRAIN_EPOCHS": "0"}),
-    ("more_ranges", {"LORA_DROPOUT": "5"}),
-    ("lora_target", {"LORA_TARGET": "q_proj,query_key_value"}),
-    ("chat_template_fits", {"TEMPLATE": "llama3"}),
-    ("output_not_input", {"OUTPUT_DIR": "{model}/out"}),
-]
+# Each rule's conflict comes from the one table tests/test_refusals_complete.py drives too (tests/support/conflicts.py).
+# In it, every setting that is a LLaMA-Factory training argument (the case's own, and the model and output folder
+# every case runs with) is written where hypothesis chooses; rocmft's own ROCMFT_* settings, the process variables
+# torch, ROCm and the launcher read, and files' contents stay where only they can be.
 PLACES = ["environment", "ROCMFT_CONFIG", "the command line's YAML", "key=value"]
 KINDS = {"environment": "environment", "ROCMFT_CONFIG": "rocmft_config", "the command line's YAML": "command_line_yaml",
          "key=value": "command_line"}  # fmt: skip
+YAML_PLACES = ("ROCMFT_CONFIG", "the command line's YAML")
+# Rules whose every offending value only the environment can hold: no place to vary. Where else a user might write
+# them, rocmft refuses and says to set them in the environment (test_settings_only_the_environment_holds_...).
+ONLY_IN_THE_ENVIRONMENT = {
+    "distributed": "ROCMFT_DISTRIBUTED and ROCMFT_ZERO_STAGE are rocmft's own settings",
+    "allocator_variables": "PYTORCH_ALLOC_CONF and PYTORCH_HIP_ALLOC_CONF are read by torch from the process's "
+    "environment",
+    "gpu_visibility": "HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are read by ROCm's HIP runtime from the process's "
+    "environment",
+    "world_size": "WORLD_SIZE is the launcher's, read from the process's environment",
+    "tunableop": "PYTORCH_TUNABLEOP_ENABLED is torch's process variable, ROCMFT_DISTRIBUTED rocmft's own setting",
+}
+# Rules that refuse a value for its own text or a file for its own contents: no conflict case to vary (ONE_SETTING
+# of the table says what each reads).
+NOT_VARIED = {
+    "text_hygiene": "an empty value or one with stray spaces has no one spelling for every place: the command line's "
+    "parser refuses a key=value with nothing after = before any rule, and YAML strips unquoted spaces",
+    "quoted_values": "quotes around a value are characters in the environment and syntax in a YAML or a key=value "
+    '(template: "qwen" is qwen)',
+    "template": "refuses TEMPLATE's value against the installed LLaMA-Factory's names and reads no source",
+    "model_shapes": "the model folder's files against themselves: no setting's value is in question",
+}
+# (rule, case): each conflict whose offending values are not all the environment's, and the refusals that hold only
+# for a value the user set (the verdict reads the source's kind there: where a text test once decided it).
+PROPERTY = [(rule, case) for rule, case in CONFLICTS.items() if rule not in ONLY_IN_THE_ENVIRONMENT] + USER_SET
+PROPERTY_IDS = [f"{rule}-{'-'.join(case.environ)}" for rule, case in PROPERTY]
 _names = st.lists(st.sampled_from([*TRAP_WORDS, "c", "my run", "x-1"]), min_size=1, max_size=3).map(" ".join)
 
 
@@ -165,6 +184,23 @@ def _where_said(place: str, key: str, value: str, config: Path) -> str:
     }[place]
 
 
+def _variable(name: str) -> bool:
+    """Whether a setting of a case is a training argument (so any of the four places can hold it)."""
+    from rocmft.config.lfargs import lf_arguments
+
+    return not name.upper().startswith("ROCMFT_") and name.lower() in lf_arguments()
+
+
+def _settings_of(case: Case) -> dict[str, str]:
+    """Every setting of a case by its variable: the model and output folder every case runs with, then the case's
+    environment and its YAML's keys (``bf16: true`` as BF16=true)."""
+    settings = {"MODEL_NAME_OR_PATH": "{model}", "OUTPUT_DIR": "{tmp}/out", **case.environ}
+    for line in (case.yaml or "").splitlines():
+        key, _, value = line.partition(":")
+        settings[key.strip().upper()] = value.strip()
+    return settings
+
+
 @pytest.fixture(scope="module")
 def model_copy(tmp_path_factory, tiny_model) -> Path:
     folder = tmp_path_factory.mktemp("model") / "model"
@@ -172,54 +208,146 @@ def model_copy(tmp_path_factory, tiny_model) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(("rule", "offending"), CASES, ids=[f"{r}-{'-'.join(c)}" for r, c in CASES])
-@settings(max_examples=12, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
-@given(data=st.data())
-def test_the_verdict_and_the_settings_named_do_not_depend_on_where_a_value_was_written(
-    rule, offending, data, tmp_path_factory, cache_dir, model_copy
-):
-    """For each rule and each offending value written in the environment, ROCMFT_CONFIG, the command line's YAML
-    (under any file name, trap words included) or a key=value: the same rule refuses (its finding's code), and the
-    finding names each setting with its value as written and the kind of place it was written in."""
-    tmp = tmp_path_factory.mktemp("where")
-    case = {k: v.replace("{model}", str(model_copy)) for k, v in offending.items()}
-    places = {name: data.draw(st.sampled_from(PLACES), label=name) for name in case}
-    stem = data.draw(_names, label="file name")
-    config = tmp / stem / f"{stem}.yaml"
-    config.parent.mkdir(parents=True)
-    environ = {"ROCMFT_CACHE_DIR": str(cache_dir), "MODEL_NAME_OR_PATH": str(model_copy)}
-    if "OUTPUT_DIR" not in case:  # the environment is above a YAML: set only what the case does not write elsewhere
-        environ["OUTPUT_DIR"] = str(tmp / "out")
-    yaml_lines, tokens = [], []
-    for name, value in case.items():
-        key = name.lower()
-        if places[name] == "environment":
+@pytest.fixture(scope="module")
+def fills(tmp_path_factory, model_copy, shared_data) -> dict[str, str]:
+    """The table's ``{model}``, ``{data}`` and ``{bf16}`` (``{tmp}`` is each example's own folder)."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("fills")
+    data = root / "data"
+    data.mkdir()
+    for name in ("alpaca_en_demo.json", "dpo_en_demo.json", "identity.json"):
+        shutil.copy(shared_data / name, data / name)
+    bf16 = root / "tiny-bf16"
+    shutil.copytree(model_copy, bf16)
+    AutoModelForCausalLM.from_pretrained(model_copy, dtype="bfloat16").save_pretrained(bf16)
+    return {"{model}": str(model_copy), "{data}": str(data), "{bf16}": str(bf16)}
+
+
+def _refused(case: Case, places: dict[str, str], tmp: Path, stem: str, cache_dir: Path, fills: dict[str, str]):
+    """Render ``case`` in-process (and apply the launch rules, as prepare_launch does) with each varied setting
+    written in its place; the ConfigError, and the YAML written (None without one)."""
+    from rocmft.validate.rules import apply
+
+    fill = {"{tmp}": str(tmp), **fills}
+
+    def filled(text: str) -> str:
+        for key, value in fill.items():
+            text = text.replace(key, value)
+        return text
+
+    for name, content in case.files.items():
+        (tmp / name).write_text(content)
+    settings = {name: filled(value) for name, value in _settings_of(case).items()}
+    if any("{tmp}/model" in value for value in _settings_of(case).values()):
+        shutil.copytree(fills["{model}"], tmp / "model")
+    environ, yaml_lines, tokens = {"ROCMFT_CACHE_DIR": str(cache_dir)}, [], []
+    for name, value in settings.items():
+        place = places.get(name, "environment")
+        if place == "environment":
             environ[name] = value
-        elif places[name] == "key=value":
-            tokens.append(f"{key}={value}")
+        elif place == "key=value":
+            tokens.append(f"{name.lower()}={value}")
         else:
-            yaml_lines.append(f"{key}: {value}")
-    # one YAML for the keys written in a file: ROCMFT_CONFIG or the command line's (not both: they must be one file)
-    in_yaml = [p for p in places.values() if p in ("ROCMFT_CONFIG", "the command line's YAML")]
-    route = in_yaml[0] if in_yaml else None
-    places = {n: (route if p in ("ROCMFT_CONFIG", "the command line's YAML") else p) for n, p in places.items()}
-    arguments = []
-    if route is not None:
+            yaml_lines.append(f"{name.lower()}: {value}")
+    config, arguments = None, []
+    if yaml_lines:  # one YAML for the keys written in a file: ROCMFT_CONFIG or the command line's (never both)
+        config = tmp / stem / f"{stem}.yaml"
+        config.parent.mkdir(parents=True)
         config.write_text("\n".join(yaml_lines) + "\n")
-        if route == "ROCMFT_CONFIG":
+        if places[next(n for n in settings if places.get(n) in YAML_PLACES)] == "ROCMFT_CONFIG":
             environ["ROCMFT_CONFIG"] = str(config)
         else:
             arguments.append(str(config))
     arguments += tokens
+    settings_read = load_settings({**environ, **case.process}, parse_command_line(arguments))
+
+    def make_staging(output_dir: Path) -> Path:
+        (tmp / "staging").mkdir(exist_ok=True)
+        return tmp / "staging"
+
     with pytest.raises(ConfigError) as caught:
-        _render(environ, tmp / "staging", arguments)
-    findings = {f.code.rpartition(".")[2]: f for f in caught.value.findings}  # rocmft.findings, by rule
-    assert rule in findings, (places, [f.code for f in caught.value.findings], caught.value.message)
-    finding = findings[rule]
+        apply("launch", render_checked(settings_read, device(case.gpus), make_staging))  # injected devices
+    return caught.value, config, {name: filled(value) for name, value in settings.items()}
+
+
+_BASELINE: dict[int, tuple[tuple[str, ...], list[str]]] = {}  # case -> the findings' codes, the rule's settings
+
+
+@pytest.mark.parametrize(("rule", "case"), PROPERTY, ids=PROPERTY_IDS)
+# no shrinking: each example is a render (about a second here), and the failing draws are printed as they are
+@settings(max_examples=8, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(data=st.data())
+def test_the_verdict_and_the_settings_named_do_not_depend_on_where_a_value_was_written(
+    rule, case, data, tmp_path_factory, cache_dir, fills
+):
+    """For each rule of the table and its offending values, each training argument written in the environment,
+    ROCMFT_CONFIG, the command line's YAML (under any file and folder name, trap words included) or a key=value:
+    the same findings (by code) as with everything in the environment, the rule's among them, and its finding
+    names each setting it names there with the value as written and the kind of place it was written in."""
+    varied = [name for name in _settings_of(case) if _variable(name)]
+    if id(case) not in _BASELINE:  # everything in the environment, as the table writes it
+        err, _, _ = _refused(case, {}, tmp_path_factory.mktemp("baseline"), "c", cache_dir, fills)
+        ours = next(f for f in err.findings if f.code.rpartition(".")[2] == rule)
+        _BASELINE[id(case)] = tuple(f.code for f in err.findings), [setting.name for setting in ours.settings]
+    places = {name: data.draw(st.sampled_from(PLACES), label=name) for name in varied}
+    in_yaml = [p for p in places.values() if p in YAML_PLACES]  # one YAML: the first drawn decides which
+    places = {n: (in_yaml[0] if p in YAML_PLACES else p) for n, p in places.items()}
+    stem = data.draw(_names, label="file name")
+    err, config, written = _refused(case, places, tmp_path_factory.mktemp("where"), stem, cache_dir, fills)
+    codes = tuple(f.code for f in err.findings)
+    assert codes == _BASELINE[id(case)][0], (places, codes, err.message)
+    finding = next(f for f in err.findings if f.code.rpartition(".")[2] == rule)
     named = {setting.name: setting for setting in finding.settings}
-    for name, value in case.items():
-        said = _where_said(places[name], name.lower(), value, config)
-        assert said in finding.message, (said, finding.message)
-        assert named[name.lower()].kind == KINDS[places[name]], (name, named[name.lower()])
-        assert named[name.lower()].value == value
+    assert list(named) == _BASELINE[id(case)][1], (places, finding.message)
+    for name in [n for n in varied if n.lower() in named]:
+        said = _where_said(places[name], name.lower(), written[name], config)
+        assert said in finding.message, (places, said, finding.message)
+        assert named[name.lower()].kind == KINDS[places[name]], (places, name, named[name.lower()])
+        assert named[name.lower()].value == written[name], (places, name, named[name.lower()])
+
+
+def test_every_registered_rule_is_varied_or_says_why_not():
+    """A rule of the registry is in the property (its conflict case has a training argument of its own to move),
+    or listed with why its offending values have one place only (the environment), or why it has no conflict."""
+    from rocmft.validate.rules import PHASES, registered
+
+    names = {r.name for phase in PHASES for r in registered(phase)}
+    conflicts = [rule for rule, case in PROPERTY if CONFLICTS.get(rule) is case]
+    accounted = [*conflicts, *ONLY_IN_THE_ENVIRONMENT, *NOT_VARIED]
+    assert sorted(accounted) == sorted(names), f"unaccounted: {sorted(names - set(accounted))}"
+    assert set(NOT_VARIED) == set(ONE_SETTING)
+    for rule, case in PROPERTY:
+        assert case.yaml or any(_variable(name) for name in case.environ), rule
+    for rule in ONLY_IN_THE_ENVIRONMENT:
+        case = CONFLICTS[rule]
+        assert not case.yaml and not any(_variable(name) for name in [*case.environ, *case.process]), rule
+
+
+_ONLY_HERE = [(rule, name, value) for rule in ONLY_IN_THE_ENVIRONMENT
+              for name, value in {**CONFLICTS[rule].environ, **CONFLICTS[rule].process}.items()]  # fmt: skip
+
+
+@pytest.mark.parametrize("place", [p for p in PLACES if p != "environment"])
+@pytest.mark.parametrize(("rule", "name", "value"), _ONLY_HERE, ids=[f"{r}-{n}" for r, n, _ in _ONLY_HERE])
+def test_settings_only_the_environment_holds_are_refused_elsewhere_and_sent_there(
+    tmp_path, cache_dir, rule, name, value, place
+):
+    """The other side of ONLY_IN_THE_ENVIRONMENT: each offending setting of those rules (rocmft's own ROCMFT_*, a
+    variable torch, ROCm or the launcher reads), written in a YAML (under a trap-word name) or as a key=value, is
+    refused (exit 2) with the message that says to set it in the environment, so every kind of source is accounted
+    for per rule: the environment's verdict is the rule's, every other place's this refusal."""
+    config = tmp_path / "default environment" / "command line.yaml"
+    config.parent.mkdir()
+    config.write_text(f"{name.lower()}: {value}\n")
+    environ = {"ROCMFT_CACHE_DIR": str(cache_dir)}
+    arguments = [f"{name.lower()}={value}"] if place == "key=value" else []
+    if place == "ROCMFT_CONFIG":
+        environ["ROCMFT_CONFIG"] = str(config)
+    elif place == "the command line's YAML":
+        arguments = [str(config)]
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ, parse_command_line(arguments))
+    assert f"set {name}={value} in the environment" in caught.value.message, caught.value.message
+    assert caught.value.code == 2

@@ -2,7 +2,8 @@
 (tests/test_refusals_complete.py) and no verdict depends on where a value was written (tests/test_provenance.py).
 
 :data:`CONFLICTS` holds a configuration that breaks each conflict rule of :mod:`rocmft.validate.rules`;
-:data:`ONE_SETTING` the rules that refuse one setting on its own, with what they read. Devices are built here
+:data:`ONE_SETTING` the rules that refuse one setting on its own, with what they read; :data:`USER_SET` refusals of one
+setting that hold only when the user set it. Devices are built here
 (:func:`device`): data shaped as rocmft's probe reports one or two MI300X, not hardware (the tests' machine has none).
 """
 
@@ -95,6 +96,16 @@ ONE_SETTING = {
     "model_shapes": "the model folder's config.json against its own weights",
 }
 
+# Refusals that hold only for a value the user set (rocmft.validate.rules.common.user_set reads the source's kind):
+# one setting each, no conflict, so not in CONFLICTS; the provenance property drives them with those (rule, case).
+USER_SET: list[tuple[str, Case]] = [
+    ("more_ranges", Case({"LORA_DROPOUT": "5"}, involved=[("LORA_DROPOUT=5", ENV)])),
+    ("more_values", Case({"MAX_SAMPLES": "0"}, involved=[("MAX_SAMPLES=0", ENV)])),
+    ("more_values", Case({"EVAL_STEPS": "10"}, involved=[("EVAL_STEPS=10", ENV)])),
+    ("folders", Case({"ADAPTER_NAME_OR_PATH": "{tmp}/no-such-adapter"},
+                     involved=[("ADAPTER_NAME_OR_PATH={tmp}/no-such-adapter", ENV)])),
+]  # fmt: skip
+
 
 def device(gpus: int) -> DeviceFacts:
     """``gpus`` MI300X as rocmft's probe reports them (data, labelled injected where used); 0: the CPU."""
@@ -104,4 +115,4 @@ def device(gpus: int) -> DeviceFacts:
     return DeviceFacts(count=gpus, memory_gib=[191.98] * gpus, **shaped)
 
 
-__all__ = ["CONFLICTS", "ENV", "MI300X", "ONE_SETTING", "PROCESS_VARIABLES", "Case", "device"]
+__all__ = ["CONFLICTS", "ENV", "MI300X", "ONE_SETTING", "PROCESS_VARIABLES", "USER_SET", "Case", "device"]
