@@ -154,10 +154,10 @@ def independent() -> _Independent:
     return _Independent()
 
 
-Refusal = tuple[ConfigError, list[Setting]]
+_Refusal = tuple[ConfigError, list[Setting]]
 
 
-def _run(item: Rule, subject: Any, refused_before: bool) -> tuple[list[Refusal], list[str], list[Setting]]:
+def _run(item: Rule, subject: Any, refused_before: bool) -> tuple[list[_Refusal], list[str], list[Setting]]:
     """Run one rule: its refusals in the order it raised them, each with the settings noted up to its raise, its
     warnings, and every setting noted while it ran. A rule that fails with another exception is passed over
     (its refusals so far kept, no warnings) when it or an earlier rule already refused: it met input the refusal
