@@ -4,11 +4,14 @@ involved; a few rules return warnings instead, printed once every rule of the ph
 
 A rule is a function ``subject -> list[str] | None`` registered with :func:`rule` for a phase, in a module of
 its concern (precision, distributed, hygiene, paths, template, method, ranges, data, model). :func:`apply` runs
-every rule of a phase by their ``order`` and reports all they found at once: each rule's error and warnings
+every rule of a phase by their ``order`` and reports all they found at once: each rule's errors and warnings
 become :class:`~rocmft.findings.Finding` s with the rule's code (``<module>.<function>``, :attr:`Rule.code`), and
-the settings each message names (noted by :mod:`rocmft.config.provenance` while the rule runs). ``order`` keeps the
-sequence in which the rules have always fired, so the findings of an input come in the same order whichever module
-a rule lives in:
+the settings each message names (noted by :mod:`rocmft.config.provenance` while the rule runs). A rule reports
+every problem it finds: each check that does not depend on another passing runs in ``with independent():``
+(:func:`independent`), so its refusal is recorded as a finding of its own and the rule goes on; a refusal raised
+outside such a block ends the rule, as a check whose failure makes the later ones meaningless should. ``order``
+keeps the sequence in which the rules have always fired, so the findings of an input come in the same order
+whichever module a rule lives in:
 
 * ``inputs`` (:class:`Inputs`: the layered arguments of :mod:`rocmft.config.layers`, the settings, the device),
   before anything is rendered or any folder made: precision conflicts, then distributed settings that cannot
@@ -32,6 +35,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -119,13 +123,72 @@ def _settings(message: str, fix: str, noted: list[Setting], subject: Any) -> tup
     return tuple(setting for _, setting in sorted(chosen.values(), key=lambda pair: pair[0]))
 
 
+# While :func:`findings` runs a rule: the refusals :func:`independent` recorded, each with how many settings had been
+# noted when it was raised, and the list the settings are noted in.
+_RECORDING: ContextVar[tuple[list[tuple[ConfigError, int]], list[Setting]] | None] = ContextVar(
+    "rocmft_rule_refusals", default=None
+)
+
+
+class _Independent:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+        recording = _RECORDING.get()
+        if recording is None or not isinstance(error, ConfigError):
+            return False  # not inside findings(): the refusal propagates as the plain raise it is
+        refusals, noted = recording
+        refusals.append((error, len(noted)))
+        return True
+
+
+def independent() -> _Independent:
+    """One check of a rule that does not depend on the rule's other checks: ``with independent(): ...`` around it.
+
+    While :func:`findings` runs the rule, a ConfigError raised in the block is recorded as a finding of its own,
+    naming the settings noted up to its raise, and the rule goes on with its next check; anywhere else (a rule or a
+    helper called directly) the error propagates as a plain raise does. Checks that depend on each other share one
+    block (the first refusal ends the block), or stay outside any block (it ends the rule).
+    """
+    return _Independent()
+
+
+_Refusal = tuple[ConfigError, list[Setting]]
+
+
+def _run(item: Rule, subject: Any, refused_before: bool) -> tuple[list[_Refusal], list[str], list[Setting]]:
+    """Run one rule: its refusals in the order it raised them, each with the settings noted up to its raise, its
+    warnings, and every setting noted while it ran. A rule that fails with another exception is passed over
+    (its refusals so far kept, no warnings) when it or an earlier rule already refused: it met input the refusal
+    is about.
+
+    Raises:
+        Exception: the rule's own failure (not a ConfigError) when nothing was refused before it (a bug).
+    """
+    refusals: list[tuple[ConfigError, int]] = []
+    warnings: list[str] = []
+    with noting() as noted:
+        token = _RECORDING.set((refusals, noted))
+        try:
+            warnings = item.fn(subject) or []
+        except ConfigError as caught:
+            refusals.append((caught, len(noted)))
+        except Exception:
+            if not (refused_before or refusals):
+                raise
+        finally:
+            _RECORDING.reset(token)
+    return [(err, noted[:count]) for err, count in refusals], warnings, noted
+
+
 def findings(phase: str, subject: Any) -> tuple[list[Finding], list[ConfigError]]:
-    """Run every rule of ``phase`` on ``subject``; the findings in rule order (a rule's error, or its warnings)
-    and the ConfigError behind each error finding.
+    """Run every rule of ``phase`` on ``subject``; the findings in rule order (within a rule, its errors in the order
+    it checks them, then its warnings) and the ConfigError behind each error finding.
 
     A finding that names a setting whose text a ``masks`` rule already refused is left out (TEMPLATE="qwen" is
-    refused for its quotes, not also as an unknown template). A rule that fails with another exception after an
-    earlier rule refused the configuration is passed over: it met input the refusal is about.
+    refused for its quotes, not also as an unknown template); a masking rule's own findings are each kept. A rule
+    that fails with another exception after a refusal is passed over (:func:`_run`).
 
     Raises:
         Exception: a rule's own failure (not a ConfigError) when no earlier rule refused anything (a bug).
@@ -134,28 +197,21 @@ def findings(phase: str, subject: Any) -> tuple[list[Finding], list[ConfigError]
     raised: list[ConfigError] = []
     masked: set[str] = set()
     for item in registered(phase):
-        with noting() as noted:
-            try:
-                warnings, err = item.fn(subject) or [], None
-            except ConfigError as caught:
-                warnings, err = [], caught
-            except Exception:
-                if raised:
-                    continue
-                raise
-        if err is not None:
-            settings = _settings(err.message, err.remedy, noted, subject)
+        refusals, warnings, noted = _run(item, subject, bool(raised))
+        refused: set[str] = set()
+        for err, seen in refusals:
+            settings = _settings(err.message, err.remedy, seen, subject)
             if masked & {s.name for s in settings}:
                 continue
             found.append(Finding(item.code, ERROR, err.message, err.remedy, settings))
             raised.append(err)
-            if item.masks:
-                masked |= {s.name for s in settings}
-            continue
+            refused |= {s.name for s in settings}
         for warning in warnings:
             settings = _settings(warning, "", noted, subject)
             if not masked & {s.name for s in settings}:
                 found.append(Finding(item.code, WARNING, warning, "", settings))
+        if item.masks:
+            masked |= refused
     return found, raised
 
 
@@ -232,5 +288,5 @@ def render_checked(settings: Settings, device: DeviceFacts, make_staging):
     return write(rendered)
 
 
-__all__ = ["MODULES", "PHASES", "REGISTRY", "Inputs", "Rule", "apply", "findings", "registered", "render_checked",
-           "rule"]  # fmt: skip
+__all__ = ["MODULES", "PHASES", "REGISTRY", "Inputs", "Rule", "apply", "findings", "independent", "registered",
+           "render_checked", "rule"]  # fmt: skip

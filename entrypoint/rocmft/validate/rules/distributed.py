@@ -11,7 +11,7 @@ from rocmft.errors import ConfigError
 from rocmft.facts.scheduler import job_layout
 from rocmft.nesting import loads_json
 from rocmft.render import Plan, Rendered, processes_per_node
-from rocmft.validate.rules import Inputs, rule
+from rocmft.validate.rules import Inputs, independent, rule
 from rocmft.validate.rules.common import named
 from rocmft.values import truthy
 
@@ -30,33 +30,40 @@ AUTO_FILLED = {
 def distributed(run: Inputs) -> None:
     """Refuse distributed settings that cannot work together (each with the variables involved): ZeRO settings
     without ROCMFT_DISTRIBUTED=deepspeed, parameter offload below ZeRO-3, a DEEPSPEED file with fsdp/ddp, FSDP
-    arguments with deepspeed.
+    arguments with deepspeed. Each is reported when present (an offload already refused for the strategy is not
+    also refused for its stage).
 
     Raises:
         ConfigError: naming the variables.
     """
     settings, arguments = run.settings, run.arguments
     rocmft, explicit = settings.rocmft, settings.explicit_rocmft
+    refused: set[str] = set()
     if rocmft.distributed != "deepspeed":
         for name in ("zero_stage", "offload"):
             if name in explicit and not (name == "offload" and rocmft.offload == "none"):
-                raise ConfigError(
-                    f"{settings.knob(name)} has no effect with {settings.knob('distributed')}: only DeepSpeed "
-                    "has ZeRO stages and offload.",
-                    f"Set ROCMFT_DISTRIBUTED=deepspeed to use ROCMFT_{name.upper()}, or remove ROCMFT_{name.upper()}.",
-                )
-    if rocmft.offload == "optimizer+params" and rocmft.zero_stage != 3:
-        raise ConfigError(
-            f"{settings.knob('offload')} needs ZeRO stage 3, and {settings.knob('zero_stage')}: only stage 3 "
-            "partitions, and so can offload, the parameters.",
-            "Set ROCMFT_ZERO_STAGE=3 (or ROCMFT_OFFLOAD=optimizer to offload the optimizer state only).",
-        )
+                refused.add(name)
+                with independent():
+                    raise ConfigError(
+                        f"{settings.knob(name)} has no effect with {settings.knob('distributed')}: only DeepSpeed "
+                        "has ZeRO stages and offload.",
+                        f"Set ROCMFT_DISTRIBUTED=deepspeed to use ROCMFT_{name.upper()}, or remove "
+                        f"ROCMFT_{name.upper()}.",
+                    )
+    if rocmft.offload == "optimizer+params" and rocmft.zero_stage != 3 and "offload" not in refused:
+        with independent():
+            raise ConfigError(
+                f"{settings.knob('offload')} needs ZeRO stage 3, and {settings.knob('zero_stage')}: only stage 3 "
+                "partitions, and so can offload, the parameters.",
+                "Set ROCMFT_ZERO_STAGE=3 (or ROCMFT_OFFLOAD=optimizer to offload the optimizer state only).",
+            )
     if arguments.get("deepspeed") and rocmft.distributed in ("fsdp", "ddp"):
-        raise ConfigError(
-            f"{named(run, 'deepspeed')} gives a DeepSpeed config but {settings.knob('distributed')}.",
-            f"Remove DEEPSPEED ({origin('deepspeed', run.sources.get('deepspeed'))}) to train with "
-            f"{rocmft.distributed}; for DeepSpeed, ROCMFT_DISTRIBUTED=deepspeed renders the config.",
-        )
+        with independent():
+            raise ConfigError(
+                f"{named(run, 'deepspeed')} gives a DeepSpeed config but {settings.knob('distributed')}.",
+                f"Remove DEEPSPEED ({origin('deepspeed', run.sources.get('deepspeed'))}) to train with "
+                f"{rocmft.distributed}; for DeepSpeed, ROCMFT_DISTRIBUTED=deepspeed renders the config.",
+            )
     if arguments.get("fsdp") and rocmft.distributed == "deepspeed":
         raise ConfigError(
             f"{named(run, 'fsdp')} asks for FSDP but {settings.knob('distributed')}; they exclude each other.",
@@ -87,6 +94,7 @@ def sharded_quantization(run: Inputs) -> None:
                 f"ZeRO-3 ({run.settings.knob('distributed')}, {run.settings.knob('zero_stage')})")  # fmt: skip
     config_path = run.model.config_path
     quantized = run.model.quantization_method() if config_path.is_file() else None  # unreadable: the model check
+    # single-shot: quantizing on the fly a model already quantized is moot, so the first refusal is the one
     if quantized:
         raise ConfigError(
             f"The model {named(run, 'model_name_or_path')} is already quantized ({quantized}, quantization_config "
@@ -142,7 +150,8 @@ def user_ds_config(run: Rendered) -> list[str]:
     offload settings DeepSpeed can honour (:func:`ds_offload`);
     literals that transformers would compare (batch, accumulation, clipping, learning rate, warmup, fp16/bf16)
     must equal the trainer's values, every mismatched pair listed; ``"auto"`` only in keys transformers fills
-    (:data:`AUTO_FILLED`). Returns nothing; raises on the first of these that fails.
+    (:data:`AUTO_FILLED`). Returns nothing. Once the file reads as a JSON object, the three (literals, offload,
+    "auto") are checked on their own and each that fails is reported.
 
     Raises:
         ConfigError: the file is missing or not JSON, or a rule fails (message lists every offending key).
@@ -195,11 +204,13 @@ def user_ds_config(run: Rendered) -> list[str]:
         if have != want:
             mismatched.append(f"{key}={have!r} vs {name}")
     if mismatched:
-        raise ConfigError(
-            f"{named(run, 'deepspeed')} contradicts the trainer: " + "; ".join(mismatched) + ".",
-            f'Set those keys to "auto" in {path} (transformers fills them from the trainer arguments).',
-        )
-    ds_offload(ds, path)
+        with independent():
+            raise ConfigError(
+                f"{named(run, 'deepspeed')} contradicts the trainer: " + "; ".join(mismatched) + ".",
+                f'Set those keys to "auto" in {path} (transformers fills them from the trainer arguments).',
+            )
+    with independent():
+        ds_offload(ds, path)
     unfilled = [key for key in _autos(ds) if key not in AUTO_FILLED]
     if unfilled:
         raise ConfigError(
@@ -258,6 +269,8 @@ def world_size(plan: Plan) -> None:
     """
     environ = plan.settings.environ
     layout = plan.layout or job_layout(environ)
+    # single-shot: WORLD_SIZE is checked against the processes per node of a torchrun launch, which the first
+    # refusal's fix changes
     if plan.launcher == "task":
         return  # the scheduler started every rank: its layout is the job
     nodes, per_node = layout.nnodes, processes_per_node(plan)

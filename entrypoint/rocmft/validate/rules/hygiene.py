@@ -5,7 +5,7 @@ from __future__ import annotations
 from rocmft.config.provenance import origin
 from rocmft.errors import ConfigError
 from rocmft.render import Rendered
-from rocmft.validate.rules import rule
+from rocmft.validate.rules import independent, rule
 from rocmft.validate.rules.common import named
 from rocmft.validate.rules.common import user_set as _user_set
 
@@ -21,24 +21,28 @@ def text_hygiene(run: Rendered) -> None:
     saved with Windows CRLF line endings: ``docker --env-file`` keeps the ``\r``), a Windows path
     (``C:\\models\\qwen``; the container sees Linux paths of mounted volumes only).
 
+    Each of the three (empty, spaced, Windows paths) is reported when present, one finding each.
+
     Raises:
         ConfigError: naming each variable with its value shown by ``repr``.
     """
     arguments, sources = run.arguments, run.sources
     empty = [named(run, name) for name, value in arguments.items() if value == "" and _user_set(name, sources)]
     if empty:
-        raise ConfigError(f"Empty values: {', '.join(empty)}.",
-                          "Give each a value, or remove the line (unset means the default).")  # fmt: skip
+        with independent():
+            raise ConfigError(f"Empty values: {', '.join(empty)}.",
+                              "Give each a value, or remove the line (unset means the default).")  # fmt: skip
     spaced = [(name, value) for name, value in arguments.items()
               if isinstance(value, str) and value != value.strip() and _user_set(name, sources)]  # fmt: skip
     if spaced:
         shown = ", ".join(f"{name.upper()}={value!r} ({origin(name, sources[name])})" for name, value in spaced)
-        if any("\r" in value for _, value in spaced):
-            raise ConfigError(f"Values end in a carriage return: {shown}: the .env file has Windows (CRLF) line "
-                              "endings, which docker --env-file keeps.",
-                              "Save the .env file with Unix (LF) line endings (dos2unix .env, or your editor's "
-                              "line-ending setting).")  # fmt: skip
-        raise ConfigError(f"Values with spaces around them: {shown}.", "Remove the spaces in the .env file.")
+        with independent():
+            if any("\r" in value for _, value in spaced):
+                raise ConfigError(f"Values end in a carriage return: {shown}: the .env file has Windows (CRLF) "
+                                  "line endings, which docker --env-file keeps.",
+                                  "Save the .env file with Unix (LF) line endings (dos2unix .env, or your editor's "
+                                  "line-ending setting).")  # fmt: skip
+            raise ConfigError(f"Values with spaces around them: {shown}.", "Remove the spaces in the .env file.")
     windows = [
         named(run, name)
         for name in PATH_ARGUMENTS

@@ -53,6 +53,7 @@ def lora_target(run: Rendered) -> None:
         return
     unknown = [t for t in wanted if t not in found]
     spaced = [t for t in unknown if len(t.split()) > 1 and all(part in found for part in t.split())]
+    # single-shot: the spaced names are among the unknown ones, which the spaces alone may explain
     if spaced:
         raise ConfigError(f"{named(run, 'lora_target')} separates module names with spaces.",
                           f"Separate them with commas: LORA_TARGET={','.join(spaced[0].split())}.")  # fmt: skip

@@ -8,7 +8,7 @@ from rocmft.config.provenance import Source, origin
 from rocmft.errors import ConfigError
 from rocmft.facts.modeldir import looks_like_path
 from rocmft.render import Rendered
-from rocmft.validate.rules import rule
+from rocmft.validate.rules import independent, rule
 from rocmft.validate.rules.common import named
 from rocmft.validate.rules.common import user_set as _user_set
 
@@ -17,7 +17,8 @@ from rocmft.validate.rules.common import user_set as _user_set
 def folders(run: Rendered) -> None:
     """Paths that are the wrong kind of thing: MODEL_NAME_OR_PATH, DATASET_DIR or OUTPUT_DIR naming a file
     where a folder is needed; ADAPTER_NAME_OR_PATH or RESUME_FROM_CHECKPOINT naming a path that does not exist;
-    a DATASET that is a model folder or a MODEL_NAME_OR_PATH that is a data set name (the two swapped).
+    a DATASET that is a model folder or a MODEL_NAME_OR_PATH that is a data set name (the two swapped). Each path
+    is checked on its own, and every one that is wrong is reported; the swap is one finding.
 
     Raises:
         ConfigError: naming the variable, the path and what it is.
@@ -34,14 +35,15 @@ def folders(run: Rendered) -> None:
     for variable, path, source in checks:
         if path is not None and path.is_file():
             parent = f" (its folder {path.parent} may be what you meant)" if variable != "OUTPUT_DIR" else ""
-            raise ConfigError(f"{variable}={path} ({origin(variable.lower(), source)}) is a file, not a "
-                              f"folder{parent}.",
-                              f"Set {variable} to a folder: " + {
-                                  "MODEL_NAME_OR_PATH": "the model's folder, with config.json and the weights.",
-                                  "DATASET_DIR": "the folder holding the data files (and dataset_info.json); name "
-                                                 "the file in DATASET.",
-                                  "OUTPUT_DIR": "a new or empty folder for the run's results.",
-                              }[variable])  # fmt: skip
+            with independent():
+                raise ConfigError(f"{variable}={path} ({origin(variable.lower(), source)}) is a file, not a "
+                                  f"folder{parent}.",
+                                  f"Set {variable} to a folder: " + {
+                                      "MODEL_NAME_OR_PATH": "the model's folder, with config.json and the weights.",
+                                      "DATASET_DIR": "the folder holding the data files (and dataset_info.json); name "
+                                                     "the file in DATASET.",
+                                      "OUTPUT_DIR": "a new or empty folder for the run's results.",
+                                  }[variable])  # fmt: skip
     for name in ("adapter_name_or_path", "resume_from_checkpoint"):
         value = arguments.get(name)
         if not isinstance(value, str) or not _user_set(name, sources):
@@ -49,11 +51,23 @@ def folders(run: Rendered) -> None:
         missing = [item.strip() for item in value.split(",")
                    if looks_like_path(item.strip()) and not Path(item.strip()).expanduser().exists()]  # fmt: skip
         if missing:
-            raise ConfigError(
-                f"{named(run, name)}: {', '.join(missing)} does not exist here.",
-                "Mount the folder into the container and use the path inside it, or remove the "
-                f"variable{' (ROCMFT_RESUME=auto resumes from OUTPUT_DIR by itself)' if 'resume' in name else ''}.",
-            )
+            with independent():
+                raise ConfigError(
+                    f"{named(run, name)}: {', '.join(missing)} does not exist here.",
+                    "Mount the folder into the container and use the path inside it, or remove the "
+                    f"variable{' (ROCMFT_RESUME=auto resumes from OUTPUT_DIR by itself)' if 'resume' in name else ''}.",
+                )
+    _swapped(run, model, dataset_names)
+
+
+def _swapped(run: Rendered, model: str, dataset_names: list[str]) -> None:
+    """MODEL_NAME_OR_PATH and DATASET swapped: a DATASET that is a model folder, or a MODEL_NAME_OR_PATH that is a
+    data set's name. One finding: both ways of seeing it are the same mistake.
+
+    Raises:
+        ConfigError: naming both variables.
+    """
+    source_dir = run.registry.source_dir
     for name in dataset_names:
         folder = Path(name).expanduser()
         if (folder / "config.json").is_file() or (source_dir / name / "config.json").is_file():
@@ -80,7 +94,7 @@ def _basis(source: Source | None) -> Source | None:
 def output_not_input(run: Rendered) -> None:
     """OUTPUT_DIR is neither the model's folder (or inside it) nor the data folder ``data_dir`` (DATASET_DIR, or
     inside it): saving there overwrites the base weights (`model.safetensors`) or writes into the data, which
-    the README promises is never written to (and is often a read-only mount).
+    the README promises is never written to (and is often a read-only mount). Both are reported when both hold.
 
     Raises:
         ConfigError: naming both paths.
@@ -90,9 +104,10 @@ def output_not_input(run: Rendered) -> None:
     output = Path(str(arguments.get("output_dir", ""))).expanduser().resolve()
     model = Path(str(arguments.get("model_name_or_path", ""))).expanduser()
     if model.is_dir() and (output == model.resolve() or model.resolve() in output.parents):
-        raise ConfigError(f"{named(run, 'output_dir')} is the model's folder {named(run, 'model_name_or_path')} "
-                          "or inside it: saving would overwrite the base model.",
-                          "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default).")  # fmt: skip
+        with independent():  # the data folder is checked too: both may hold OUTPUT_DIR
+            raise ConfigError(f"{named(run, 'output_dir')} is the model's folder {named(run, 'model_name_or_path')} "
+                              "or inside it: saving would overwrite the base model.",
+                              "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default).")  # fmt: skip
     if data_dir is not None and data_dir.is_dir() and (output == data_dir.resolve() or data_dir.resolve() in
                                                        output.parents):  # fmt: skip
         raise ConfigError(f"{named(run, 'output_dir')} is the data folder (DATASET_DIR={data_dir}, "

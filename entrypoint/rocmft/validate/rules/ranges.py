@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from rocmft.config.provenance import origin
 from rocmft.errors import ConfigError
 from rocmft.render import Rendered
-from rocmft.validate.rules import rule
+from rocmft.validate.rules import independent, rule
 from rocmft.validate.rules.common import named
 from rocmft.validate.rules.common import user_set as _user_set
 
@@ -20,7 +22,8 @@ FRACTIONS = ("lora_dropout", "hidden_dropout", "attention_dropout", "val_size", 
 
 @rule("rendered", 80)
 def more_ranges(run: Rendered) -> None:
-    """Dropouts and fractions in [0, 1); a run with no epochs and no max steps trains nothing.
+    """Dropouts and fractions in [0, 1); a run with no epochs and no max steps trains nothing. Each fraction and
+    the length of the run are checked on their own: every one out of range is reported.
 
     Raises:
         ConfigError: naming the variable and its value.
@@ -31,7 +34,8 @@ def more_ranges(run: Rendered) -> None:
         if isinstance(value, (int, float)) and not 0 <= value < 1 and _user_set(name, sources):
             fix = (f"A fraction: {name.upper()}={value / 100:g} if you meant {value:g} %." if value >= 1
                    else f"A fraction between 0 and 1 (e.g. {name.upper()}=0.05), or 0 for none.")  # fmt: skip
-            raise ConfigError(f"{named(run, name)} must be in [0, 1).", fix)
+            with independent():
+                raise ConfigError(f"{named(run, name)} must be in [0, 1).", fix)
     epochs, steps = arguments.get("num_train_epochs"), arguments.get("max_steps")
     if isinstance(epochs, (int, float)) and epochs <= 0 and not (isinstance(steps, int) and steps > 0):
         raise ConfigError(f"{named(run, 'num_train_epochs')} and {named(run, 'max_steps')}: the run would train "
@@ -43,7 +47,8 @@ def more_ranges(run: Rendered) -> None:
 def ranges(run: Rendered) -> list[str]:
     """Values by meaning: LORA_RANK and CUTOFF_LEN positive, CUTOFF_LEN within the model's context length
     (max_position_embeddings of config.json; a warning when the value is the template's default, not the
-    user's); a learning rate outside :data:`SANE_LEARNING_RATE` is a warning.
+    user's); a learning rate outside :data:`SANE_LEARNING_RATE` is a warning. Each value is checked on its own:
+    every one out of range is reported.
 
     Returns:
         Warnings (one line each).
@@ -56,14 +61,16 @@ def ranges(run: Rendered) -> list[str]:
     for name in ("lora_rank", "cutoff_len", "per_device_train_batch_size", "gradient_accumulation_steps"):
         value = arguments.get(name)
         if isinstance(value, (int, float)) and value <= 0:
-            raise ConfigError(f"{named(run, name)} must be positive.",
-                              f"Set {name.upper()} to a positive number.")  # fmt: skip
+            with independent():
+                raise ConfigError(f"{named(run, name)} must be positive.",
+                                  f"Set {name.upper()} to a positive number.")  # fmt: skip
     rate = arguments.get("learning_rate")
-    if isinstance(rate, (int, float)) and rate <= 0:
-        raise ConfigError(f"{named(run, 'learning_rate')} must be positive.",
-                          "Set LEARNING_RATE, e.g. 1e-4 for LoRA, 1e-5 for full fine-tuning.")  # fmt: skip
     warnings = []
-    if isinstance(rate, (int, float)) and not SANE_LEARNING_RATE[0] <= rate <= SANE_LEARNING_RATE[1]:
+    if isinstance(rate, (int, float)) and rate <= 0:
+        with independent():
+            raise ConfigError(f"{named(run, 'learning_rate')} must be positive.",
+                              "Set LEARNING_RATE, e.g. 1e-4 for LoRA, 1e-5 for full fine-tuning.")  # fmt: skip
+    elif isinstance(rate, (int, float)) and not SANE_LEARNING_RATE[0] <= rate <= SANE_LEARNING_RATE[1]:
         warnings.append(f"{named(run, 'learning_rate')} is outside {SANE_LEARNING_RATE[0]:g}.."
                         f"{SANE_LEARNING_RATE[1]:g}, where fine-tuning recipes live: a typo?")  # fmt: skip
     model = run.model
@@ -76,9 +83,10 @@ def ranges(run: Rendered) -> list[str]:
                        f"({context}, max_position_embeddings in {config})")  # fmt: skip
             if _user_set("cutoff_len", sources):
                 fix = f"Set CUTOFF_LEN to at most {context}, or extend the context with ROPE_SCALING."
-                raise ConfigError(message + ".", fix)
-            # a template default the user never chose: only samples longer than the context are affected
-            warnings.append(message + f": set CUTOFF_LEN to at most {context}.")
+                with independent():  # the learning rate's warning above is still reported
+                    raise ConfigError(message + ".", fix)
+            else:  # a template default the user never chose: only samples longer than the context are affected
+                warnings.append(message + f": set CUTOFF_LEN to at most {context}.")
     return warnings
 
 
@@ -107,70 +115,75 @@ def more_values(run: Rendered) -> list[str]:
     Raises:
         ConfigError: naming the variables and the fix.
     """
-    _refuse_pointless_values(run)
-    _interleave(run)
-    _refuse_unused_eval(run)
+    for check in _VALUE_CHECKS:
+        with independent():  # each check is about settings of its own: every one that fails is reported
+            check(run)
     return _value_warnings(run)
 
 
-def _refuse_pointless_values(run: Rendered) -> None:
-    """The errors of :func:`more_values` up to INTERLEAVE_PROBS: LORA_ALPHA ≤ 0, a negative WARMUP_STEPS or
-    MAX_GRAD_NORM, MAX_SAMPLES ≤ 0, a bitsandbytes QUANTIZATION_BIT other than 4 or 8, WARMUP_STEPS with WARMUP_RATIO.
+def _user_number(run: Rendered, name: str) -> float | None:
+    """Argument ``name`` as a number, when the user set it (None otherwise, or when it is not a number)."""
+    return _number(run.arguments.get(name)) if _user_set(name, run.sources) else None
 
-    Raises:
-        ConfigError: naming the variables and the fix.
-    """
-    arguments, sources = run.arguments, run.sources
 
-    def user(name: str) -> float | None:
-        return _number(arguments.get(name)) if _user_set(name, sources) else None
-
-    alpha = user("lora_alpha")
-    if arguments.get("finetuning_type", "lora") == "lora" and alpha is not None and alpha <= 0:
+def _lora_alpha(run: Rendered) -> None:
+    """LORA_ALPHA ≤ 0 with LoRA."""
+    alpha = _user_number(run, "lora_alpha")
+    if run.arguments.get("finetuning_type", "lora") == "lora" and alpha is not None and alpha <= 0:
         raise ConfigError(f"{named(run, 'lora_alpha')} must be positive: the "
                           "adapter's output is scaled by alpha / rank, so the fine-tune would change nothing.",
                           "Set LORA_ALPHA to a positive number (commonly 2 x LORA_RANK), or leave it unset "
                           "(LLaMA-Factory then uses 2 x LORA_RANK).")  # fmt: skip
-    for name, fix in (
-        ("warmup_steps", "Set WARMUP_STEPS to 0 or more (a count of steps, or a fraction below 1)."),
-        ("max_grad_norm", "Set MAX_GRAD_NORM to a positive number (1.0 is usual), or 0 for no clipping."),
-    ):
-        value = user(name)
-        if value is not None and value < 0:
-            raise ConfigError(f"{named(run, name)} is negative.", fix)
-    samples = user("max_samples")
+
+
+def _not_negative(run: Rendered, name: str, fix: str) -> None:
+    """A negative WARMUP_STEPS or MAX_GRAD_NORM (``name``)."""
+    value = _user_number(run, name)
+    if value is not None and value < 0:
+        raise ConfigError(f"{named(run, name)} is negative.", fix)
+
+
+def _max_samples(run: Rendered) -> None:
+    """MAX_SAMPLES ≤ 0."""
+    samples = _user_number(run, "max_samples")
     if samples is not None and samples <= 0:
         raise ConfigError(f"{named(run, 'max_samples')} leaves no records to "
                           "train on.", "Remove MAX_SAMPLES (all records) or set it to a positive count.")  # fmt: skip
-    bits = _number(arguments.get("quantization_bit"))
-    method = str(arguments.get("quantization_method") or "bnb").lower()
+
+
+def _bnb_width(run: Rendered) -> None:
+    """A bitsandbytes QUANTIZATION_BIT other than 4 or 8."""
+    bits = _number(run.arguments.get("quantization_bit"))
+    method = str(run.arguments.get("quantization_method") or "bnb").lower()
     if bits is not None and method in ("bnb", "bitsandbytes") and bits not in (4, 8):
         raise ConfigError(f"{named(run, 'quantization_bit')} with bitsandbytes (QUANTIZATION_METHOD={method}), "
                           "which quantizes to 4 or 8 bits only.",
                           "Set QUANTIZATION_BIT=4 (QLoRA) or 8, or choose another QUANTIZATION_METHOD that has "
                           "this width (hqq).")  # fmt: skip
-    steps, ratio = user("warmup_steps"), user("warmup_ratio")
-    if steps and ratio:
+
+
+def _warmup_twice(run: Rendered) -> None:
+    """WARMUP_STEPS with WARMUP_RATIO."""
+    if _user_number(run, "warmup_steps") and _user_number(run, "warmup_ratio"):
         raise ConfigError(f"{named(run, 'warmup_steps')} and {named(run, 'warmup_ratio')} are both set: "
                           "transformers uses the steps and ignores the ratio.",
-                          f"Remove WARMUP_RATIO ({origin('warmup_ratio', sources.get('warmup_ratio'))}) if "
-                          f"{arguments['warmup_steps']} warmup steps is what you want.")  # fmt: skip
+                          f"Remove WARMUP_RATIO ({origin('warmup_ratio', run.sources.get('warmup_ratio'))}) if "
+                          f"{run.arguments['warmup_steps']} warmup steps is what you want.")  # fmt: skip
 
 
-def _refuse_unused_eval(run: Rendered) -> None:
-    """STREAMING with a fractional VAL_SIZE, and EVAL_STEPS with EVAL_STRATEGY=no.
-
-    Raises:
-        ConfigError: naming the variables and the fix.
-    """
-    arguments, sources = run.arguments, run.sources
-    val_size = _number(arguments.get("val_size")) or 0.0
-    if arguments.get("streaming") and 0 < val_size < 1:
+def _streamed_fraction(run: Rendered) -> None:
+    """STREAMING with a fractional VAL_SIZE."""
+    val_size = _number(run.arguments.get("val_size")) or 0.0
+    if run.arguments.get("streaming") and 0 < val_size < 1:
         raise ConfigError(f"{named(run, 'streaming')} with {named(run, 'val_size')}: a streamed data set has no "
                           "known length, so a fraction of it cannot be held out.",
                           "Give VAL_SIZE as a count of records (VAL_SIZE=500).")  # fmt: skip
-    strategy = str(arguments.get("eval_strategy") or "no").lower()
-    if strategy == "no" and _user_set("eval_steps", sources):
+
+
+def _eval_never_runs(run: Rendered) -> None:
+    """EVAL_STEPS with EVAL_STRATEGY=no."""
+    strategy = str(run.arguments.get("eval_strategy") or "no").lower()
+    if strategy == "no" and _user_set("eval_steps", run.sources):
         raise ConfigError(f"{named(run, 'eval_steps')} with {named(run, 'eval_strategy', 'no')}: evaluation would "
                           "never run.",
                           "Set EVAL_STRATEGY=steps (and VAL_SIZE or EVAL_DATASET for the data).")  # fmt: skip
@@ -217,7 +230,8 @@ def _value_warnings(run: Rendered) -> list[str]:
 
 
 def _interleave(run: Rendered) -> None:
-    """INTERLEAVE_PROBS: only with an interleave MIX_STRATEGY, one number per data set, summing to 1."""
+    """INTERLEAVE_PROBS: only with an interleave MIX_STRATEGY, one number per data set, summing to 1. One check:
+    each step needs the one before it to pass (probabilities MIX_STRATEGY=concat ignores are not worth counting)."""
     from rocmft.render.datasets import split_names
 
     arguments = run.arguments
@@ -251,3 +265,19 @@ def _interleave(run: Rendered) -> None:
             if sum(probs) > 0 and all(p >= 0 for p in probs)
             else "Give probabilities that sum to 1.",
         )
+
+
+# The errors of more_values, in the order they are reported; each raises at its problem.
+_VALUE_CHECKS: tuple[Callable[[Rendered], None], ...] = (
+    _lora_alpha,
+    partial(_not_negative, name="warmup_steps",
+            fix="Set WARMUP_STEPS to 0 or more (a count of steps, or a fraction below 1)."),
+    partial(_not_negative, name="max_grad_norm",
+            fix="Set MAX_GRAD_NORM to a positive number (1.0 is usual), or 0 for no clipping."),
+    _max_samples,
+    _bnb_width,
+    _warmup_twice,
+    _interleave,
+    _streamed_fraction,
+    _eval_never_runs,
+)  # fmt: skip

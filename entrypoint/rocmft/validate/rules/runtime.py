@@ -14,7 +14,7 @@ from rocmft.config.provenance import environment_variable
 from rocmft.errors import ConfigError
 from rocmft.facts.scheduler import job_layout
 from rocmft.render import Plan, processes_per_node
-from rocmft.validate.rules import Inputs, rule
+from rocmft.validate.rules import Inputs, independent, rule
 from rocmft.values import truthy, whole_number
 
 # The caching allocator's variables. Which one wins differs between torch releases: c10/cuda/CUDAAllocatorConfig.h
@@ -39,6 +39,9 @@ def parse_alloc_conf(name: str, text: str) -> dict[str, str]:
     """``key:value,key:value`` as torch's allocator parser reads it (spaces dropped; a bracketed
     ``roundup_power2_divisions:[64:8,>:1]`` kept whole).
 
+    Once every entry is ``key:value``, each option's value is checked on its own: under
+    :func:`rocmft.validate.rules.findings`, every value torch refuses is reported.
+
     Raises:
         ConfigError: an entry without ``:``, an unparsable value, or a value torch refuses (booleans are
             ``True``/``False`` exactly; ``max_split_size_mb`` an integer ≥ 20; ``garbage_collection_threshold``
@@ -55,28 +58,36 @@ def parse_alloc_conf(name: str, text: str) -> dict[str, str]:
                               "expandable_segments:True.")  # fmt: skip
         options[key] = value
     for key, value in options.items():
-        if key in BOOLEAN_OPTIONS and value not in ("True", "False"):
-            raise ConfigError(
-                f"{name}={text!r}: {key}:{value} — torch accepts only True or False (capitalized) and "
-                "stops at the first GPU allocation otherwise.",
-                f"Write {key}:True or {key}:False.",
-            )
-        if key in ("max_split_size_mb", "max_non_split_rounding_mb") and (
-            (whole_number(value) or 0) < MIN_SPLIT_SIZE_MB
-        ):
-            raise ConfigError(
-                f"{name}={text!r}: {key}:{value} — torch needs a whole number of MiB of at least {MIN_SPLIT_SIZE_MB}.",
-                f"Write {key}:<MiB ≥ {MIN_SPLIT_SIZE_MB}>, or remove it.",
-            )
-        if key == "garbage_collection_threshold":
-            try:
-                ok = 0 < float(value) < 1
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ConfigError(f"{name}={text!r}: garbage_collection_threshold:{value} — torch needs a number "
-                                  "between 0 and 1.", "Write e.g. garbage_collection_threshold:0.8.")  # fmt: skip
+        with independent():  # each option is its own setting
+            _option_value(name, text, key, value)
     return options
+
+
+def _option_value(name: str, text: str, key: str, value: str) -> None:
+    """Option ``key`` of allocator variable ``name`` (set to ``text``) has a value torch accepts.
+
+    Raises:
+        ConfigError: see :func:`parse_alloc_conf`.
+    """
+    if key in BOOLEAN_OPTIONS and value not in ("True", "False"):
+        raise ConfigError(
+            f"{name}={text!r}: {key}:{value} — torch accepts only True or False (capitalized) and "
+            "stops at the first GPU allocation otherwise.",
+            f"Write {key}:True or {key}:False.",
+        )
+    if key in ("max_split_size_mb", "max_non_split_rounding_mb") and ((whole_number(value) or 0) < MIN_SPLIT_SIZE_MB):
+        raise ConfigError(
+            f"{name}={text!r}: {key}:{value} — torch needs a whole number of MiB of at least {MIN_SPLIT_SIZE_MB}.",
+            f"Write {key}:<MiB ≥ {MIN_SPLIT_SIZE_MB}>, or remove it.",
+        )
+    if key == "garbage_collection_threshold":
+        try:
+            ok = 0 < float(value) < 1
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"{name}={text!r}: garbage_collection_threshold:{value} — torch needs a number "
+                              "between 0 and 1.", "Write e.g. garbage_collection_threshold:0.8.")  # fmt: skip
 
 
 def allocator_findings(environ: Mapping[str, str]) -> list[str]:
@@ -88,6 +99,7 @@ def allocator_findings(environ: Mapping[str, str]) -> list[str]:
     given = {name: environ[name].strip() for name in ALLOC_VARIABLES if (environ.get(name) or "").strip()}
     if not given:
         return []
+    # single-shot: which value to parse is known only once the variables agree
     if len(set(given.values())) > 1:
         shown = ", ".join(environment_variable(name, environ) for name in given)
         others = [name for name in given if name != "PYTORCH_ALLOC_CONF"]
@@ -201,6 +213,7 @@ def visible_gpus(environ: Mapping[str, str], backend: str) -> tuple[list[str] | 
     shown = ", ".join(environment_variable(k, given) for k in given)
     warnings: list[str] = []
     hip, cuda = given.get("HIP_VISIBLE_DEVICES"), given.get("CUDA_VISIBLE_DEVICES")
+    # single-shot: which of HIP/CUDA_VISIBLE_DEVICES indexes into ROCR's GPUs is known only once they agree
     if hip is not None and cuda is not None and _devices(hip) != _devices(cuda):
         raise ConfigError(f"GPU visibility disagrees: {shown}: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are one "
                           "setting to ROCm's HIP runtime under two names.",
