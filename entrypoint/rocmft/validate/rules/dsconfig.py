@@ -158,7 +158,8 @@ def duplicate_keys(run: Any) -> None:
     ``json.load``, where the last one silently wins, so the first is a setting that looks set and is not
     (DeepSpeed itself refuses duplicates only when it opens the file, which it does not under the trainer:
     deepspeed/runtime/config.py:658 ``dict_raise_error_on_duplicate_keys``, while transformers hands it a dict:
-    accelerate/utils/deepspeed.py, ``HfDeepSpeedConfig.__init__``).
+    accelerate/utils/deepspeed.py, ``HfDeepSpeedConfig.__init__``; deepspeedai/DeepSpeed#238 is DeepSpeed's reader
+    that rejects them).
 
     Raises:
         ConfigError: naming each key path, both values and the file.
@@ -204,8 +205,8 @@ def typed_values(run: Any) -> None:
     every GPU before DeepSpeed partitions it; DeepSpeed's own top-level switches are read with ``dict.get``
     (``"zero_allow_untested_optimizer": "false"`` is on). Also a section its readers walk (:data:`SECTIONS`) given
     as anything but an object (``"offload_optimizer": true``, Lightning-AI/pytorch-lightning#17790): transformers
-    crashes on it in LLaMA-Factory's parser with an AttributeError naming no key. huggingface/accelerate#2814 is
-    the same kind: a value of another type than a reader expects.
+    crashes on it in LLaMA-Factory's parser with an AttributeError naming no key. huggingface/accelerate#1828 is
+    the same kind: a learning rate that reached DeepSpeed as a string.
 
     Raises:
         ConfigError: naming each key path with its value as written, and the file.
