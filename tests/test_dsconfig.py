@@ -227,10 +227,11 @@ def _findings(result) -> list[dict]:
     return json.loads(last[-1])["findings"]
 
 
-def test_deepspeeds_config_classes_refuse_what_they_do_not_know(run_rocmft, tmp_path):
+def test_deepspeeds_config_classes_refuse_what_they_do_not_know(run_rocmft, tmp_path, tiny_model):
     """One file, three kinds DeepSpeed's pydantic models refuse and no rule of rocmft's knew: an offload device in
     capitals (accelerate#232), a fraction where a whole number goes (accelerate#2814), a misspelt option
-    (DeepSpeed#2721). Nothing is written to OUTPUT_DIR."""
+    (DeepSpeed#2721). Nothing is written to OUTPUT_DIR. (``tiny_model``: built here first, as building it prints
+    DeepSpeed's accelerator line in the process that builds it.)"""
     ds = _ds_file(tmp_path, json.dumps({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                                         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "CPU"},
                                                               "reduce_bucket_size": 5.5,
