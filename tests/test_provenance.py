@@ -157,6 +157,7 @@ ONLY_IN_THE_ENVIRONMENT = {
     "environment",
     "world_size": "WORLD_SIZE is the launcher's, read from the process's environment",
     "tunableop": "PYTORCH_TUNABLEOP_ENABLED is torch's process variable, ROCMFT_DISTRIBUTED rocmft's own setting",
+    "offload_settings": "ROCMFT_OFFLOAD_DEVICE, ROCMFT_NVME_PATH and ROCMFT_ZERO_STAGE are rocmft's own settings",
 }
 # Rules that refuse a value for its own text or a file for its own contents: no conflict case to vary (ONE_SETTING
 # of the table says what each reads).
@@ -167,6 +168,8 @@ NOT_VARIED = {
     '(template: "qwen" is qwen)',
     "template": "refuses TEMPLATE's value against the installed LLaMA-Factory's names and reads no source",
     "model_shapes": "the model folder's files against themselves: no setting's value is in question",
+    "duplicate_keys": "the DEEPSPEED file's text against itself: no setting's value is in question",
+    "typed_values": "the DEEPSPEED file's values against their own JSON types: no setting's value is in question",
 }
 # (rule, case): each conflict whose offending values are not all the environment's, and the refusals that hold only
 # for a value the user set (the verdict reads the source's kind there: where a text test once decided it).

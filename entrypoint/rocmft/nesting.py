@@ -14,6 +14,7 @@ rope_scaling); and well below the recursion limit, with room for the callers' ow
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 MAX_DEPTH = 100
@@ -52,14 +53,16 @@ def check_depth(value: Any) -> Any:
     return value
 
 
-def loads_json(text: str | bytes) -> Any:
-    """``json.loads(text)``, refusing nesting beyond :data:`MAX_DEPTH` levels.
+def loads_json(text: str | bytes, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+    """``json.loads(text)``, refusing nesting beyond :data:`MAX_DEPTH` levels. ``object_pairs_hook`` as json's
+    (each object's key/value pairs in file order, duplicates included: rocmft.validate.rules.dsconfig finds keys
+    written twice with it).
 
     Raises:
         json.JSONDecodeError: not JSON; TooDeep: nested too deeply (both are ValueError).
     """
     try:
-        return check_depth(json.loads(text))
+        return check_depth(json.loads(text, object_pairs_hook=object_pairs_hook))
     except RecursionError as err:
         raise TooDeep() from err
 

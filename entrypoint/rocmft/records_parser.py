@@ -72,6 +72,9 @@ class ParseResult:
         type, error: the exception's type name and message (not ``ok``).
         llamafactory: the installed LLaMA-Factory's version, when known.
         seconds: the parse, s; import_s: the child's LLaMA-Factory import, s.
+        deepspeed: with a DeepSpeed config (``ok`` only), what DeepSpeed's config classes refused in it
+            (:func:`rocmft.validate.dsmodel.judge`: ``{path, value, reason}`` each; empty: accepted);
+            deepspeed_s: that judgement, s.
 
     Also readable as a mapping (``result["ok"]``), the JSON object's keys.
     """
@@ -85,6 +88,8 @@ class ParseResult:
     llamafactory: str | None = None
     seconds: float = 0.0
     import_s: float = 0.0
+    deepspeed: list[dict[str, Any]] | None = None
+    deepspeed_s: float | None = None
     version: int = VERSION
 
     def __getitem__(self, key: str) -> Any:

@@ -59,6 +59,10 @@ CONFLICTS: dict[str, Case] = {
                            files={"ds.json": json.dumps({"optimizer": {"params": {"lr": 3e-5}}})},
                            involved=[("optimizer.params.lr=3e-05", "DEEPSPEED={tmp}/ds.json (" + ENV),
                                      ("LEARNING_RATE=1e-4", ENV)]),
+    "offload_settings": Case({"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "2",
+                              "ROCMFT_OFFLOAD": "optimizer", "ROCMFT_OFFLOAD_DEVICE": "nvme",
+                              "ROCMFT_NVME_PATH": "{tmp}"},
+                             involved=[("ROCMFT_OFFLOAD_DEVICE=nvme", ENV), ("ROCMFT_ZERO_STAGE=2", ENV)]),
     "method_settings": Case({"FINETUNING_TYPE": "full", "LORA_RANK": "64"},
                             involved=[("FINETUNING_TYPE=full", ENV), ("LORA_RANK=64", ENV)]),
     "output_not_input": Case({"MODEL_NAME_OR_PATH": "{tmp}/model", "OUTPUT_DIR": "{tmp}/model/out"},
@@ -94,6 +98,8 @@ ONE_SETTING = {
     "quoted_values": "a value's own quotes",
     "template": "TEMPLATE against the installed LLaMA-Factory's names",
     "model_shapes": "the model folder's config.json against its own weights",
+    "duplicate_keys": "the DEEPSPEED file's text against itself (a key written twice)",
+    "typed_values": "the DEEPSPEED file's values against their own JSON types (a quoted false)",
 }
 
 # Refusals that hold only for a value the user set (rocmft.validate.rules.common.user_set reads the source's kind):

@@ -44,13 +44,29 @@ class RocmftSettings(BaseSettings):
         "strategy but `none` launches through torchrun, and so does `none` when more than one GPU is visible "
         "(one process per GPU, as LLaMA-Factory's own launcher does).",
     )
-    zero_stage: Annotated[Literal[2, 3], BeforeValidator(lambda v: int(v) if str(v).strip().isdigit() else v)] = Field(
-        2, description="DeepSpeed ZeRO stage (with ROCMFT_DISTRIBUTED=deepspeed)."
+    zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(lambda v: int(v) if str(v).strip().isdigit() else v)] = (
+        Field(
+            2,
+            description="DeepSpeed ZeRO stage (with ROCMFT_DISTRIBUTED=deepspeed): `0` plain data parallel under "
+            "DeepSpeed, `1` partitions the optimizer states, `2` also the gradients, `3` also the parameters.",
+        )
     )
     offload: Literal["none", "optimizer", "optimizer+params"] = Field(
         "none",
-        description="DeepSpeed CPU offload: `optimizer` moves optimizer states to CPU memory, "
-        "`optimizer+params` also the parameters (needs ROCMFT_ZERO_STAGE=3).",
+        description="DeepSpeed offload: `optimizer` moves optimizer states off the GPU (needs ROCMFT_ZERO_STAGE 1 "
+        "or more), `optimizer+params` also the parameters (needs ROCMFT_ZERO_STAGE=3). Where to: "
+        "ROCMFT_OFFLOAD_DEVICE.",
+    )
+    offload_device: Literal["cpu", "nvme"] = Field(
+        "cpu",
+        description="Where ROCMFT_OFFLOAD puts what it offloads: `cpu` memory, or `nvme`: swap files in "
+        "ROCMFT_NVME_PATH (DeepSpeed ZeRO-Infinity; needs ROCMFT_ZERO_STAGE=3: at stages 1 and 2 DeepSpeed keeps "
+        "an nvme-offloaded optimizer in CPU memory).",
+    )
+    nvme_path: Path | None = Field(
+        None,
+        description="With ROCMFT_OFFLOAD_DEVICE=nvme: a writable folder on a fast local disk, as the container "
+        "sees it, where DeepSpeed writes its swap files (DeepSpeed's offload_optimizer/offload_param nvme_path).",
     )
     config: Path | None = Field(
         None,

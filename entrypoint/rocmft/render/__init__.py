@@ -326,7 +326,8 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
     }
     ds_config = None
     if rocmft.distributed == "deepspeed" and "deepspeed" not in layered:
-        text = _render(env, "deepspeed.json.j2", zero_stage=rocmft.zero_stage, offload=rocmft.offload)
+        text = _render(env, "deepspeed.json.j2", zero_stage=rocmft.zero_stage, offload=rocmft.offload,
+                       offload_device=rocmft.offload_device, nvme_path=str(rocmft.nvme_path or ""))  # fmt: skip
         try:
             ds_config = loads_json(text)
         except ValueError as err:

@@ -112,7 +112,8 @@ def validate(plan: Plan, keep: bool = False) -> ParseResult:
 
     Raises:
         ConfigError: the parser rejected the configuration; the message names the environment variables
-            (or ROCMFT_CONFIG keys) involved.
+            (or ROCMFT_CONFIG keys) involved. Or DeepSpeed's own config classes refused the ds_config
+            (:func:`rocmft.validate.rules.dsconfig.deepspeed_refusal`, finding code ``dsconfig.deepspeed_model``).
     """
     arguments = dict(plan.arguments)
     if isinstance(arguments.get("deepspeed"), str):  # the ds_config is still in the staging folder
@@ -133,7 +134,7 @@ def validate(plan: Plan, keep: bool = False) -> ParseResult:
         ) from err  # fmt: skip
     global _kept
     log = validator.log()
-    if keep and plan.launcher == "python" and result is not None and result.ok:
+    if keep and plan.launcher == "python" and result is not None and result.ok and not result.deepspeed:
         _kept = validator
     else:
         validator.cancel()
@@ -152,6 +153,10 @@ def validate(plan: Plan, keep: bool = False) -> ParseResult:
             f"LLaMA-Factory {result.llamafactory or ''} rejected the configuration: {result.type}: {message}{detail}",
             _parser_fix(names, plan) + "; `rocmft render` checks again in seconds.",
         )
+    if result.deepspeed:  # DeepSpeed's own config classes refused the ds_config (rocmft.validate.dsmodel)
+        from rocmft.validate.rules.dsconfig import deepspeed_refusal
+
+        raise deepspeed_refusal(plan, result.deepspeed)
     return result
 
 

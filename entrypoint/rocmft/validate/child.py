@@ -55,7 +55,8 @@ def _child(result_path: str, log_path: str) -> int:
 def _parse(arguments: dict[str, Any], result_path: str, import_s: float) -> None:
     """Parse with ``get_train_args`` and write the :class:`~rocmft.records.ParseResult` (ok, error or facts,
     seconds of the parse, import_s of the child's LLaMA-Factory import, measured for the check-time benchmark)
-    to ``result_path``. Never raises."""
+    to ``result_path``. With a DeepSpeed config, DeepSpeed's own config classes judge it too
+    (:func:`rocmft.validate.dsmodel.judge`). Never raises."""
     import time
     from importlib import metadata
 
@@ -71,6 +72,12 @@ def _parse(arguments: dict[str, Any], result_path: str, import_s: float) -> None
             "parallel_mode": str(training_args.parallel_mode),
             "compute_dtype": str(model_args.compute_dtype),
         }
+        hf_config = getattr(getattr(training_args, "hf_deepspeed_config", None), "config", None)
+        if isinstance(hf_config, dict):  # DeepSpeed judges the ds_config as transformers read and filled it
+            from rocmft.validate.dsmodel import judge
+
+            facts["deepspeed"], deepspeed_s = judge(hf_config)
+            facts["deepspeed_s"] = round(deepspeed_s, 2)
     except BaseException as err:  # the parser raises ValueError, TypeError, SystemExit (argparse), ...
         facts = {"ok": False, "type": type(err).__name__, "error": str(err)}
     try:

@@ -49,7 +49,8 @@ from rocmft.findings import ERROR, WARNING, Finding, Setting, noting
 
 PHASES = ("inputs", "rendered", "launch")
 # The concern modules, imported (and so registered) on first use.
-MODULES = ("precision", "distributed", "hygiene", "paths", "template", "method", "ranges", "data", "model", "runtime")
+MODULES = ("precision", "distributed", "dsconfig", "hygiene", "paths", "template", "method", "ranges", "data", "model",
+           "runtime")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -191,10 +191,7 @@ def user_ds_config(run: Rendered) -> list[str]:
         "fp16.enabled": (bool(arguments.get("fp16")), trainer("fp16", False)),
         "bf16.enabled": (bool(arguments.get("bf16")), trainer("bf16", False)),
     }  # fmt: skip
-    warmup = arguments.get("warmup_steps")
-    if isinstance(warmup, int) and warmup >= 1:
-        expected["scheduler.params.warmup_num_steps"] = (warmup, trainer("warmup_steps", 0))
-    mismatched = []
+    mismatched = scheduler_steps(run, ds)
     for key, (want, name) in expected.items():
         have = _get(ds, key)
         if have is None or have == "auto":
@@ -221,11 +218,52 @@ def user_ds_config(run: Rendered) -> list[str]:
     return []
 
 
+def _number(value: Any) -> float | None:
+    try:
+        return None if isinstance(value, bool) or value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def scheduler_steps(run: Rendered, ds: dict[str, Any]) -> list[str]:
+    """The step counts of a user's ds_config scheduler (WarmupLR, WarmupDecayLR, ...: ``scheduler.params``) against
+    the trainer's, as transformers compares them, but only once the model is loaded
+    (``HfTrainerDeepSpeedConfig.trainer_config_finalize`` fills ``"auto"`` and compares literals):
+    ``warmup_num_steps`` against ``get_warmup_steps`` (WARMUP_STEPS, or ceil(WARMUP_RATIO × total steps), else 0)
+    and ``total_num_steps`` against the run's total steps (MAX_STEPS, else computed from the data and the epochs:
+    a literal can only match by chance). huggingface/transformers#29348: the trainer refuses the run after the
+    model loaded; hendrycks/apps#9: a warmup in the ds_config and another in the script. Returns the mismatched
+    pairs, as :func:`user_ds_config` lists them."""
+    arguments, found = run.arguments, []
+    warmup = _get(ds, "scheduler.params.warmup_num_steps")
+    if warmup is not None and warmup != "auto":
+        steps, ratio = _number(arguments.get("warmup_steps")) or 0.0, _number(arguments.get("warmup_ratio")) or 0.0
+        if ratio > 0 or 0 < steps < 1:  # transformers 5 reads a warmup_steps below 1 as a ratio too
+            name = named(run, "warmup_ratio") if ratio > 0 else named(run, "warmup_steps")
+            found.append(f"scheduler.params.warmup_num_steps={warmup!r} vs {name}, a ratio transformers turns into "
+                         "ceil(ratio x the run's total steps)")  # fmt: skip
+        elif _number(warmup) != (int(steps) if steps >= 1 else 0):
+            found.append(f"scheduler.params.warmup_num_steps={warmup!r} vs {named(run, 'warmup_steps', 0)}")
+    total = _get(ds, "scheduler.params.total_num_steps")
+    if total is not None and total != "auto":
+        max_steps = _number(arguments.get("max_steps")) or 0.0
+        if max_steps <= 0:
+            found.append(f"scheduler.params.total_num_steps={total!r} vs the run's total steps, which transformers "
+                         f"computes from the data and {named(run, 'num_train_epochs', 3.0)} ("
+                         f"{named(run, 'max_steps')})")  # fmt: skip
+        elif _number(total) != max_steps:
+            found.append(f"scheduler.params.total_num_steps={total!r} vs {named(run, 'max_steps')}")
+    return found
+
+
 def ds_offload(ds: dict[str, Any], path: Path) -> None:
     """Offload settings of a user's ds_config that DeepSpeed cannot honour (DeepSpeed's config docs,
     "ZeRO optimizations"): ``offload_param`` exists only in ZeRO stage 3 (lower stages keep whole parameters
-    on every GPU) and ``offload_optimizer`` needs stage 1 or more; ``device: nvme`` needs ``nvme_path``, a folder
-    that exists (DeepSpeed's AIO swapper writes its swap files there and fails at the first swap otherwise).
+    on every GPU: deepspeed/runtime/engine.py:1841 hands stages 1-2 only ``offload_optimizer``) and
+    ``offload_optimizer`` needs stage 1 or more (stage 0 builds no ZeRO optimizer: engine.py:1436); ``device: nvme``
+    needs stage 3 (stages 1-2 read it as CPU offload: deepspeed/runtime/zero/stage_1_and_2.py:176-177) and
+    ``nvme_path``, a folder that exists (DeepSpeed's AIO swapper writes its swap files there and fails at the first
+    swap otherwise).
 
     Raises:
         ConfigError: naming the file, the keys and the stage.
@@ -244,6 +282,10 @@ def ds_offload(ds: dict[str, Any], path: Path) -> None:
             problems.append(f"zero_optimization.{key} (device {block.get('device')}) needs ZeRO stage {lowest}, "
                             f"the file has stage {stage}")  # fmt: skip
         if str(block.get("device")).lower() == "nvme":
+            if key == "offload_optimizer" and 1 <= stage < 3:  # stage_1_and_2.py:176-177: any device is CPU
+                problems.append(f"zero_optimization.offload_optimizer.device is nvme at stage {stage}, where "
+                                "DeepSpeed keeps the optimizer state in CPU memory (only stage 3 swaps to "
+                                "NVMe)")  # fmt: skip
             nvme = block.get("nvme_path")
             if not nvme:
                 problems.append(f"zero_optimization.{key}.device is nvme but there is no nvme_path")
