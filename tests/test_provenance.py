@@ -343,6 +343,7 @@ def test_settings_only_the_environment_holds_are_refused_elsewhere_and_sent_ther
     for per rule: the environment's verdict is the rule's, every other place's this refusal."""
     config = tmp_path / "default environment" / "command line.yaml"
     config.parent.mkdir()
+    value = value.replace("{tmp}", str(tmp_path))  # the table's placeholder (ROCMFT_NVME_PATH={tmp})
     config.write_text(f"{name.lower()}: {value}\n")
     environ = {"ROCMFT_CACHE_DIR": str(cache_dir)}
     arguments = [f"{name.lower()}={value}"] if place == "key=value" else []
