@@ -76,8 +76,9 @@ def _attempt(restarts: list[Restart], given: CommandLine,
     started_at = now()
     workspace, timings = Workspace(), {}
     try:
-        plan = _prepare(workspace, timings, given, keep_validator=True, overrides=overrides)
-        checks = _run_checks(plan, workspace, timings)
+        prepared = _prepare(workspace, timings, given, keep_validator=True, overrides=overrides)
+        checks = _run_checks(prepared, workspace, timings)
+        plan = prepared.plan
         workspace.promote(plan.run_dir)
     except BaseException:
         workspace.discard()
@@ -89,7 +90,8 @@ def _attempt(restarts: list[Restart], given: CommandLine,
         "report": str(plan.run_dir / CHECKS_FILE),
     }
     write_manifest(manifest_path, plan, status=RunStatus.RUNNING, exit_code=None, timings=timings,
-                   checks=checks_summary, worker=None, started_at=started_at, restarts=restarts)  # fmt: skip
+                   checks=checks_summary, worker=None, started_at=started_at, restarts=restarts,
+                   probes=prepared.probes.snapshot(), launch=prepared.launch)  # fmt: skip
     say(f"configs and manifest in {plan.run_dir}", all_ranks=True)
     try:
         atomic_write_text(current_run_pointer(), f"{plan.run_dir}\n")  # for `rocmft status` (the healthcheck)
@@ -97,12 +99,13 @@ def _attempt(restarts: list[Restart], given: CommandLine,
         pass  # a read-only temp folder costs only the default of `rocmft status`
 
     began = time.monotonic()
-    code = run_worker(plan, plan.settings.secrets)
+    code = run_worker(plan, prepared.launch, plan.settings.secrets)
     timings["train"] = time.monotonic() - began
     worker = read_worker_result(plan.run_dir)
     status = run_status(code)
     write_manifest(manifest_path, plan, status=status, exit_code=int(code), timings=timings, checks=checks_summary,
-                   worker=worker, started_at=started_at, restarts=restarts)  # fmt: skip
+                   worker=worker, started_at=started_at, restarts=restarts,
+                   probes=prepared.probes.snapshot(), launch=prepared.launch)  # fmt: skip
     _write_summary(plan)
     restart = _fp32_restart(plan, worker, restarts) if code == ExitCode.NON_FINITE_LOSS else None
     if restart is not None:

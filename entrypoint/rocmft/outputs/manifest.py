@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from rocmft.config.provenance import kinds, texts
 from rocmft.facts.host import host_facts
 from rocmft.facts.image import build_record
 from rocmft.fsutil import atomic_write_json
+from rocmft.launch import LaunchSpec
 from rocmft.records import WorkerResult
 
 # Variables that change what a run does without being training arguments, recorded in the manifest.
@@ -63,12 +64,14 @@ class Restart:
 
 def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timings: dict[str, float],
                    checks: dict[str, Any] | None, worker: WorkerResult | None, started_at: str,
-                   restarts: Sequence[Restart] = ()) -> Path:  # fmt: skip
+                   restarts: Sequence[Restart] = (), probes: Mapping[str, Any] | None = None,
+                   launch: LaunchSpec | None = None) -> Path:  # fmt: skip
     """Write the manifest for ``plan`` atomically to ``path`` (see the module docstring).
 
-    ``status``: a :class:`rocmft.records.RunStatus` word; ``worker``: this node's worker record
-    (rocmft.records.read_worker_result), embedded as its JSON object; ``restarts``: the automatic restarts of
-    this `rocmft train` so far, oldest first.
+    ``probes``: the probe provider's snapshot (rocmft.facts.probes.Probes.snapshot); ``launch``: how the worker
+    starts (rocmft.launch.prepare_launch); ``status``: a :class:`rocmft.records.RunStatus` word; ``worker``: this
+    node's worker record (rocmft.records.read_worker_result), embedded as its JSON object; ``restarts``: the
+    automatic restarts of this `rocmft train` so far, oldest first.
     """
     outputs = {}
     if plan.output_dir.is_dir():
@@ -93,10 +96,10 @@ def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timi
         "image": build_record(),
         "host": host_facts(),
         "device": plan.device.as_dict(),
-        "gpu_probes": {k: v for k, v in plan.probes.items() if k != "image"},
+        "gpu_probes": {k: v for k, v in (probes or {}).items() if k != "image"},
         "launcher": plan.launcher,
-        "job": (plan.launch or {}).get("job"),
-        "launch": plan.launch,
+        "job": launch.as_record()["job"] if launch is not None else None,
+        "launch": launch.as_record() if launch is not None else {},
         "demo": plan.demo,
         "settings": plan.settings.redacted(),
         "arguments": plan.arguments,

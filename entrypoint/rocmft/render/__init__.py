@@ -87,10 +87,6 @@ class Plan:
         launcher: ``"python"`` (one process), ``"torchrun"``, or ``"task"`` (one rank of a scheduler's
             one-process-per-GPU launch; rocmft.facts.job.LAUNCHERS).
         files: name -> staged path of each rendered file.
-        probes: facts the GPU checks measured (device probe, all-reduce, the image's build record), kept
-            for the manifest; tests put probe data here instead of running a probe.
-        launch: how the worker is started (rocmft.launch.prepare_launch): command, NUMA binding, the
-            effective communication environment with each value's source; for the manifest.
         perf: the planner's choices (rocmft.render.planner.PerfPlan): micro-batch, packing, checkpointing,
             attention, fused kernels, each with its reason; for the manifest and ``rocmft plan``.
     """
@@ -108,8 +104,6 @@ class Plan:
     demo: bool = False
     launcher: str = "python"
     files: dict[str, Path] = field(default_factory=dict)
-    probes: dict[str, Any] = field(default_factory=dict)
-    launch: dict[str, Any] = field(default_factory=dict)
     perf: Any = None
     layout: JobLayout | None = None  # the run's job layout (rocmft.facts.scheduler), read once by render
 
