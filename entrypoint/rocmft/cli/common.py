@@ -4,7 +4,6 @@ of the current run for ``rocmft status``."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -15,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rocmft.console import say
-from rocmft.errors import ChecksFailed
+from rocmft.errors import ChecksFailed, ConfigError
 from rocmft.fsutil import make_private_dir_public
+from rocmft.records import MANIFEST_FILE, read_manifest
 
 if TYPE_CHECKING:
     from rocmft.facts.probes import Probes
@@ -37,9 +37,6 @@ records where each argument came from (settings.sources).
 
 example: rocmft %(command)s my.yaml learning_rate=5e-5 max_steps=100 output_dir=/saves/run1
 """
-
-
-MANIFEST_FILE = "manifest.json"
 
 
 class Workspace:
@@ -87,10 +84,9 @@ class Workspace:
         manifest = run_dir / MANIFEST_FILE
         if manifest.is_file():
             try:
-                record = json.loads(manifest.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                record = None
-            started = record.get("started_at") if isinstance(record, dict) else None
+                started = read_manifest(manifest).started_at
+            except ConfigError:  # a damaged record is kept all the same, under the time now
+                started = None
             # a folder name: the manifest's own time (a damaged one, "../x" or 3, gives the time now)
             if not isinstance(started, str) or not re.fullmatch(r"[0-9T:.+\-Z]+", started):
                 started = ""

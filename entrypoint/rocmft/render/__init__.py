@@ -39,6 +39,7 @@ from rocmft.facts.modeldir import ModelDir
 from rocmft.facts.scheduler import JobLayout, job_layout
 from rocmft.fsutil import atomic_write_json, atomic_write_text
 from rocmft.nesting import loads_json
+from rocmft.records import MANIFEST_FILE, read_manifest
 from rocmft.render import planner
 from rocmft.render.datasets import Registry, build_registry, split_names
 from rocmft.render.precision import Precision, resolve_precision
@@ -507,12 +508,11 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
         previous = None
     if not isinstance(previous, dict):
         return choose(settings.rocmft.resume, output_dir, None, current)
-    try:
-        manifest = loads_json((run_dir / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        manifest = None
-    worker = manifest.get("worker") if isinstance(manifest, dict) else None
-    world = worker.get("world_size") if isinstance(worker, dict) else None
+    try:  # a missing or damaged manifest: the earlier world size is unknown
+        worker = read_manifest(run_dir / MANIFEST_FILE).worker or {}
+    except ConfigError:
+        worker = {}
+    world = worker.get("world_size")
     world = world if isinstance(world, int) and not isinstance(world, bool) else None
     previous["world_size"] = world if world is not None else world_size  # unknown: not compared
     from rocmft.config.provenance import named_in
