@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from rocmft.checks import PASS, WARN
+from rocmft.checks import PASS, WARN, CheckSubject
 from rocmft.checks.host import hf_cache_locks
 from rocmft.facts.caches import NODE_LOCAL_CACHES, cache_environment, cache_note, mount_of, node_local_caches
+from rocmft.facts.probes import Probes
 from rocmft.launch import prepare_launch
 
 CACHE_VARIABLES = {"MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
@@ -48,13 +49,13 @@ def test_the_users_own_values_win_even_empty_ones():
 
 def test_the_launch_adds_and_records_them_and_says_so(render_env, monkeypatch, tmp_path):
     """prepare_launch of a real rendered plan in a (pretend) Slurm job: the variables are in the launch record
-    (plan.launch, written to the manifest), and the printed line names them."""
+    (rocmft.launch.LaunchSpec.environment, written to the manifest), and the printed line names them."""
     monkeypatch.setenv("SLURM_JOB_ID", "99")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "node-local"))
     for name in CACHE_VARIABLES:  # torch's inductor sets TORCHINDUCTOR_CACHE_DIR in os.environ when first asked
         monkeypatch.delenv(name, raising=False)  # (by an earlier test in this process): the run's start has none
     plan = render_env({"DATASET": "identity"})
-    environment = prepare_launch(plan)["environment"]
+    environment = prepare_launch(plan).environment
     root = tmp_path / "node-local" / f"rocmft-{os.getuid()}"
     assert environment["TRITON_CACHE_DIR"] == str(root / "triton")
     assert {name for name in environment if name in NODE_LOCAL_CACHES} == CACHE_VARIABLES
@@ -88,7 +89,7 @@ def test_mount_of_follows_symbolic_links_injected(tmp_path):
 
 def plan_with(paths: dict[str, str], partitions=None) -> SimpleNamespace:
     probe = {"hf_paths": paths} if partitions is None else {"hf_paths": paths, "partitions": partitions}
-    return SimpleNamespace(probes={"hf_cache": probe})
+    return CheckSubject(plan=SimpleNamespace(), probes=Probes(injected={"hf_cache": probe}))
 
 
 @pytest.mark.parametrize(("home", "kind"), [("/home/me/.cache/huggingface", "nfs4"), ("/lus/p/hf", "lustre"),
@@ -122,7 +123,7 @@ def test_this_machines_own_mounts_give_no_warning(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     importlib.reload(huggingface_hub.constants)
     try:
-        outcome = hf_cache_locks(SimpleNamespace(probes={}))
+        outcome = hf_cache_locks(CheckSubject(plan=SimpleNamespace()))
     finally:
         monkeypatch.undo()
         importlib.reload(huggingface_hub.constants)

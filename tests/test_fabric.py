@@ -243,16 +243,17 @@ def test_injected_slingshot_single_node_is_untouched(tmp_path, plugins):
 # --- the fabric health check -----------------------------------------------------------------------------------
 
 
-class Plan:
-    """The check's subject: the facts, and settings whose environment is the test's process environment (which
-    the test sets with monkeypatch)."""
+def subject(facts: dict):
+    """The check's subject: the facts injected, and settings whose environment is the test's process environment
+    (which the test sets with monkeypatch)."""
+    import os
+    from types import SimpleNamespace
 
-    def __init__(self, facts: dict):
-        import os
-        from types import SimpleNamespace
+    from rocmft.checks import CheckSubject
+    from rocmft.facts.probes import Probes
 
-        self.probes = {"fabric": facts}
-        self.settings = SimpleNamespace(environ=os.environ)
+    return CheckSubject(plan=SimpleNamespace(settings=SimpleNamespace(environ=os.environ)),
+                        probes=Probes(injected={"fabric": facts}))  # fmt: skip
 
 
 def run_check(monkeypatch, root: Path, environ: dict, nodes: int):
@@ -260,7 +261,7 @@ def run_check(monkeypatch, root: Path, environ: dict, nodes: int):
     # a multi-node job needs its rendezvous (rocmft.facts.scheduler refuses one without)
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
-    return fabric(Plan(fabric_facts(root, environ)))
+    return fabric(subject(fabric_facts(root, environ)))
 
 
 def test_check_warns_on_injected_slingshot_multi_node_without_a_plugin(tmp_path, plugins, monkeypatch):

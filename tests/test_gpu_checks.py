@@ -1,4 +1,4 @@
-"""GPU checks on the CPU: the probe's results are data passed in (plan.probes), shaped exactly as
+"""GPU checks on the CPU: the probe's results are data injected into the probe provider, shaped exactly as
 rocmft.facts.probe reports them on a GPU host; every check's pass, warn, fail and skip path with its message."""
 
 from __future__ import annotations
@@ -34,17 +34,19 @@ def devices(*gpus, backend="rocm", visible=None):
 
 def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=0, arguments=None, ds_config=None,
          **probes):  # fmt: skip
+    from rocmft.checks import CheckSubject
     from rocmft.facts.device import facts_from_probe
+    from rocmft.facts.probes import Probes
 
     probe = probe if probe is not None else devices(gpu())
-    return SimpleNamespace(
-        probes={"image": image, "devices": probe, **probes},
+    stand_in = SimpleNamespace(
         device=facts_from_probe(probe), ds_config=ds_config,
         launcher=launcher, arguments={"dataloader_num_workers": workers, **(arguments or {})},
         settings=SimpleNamespace(rocmft=SimpleNamespace(nproc_per_node=nproc, distributed="none", offload="none"),
                                  environ=os.environ),  # the process environment, which the tests set (monkeypatch)
         precision=SimpleNamespace(compute_dtype="bfloat16"),
     )  # fmt: skip
+    return CheckSubject(plan=stand_in, probes=Probes(injected={"image": image, "devices": probe, **probes}))
 
 
 def test_runtime_passes_with_enough_gpus():
@@ -143,7 +145,7 @@ def test_a_wrong_gemm_in_another_dtype_warns_and_says_what_would_use_it():
 
 def test_a_wrong_fp32_gemm_fails_when_the_nan_restart_would_train_in_fp32():
     probed = plan(probe=devices(with_gemm(gpu(0), "float32", max_rel_error=1e-2)))
-    probed.settings.rocmft.on_nan = "fp32"
+    probed.plan.settings.rocmft.on_nan = "fp32"
     outcome = checks.gpu_compute(probed)
     assert outcome.status == FAIL and "ROCMFT_ON_NAN=fp32 restarts in it" in outcome.message
 
@@ -218,8 +220,7 @@ def test_the_missing_device_remedy_prints_literally_in_the_table(capsys):
     (its device nodes injected as none: the container got no GPU) now prints as written."""
     from rocmft.checks import CheckResult, print_table
 
-    probed = plan()
-    probed.probes["device_nodes"] = []  # injected: what a container started without --device sees
+    probed = plan(device_nodes=[])  # injected: what a container started without --device sees
     outcome = checks.gpu_devices(probed)
     assert "[/dev/kfd, /dev/dri]" in outcome.remedy
     print_table([CheckResult(**vars(outcome), id="gpu-devices")], None)

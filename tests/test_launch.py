@@ -16,6 +16,7 @@ import pytest
 
 from rocmft.errors import ConfigError
 from rocmft.facts.device import facts_from_probe
+from rocmft.facts.probes import Probes
 from rocmft.launch import communication_environment, full_node_environment, graceful_stop_targets, prepare_launch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +35,8 @@ def eight_gpus() -> dict:
 
 @pytest.fixture
 def launch_plan(render_env, monkeypatch):
-    """render + device probe + prepare_launch against the recorded layout, numactl present."""
+    """render + device probe + prepare_launch against the recorded layout, numactl present: the plan and its launch
+    record (rocmft.launch.LaunchSpec.as_record, as the manifest saves it)."""
     for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NCCL_SOCKET_IFNAME",
                  "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NPROC_PER_NODE"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
@@ -44,47 +46,47 @@ def launch_plan(render_env, monkeypatch):
             monkeypatch.setenv(name, value)
         probe = eight_gpus()
         plan = render_env({"DATASET": "identity", **environ}, device=facts_from_probe(probe))
-        plan.probes["devices"] = probe
-        prepare_launch(plan, root=TWO_SOCKET, numactl=True, allowed_cpus=set(range(192)))  # the host's 192 CPUs
-        return plan
+        probes = Probes(seeded={"devices": probe})
+        launch = prepare_launch(plan, probes, root=TWO_SOCKET, numactl=True, allowed_cpus=set(range(192)))  # 192 CPUs
+        return plan, launch.as_record()
 
     return run
 
 
 def test_torchrun_command_for_a_node_of_a_multi_node_job(launch_plan):
-    plan = launch_plan(
+    plan, launch = launch_plan(
         {"ROCMFT_DISTRIBUTED": "deepspeed"},
         {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
     )
-    command = plan.launch["command"]
+    command = launch["command"]
     assert command[1:3] == ["-m", "torch.distributed.run"]
     assert command[-3:] == ["-m", "rocmft.worker", str(plan.run_dir)]
     text = " ".join(command)
     assert "--nnodes 2 --node_rank 1 --nproc_per_node 8 --master_addr 10.0.0.1 --master_port 29500" in text
     assert f"--log-dir {plan.run_dir / 'logs'} --tee 3 --numa-binding node" in text
     assert plan.run_dir.name == "rocmft-node1"  # node 0 alone writes OUTPUT_DIR/rocmft
-    env = plan.launch["environment"]
+    env = launch["environment"]
     assert env["FORCE_TORCHRUN"] == "1"
     assert env["NCCL_SOCKET_IFNAME"] == "=eth0" and env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
-    numa = plan.launch["numa"]
+    numa = launch["numa"]
     assert numa["enabled"] and [r["numa_node"] for r in numa["per_rank"]] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert numa["per_rank"][5]["cpus"] == "48-95,144-191"
 
 
 def test_single_node_adds_no_network_variables_and_the_users_values_win(launch_plan):
-    plan = launch_plan({"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2"})
-    assert not any(k.startswith(("NCCL_", "GLOO_")) for k in plan.launch["environment"])
-    assert "--nnodes 1 --node_rank 0 --nproc_per_node 2" in " ".join(plan.launch["command"])
-    mine = launch_plan({"ROCMFT_DISTRIBUTED": "ddp"}, {"NNODES": "2", "NCCL_SOCKET_IFNAME": "ib0",
+    _, launch = launch_plan({"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2"})
+    assert not any(k.startswith(("NCCL_", "GLOO_")) for k in launch["environment"])
+    assert "--nnodes 1 --node_rank 0 --nproc_per_node 2" in " ".join(launch["command"])
+    _, mine = launch_plan({"ROCMFT_DISTRIBUTED": "ddp"}, {"NNODES": "2", "NCCL_SOCKET_IFNAME": "ib0",
                                                       "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})  # fmt: skip
-    assert "NCCL_SOCKET_IFNAME" not in mine.launch["environment"]
-    assert mine.launch["communication"]["NCCL_SOCKET_IFNAME"] == {"value": "ib0", "source": "user"}
+    assert "NCCL_SOCKET_IFNAME" not in mine["environment"]
+    assert mine["communication"]["NCCL_SOCKET_IFNAME"] == {"value": "ib0", "source": "user"}
 
 
 def test_numa_binding_off_and_one_process(launch_plan):
-    off = launch_plan({"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NUMA_BIND": "off"})
-    assert "--numa-binding" not in off.launch["command"] and not off.launch["numa"]["enabled"]
+    _, off = launch_plan({"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NUMA_BIND": "off"})
+    assert "--numa-binding" not in off["command"] and not off["numa"]["enabled"]
 
 
 @pytest.mark.parametrize(("launch_env", "environ", "words"), [

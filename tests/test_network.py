@@ -26,23 +26,27 @@ from types import SimpleNamespace
 
 import pytest
 
-from rocmft.checks import FAIL, PASS, SKIP, WARN
+from rocmft.checks import FAIL, PASS, SKIP, WARN, CheckSubject
 from rocmft.checks.network import NODES_FILE, net_limits, net_names, net_rdma, node_list
 from rocmft.facts.network import limits, rdma_facts, rendezvous_bound_s
+from rocmft.facts.probes import Probes
 
 NODE_SCRIPT = r"""
 import json, os, sys
 from pathlib import Path
 from types import SimpleNamespace
+from rocmft.checks import CheckSubject
 from rocmft.checks.network import net_names, net_rendezvous
+from rocmft.facts.probes import Probes
 folder = Path(sys.argv[1])
 folder.mkdir(parents=True, exist_ok=True)
-plan = SimpleNamespace(
-    probes={"rdma": {"devices": [], "uverbs": [], "gid_index": None, "ib_disabled": False},
-            "limits": {"memlock": [None, None], "nofile": [1048576, 1048576]}},
-    settings=SimpleNamespace(rocmft=SimpleNamespace(net_timeout_s=float(sys.argv[2]), expected_nics=None),
-                             environ=os.environ),
-    staging=folder, run_dir=folder, launch=None)
+plan = CheckSubject(
+    plan=SimpleNamespace(
+        settings=SimpleNamespace(rocmft=SimpleNamespace(net_timeout_s=float(sys.argv[2]), expected_nics=None),
+                                 environ=os.environ),
+        staging=folder, run_dir=folder),
+    probes=Probes(injected={"rdma": {"devices": [], "uverbs": [], "gid_index": None, "ib_disabled": False},
+                            "limits": {"memlock": [None, None], "nofile": [1048576, 1048576]}}))
 out = {}
 for fn in (net_names, net_rendezvous):
     o = fn(plan)
@@ -183,11 +187,12 @@ def two_nodes(monkeypatch):
     return monkeypatch
 
 
-def plan_of(probes: dict | None = None, expected_nics: int | None = None) -> SimpleNamespace:
+def plan_of(probes: dict | None = None, expected_nics: int | None = None) -> CheckSubject:
+    """A check subject: ``probes`` injected, settings over the process environment (which the tests set)."""
     settings = SimpleNamespace(
         rocmft=SimpleNamespace(net_timeout_s=5.0, expected_nics=expected_nics), environ=os.environ
     )  # the process environment, which the tests set (monkeypatch)
-    return SimpleNamespace(probes=dict(probes or {}), settings=settings, launch=None)
+    return CheckSubject(plan=SimpleNamespace(settings=settings), probes=Probes(injected=probes))
 
 
 def test_a_master_addr_that_does_not_resolve_fails_naming_it_and_its_source(two_nodes):

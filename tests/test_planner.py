@@ -151,10 +151,10 @@ def test_render_records_the_plan_and_the_manifest_saves_it(render_env, tmp_path)
         "rocmft plan: SFT")  # fmt: skip
     assert plan.sources["per_device_train_batch_size"] == Source.environment("PER_DEVICE_TRAIN_BATCH_SIZE")
     assert rendered["disable_gradient_checkpointing"] is True  # the tiny model fits anything
-    from rocmft.outputs.manifest import write_manifest
+    from rocmft.outputs.manifest import RunOutcome, write_manifest
 
-    path = write_manifest(tmp_path / "manifest.json", plan, status="running", exit_code=None, timings={},
-                          checks=None, worker=None, started_at="now")  # fmt: skip
+    path = write_manifest(tmp_path / "manifest.json", plan, probes={}, launch=None, checks=None,
+                          outcome=RunOutcome(status="running", exit_code=None, started_at="now"))  # fmt: skip
     saved = json.loads(path.read_text())["plan"]
     assert saved["active"] is True
     assert {c["name"]: c["value"] for c in saved["choices"]}["neat_packing"] is True

@@ -11,21 +11,25 @@ parser child's stdin lines  :class:`rocmft.validate.Validator`          the chil
                             :meth:`TrainOrder.to_line`)
 parser child's result.json  the child (:meth:`ParseResult.write`)       the parent (:func:`read_parse_result`)
 probe child's stdout line   the probe (:func:`probe_line`)              the parent (:func:`read_probe_line`)
+RUN_DIR/manifest.json       rocmft train (:meth:`Manifest.write`,       :func:`read_manifest` (render's resume,
+                            assembled by rocmft.outputs.manifest)       the workspace, status, report, export)
 ==========================  ==========================================  =========================================
 
 Each carries ``version`` (:data:`VERSION`, the layout's number; a record without one has the layout of version 1,
-written before the field existed; readers read any version by the keys they know). JSON keys are the ones
+written before the field existed; readers read any version by the keys they know); the manifest's is
+``schema_version`` (:data:`SCHEMA_VERSION`, the same rule). JSON keys are the ones
 rocmft 0.1.0 wrote. Statuses and causes are one vocabulary, :class:`RunStatus`. Nothing of rocmft is imported
 here but the ground floor.
 The records live in siblings by the processes they join, all ground floor and all importable from here:
 :mod:`rocmft.records_common` (the version, :class:`RunStatus`), :mod:`rocmft.records_worker` (run.json,
 worker-result.json), :mod:`rocmft.records_parser` (the parser child's lines and result) and
-:mod:`rocmft.records_probe` (the probe's line).
+:mod:`rocmft.records_probe` (the probe's line) and :mod:`rocmft.records_manifest` (the run manifest).
 """
 
 from __future__ import annotations
 
 from rocmft.records_common import VERSION, RunStatus, run_status, with_reason
+from rocmft.records_manifest import MANIFEST_FILE, SCHEMA_VERSION, Manifest, Restart, read_manifest
 from rocmft.records_parser import ParseRequest, ParseResult, TrainOrder, read_parse_result
 from rocmft.records_probe import (
     PROBES,
@@ -56,9 +60,11 @@ from rocmft.records_worker import (
 )
 
 __all__ = [
+    "MANIFEST_FILE",
     "PROBES",
     "RESULT_FILE",
     "RUN_POLICY_FILE",
+    "SCHEMA_VERSION",
     "VERSION",
     "AllreduceProbe",
     "DevicesProbe",
@@ -66,15 +72,18 @@ __all__ = [
     "GpuRecord",
     "LibProbe",
     "LossRecord",
+    "Manifest",
     "NonFinite",
     "ParseRequest",
     "ParseResult",
     "PrecisionRecord",
+    "Restart",
     "RunPolicy",
     "RunStatus",
     "TrainOrder",
     "WorkerResult",
     "probe_line",
+    "read_manifest",
     "read_parse_result",
     "read_probe_line",
     "read_run_policy",

@@ -1,6 +1,8 @@
 """Health checks: small, independent, each with an id, a status, the value it measured and a remedy.
 
-A check is a function ``plan -> Outcome`` registered with :func:`check`. :func:`run_checks` runs them in
+A check is a function ``subject -> Outcome`` registered with :func:`check`; its :class:`CheckSubject` is the
+frozen plan, the run's probe provider (rocmft.facts.probes: each host or device fact measured at most once) and the
+variables the launch adds. :func:`run_checks` runs them in
 order, each in its own thread with its own timeout (a check that hangs becomes a ``fail`` with the
 timeout named, never a hung entrypoint), skips those named in ``ROCMFT_SKIP_CHECKS`` and those whose
 prerequisite failed, and returns the results for the JSON report (``rocmft/checks.json``) and the table.
@@ -12,12 +14,13 @@ from __future__ import annotations
 import datetime as _dt
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rocmft.errors import ConfigError
+from rocmft.facts.probes import Probes
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
@@ -51,8 +54,31 @@ class CheckResult(Outcome):
 
 
 @dataclass(frozen=True)
+class CheckSubject:
+    """What every check reads, and nothing it may change.
+
+    One record instead of three arguments, so that a check's signature stays ``fn(subject)`` and a check that
+    needs one more input later does not change every other check; frozen, so that the only state the checks share
+    is the probe provider's memo of measured facts (never the plan).
+
+    Attributes:
+        plan: the rendered and written run (rocmft.render.Plan, frozen).
+        probes: the run's probe provider (rocmft.facts.probes.Probes): a check reads a host or device fact with
+            ``probes.get(id, measure)`` (measured once, recorded in the manifest's ``gpu_probes``), a test's
+            injected fact with ``probes.known(id)``.
+        launch_environment: the variables the launch adds to the worker's environment
+            (rocmft.launch.LaunchSpec.environment: GLOO_SOCKET_IFNAME from the network detection, ...); the
+            checks need no more of the launch spec, whose module comes after theirs.
+    """
+
+    plan: Any
+    probes: Probes = field(default_factory=Probes)
+    launch_environment: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Check:
-    """A registered check: ``fn(plan) -> Outcome`` under ``timeout_s``; skipped when a check in ``needs`` failed."""
+    """A registered check: ``fn(subject) -> Outcome`` under ``timeout_s``; skipped when a check in ``needs`` failed."""
 
     id: str
     title: str
@@ -97,12 +123,12 @@ def validate_skip(skip: list[str]) -> None:
         )
 
 
-def _run_one(entry: Check, plan: Any) -> Outcome:
+def _run_one(entry: Check, subject: CheckSubject) -> Outcome:
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["outcome"] = entry.fn(plan)
+            box["outcome"] = entry.fn(subject)
         except Exception as err:  # a crashing check is a failed check, with its error
             box["outcome"] = Outcome(
                 FAIL, "error", f"The check itself failed: {type(err).__name__}: {err}",
@@ -121,8 +147,8 @@ def _run_one(entry: Check, plan: Any) -> Outcome:
     return box["outcome"]
 
 
-def run_checks(plan: Any, skip: list[str]) -> list[CheckResult]:
-    """Run every registered check on ``plan`` and return their results in order."""
+def run_checks(subject: CheckSubject, skip: list[str]) -> list[CheckResult]:
+    """Run every registered check on ``subject`` and return their results in order (ids in ``skip`` are skipped)."""
     _load_builtin_checks()
     results: list[CheckResult] = []
     status_of: dict[str, str] = {}
@@ -137,7 +163,7 @@ def run_checks(plan: Any, skip: list[str]) -> list[CheckResult]:
             why = [f"{n} ({'skipped: ' + value_of[n] if status_of[n] == SKIP else 'failed'})" for n in failed_needs]
             outcome = Outcome(SKIP, "not run", f"Needs {', '.join(why)}.")
         else:
-            outcome = _run_one(entry, plan)
+            outcome = _run_one(entry, subject)
         result = CheckResult(**asdict(outcome), id=entry.id, title=entry.title,
                              seconds=round(time.monotonic() - started, 3))  # fmt: skip
         status_of[entry.id] = result.status

@@ -1,8 +1,9 @@
 """GPU checks: device nodes, runtime, gfx target, memory in use, compute, shared memory.
 
 The GPU facts come from :mod:`rocmft.facts.probe` in a child process (a hard HIP error cannot kill the
-entrypoint) and are kept in ``plan.probes``; tests put probe data there instead (a fake device is data).
-What the image was built for comes from its build record (``plan.probes["image"]``, read from
+entrypoint), read once through the run's probe provider (``subject.probes``, rocmft.facts.probes); tests inject
+probe data there instead (a fake device is data). What the image was built for comes from its build record
+(``image``, read from
 /etc/rocmft/build.json; absent outside an image).
 """
 
@@ -40,38 +41,34 @@ GFX_OVERRIDES = {
 }
 
 
-def image_record(plan) -> dict[str, Any] | None:
-    """The running image's build record (None outside a rocmft image)."""
-    if "image" not in plan.probes:
-        from rocmft.facts.image import build_record
+def image_record(subject) -> dict[str, Any] | None:
+    """The running image's build record (None outside a rocmft image), read once (``image``)."""
+    from rocmft.facts.image import build_record
 
-        plan.probes["image"] = build_record()
-    return plan.probes["image"]
+    return subject.probes.get("image", build_record)
 
 
-def gpu_expected(plan) -> bool:
+def gpu_expected(subject) -> bool:
     """Whether this run must have a GPU: inside a ROCm image, or when a distributed strategy asks for one."""
-    record = image_record(plan)
+    record = image_record(subject)
     return bool(record and record.get("arch") not in (None, "cpu"))
 
 
-def devices_probe(plan) -> dict[str, Any]:
+def devices_probe(subject) -> dict[str, Any]:
     """The device probe's result: the same child-process probe that told the precision policy about the GPUs
-    (rocmft.facts.device.probe_devices_raw), kept in plan.probes."""
-    if "devices" not in plan.probes:
-        from rocmft.facts.device import probe_devices_raw
+    (rocmft.facts.device.probe_devices_raw), seeded into the probe provider as ``devices``."""
+    from rocmft.facts.device import probe_devices_raw
 
-        plan.probes["devices"] = probe_devices_raw()
-    return plan.probes["devices"]
+    return subject.probes.get("devices", probe_devices_raw)
 
 
 # ---------------------------------------------------------------------------------------------------------
 @check("gpu-devices", "GPU device nodes accessible", timeout_s=10)
-def gpu_devices(plan) -> Outcome:
+def gpu_devices(subject) -> Outcome:
     """On ROCm images: /dev/kfd and every /dev/dri/renderD* exist and the running user can open them."""
-    if not gpu_expected(plan):
+    if not gpu_expected(subject):
         return Outcome(SKIP, "no ROCm image", "Device nodes matter only in a ROCm image.")
-    nodes = device_nodes(plan)
+    nodes = device_nodes(subject)
     has_kfd = any(n["path"] == "/dev/kfd" for n in nodes)
     renders = [n for n in nodes if n["path"] != "/dev/kfd"]
     groups = ", ".join(_group_name(g) for g in os.getgroups()) or "none"
@@ -94,16 +91,16 @@ def gpu_devices(plan) -> Outcome:
     return Outcome(PASS, f"kfd + {len(renders)} render nodes", f"groups: {groups}")
 
 
-def device_nodes(plan) -> list[dict[str, Any]]:
+def device_nodes(subject) -> list[dict[str, Any]]:
     """/dev/kfd and each /dev/dri/renderD* as ``{"path", "gid", "access"}`` (access: the running user may read
-    and write it), kept in ``plan.probes["device_nodes"]``; tests put recorded nodes there instead."""
-    if "device_nodes" not in plan.probes:
+    and write it), measured once (``device_nodes``); tests inject recorded nodes instead."""
+
+    def measure() -> list[dict[str, Any]]:
         renders = sorted(Path("/dev/dri").glob("renderD*")) if Path("/dev/dri").is_dir() else []
         nodes = [p for p in [Path("/dev/kfd"), *renders] if p.exists()]
-        plan.probes["device_nodes"] = [
-            {"path": str(p), "gid": p.stat().st_gid, "access": os.access(p, os.R_OK | os.W_OK)} for p in nodes
-        ]
-    return plan.probes["device_nodes"]
+        return [{"path": str(p), "gid": p.stat().st_gid, "access": os.access(p, os.R_OK | os.W_OK)} for p in nodes]
+
+    return subject.probes.get("device_nodes", measure)
 
 
 def _group_name(gid: int) -> str:
@@ -114,22 +111,24 @@ def _group_name(gid: int) -> str:
 
 
 @check("gpu-runtime", "GPU runtime and count", timeout_s=100)
-def gpu_runtime(plan) -> Outcome:
+def gpu_runtime(subject) -> Outcome:
     """torch is the build the image expects (HIP in ROCm images), GPUs are visible, and there are at least as
     many as the processes per node the launch asks for."""
-    probe = devices_probe(plan)
+    probe = devices_probe(subject)
     if "error" in probe:
         return Outcome(FAIL, "probe failed", f"The GPU probe failed: {probe['error']}.",
                        "Run `rocmft env` for details; check the driver (dmesg) and the device nodes.")  # fmt: skip
-    record = image_record(plan) or {}
+    record = image_record(subject) or {}
     gpus, visible = probe.get("gpus", []), probe.get("visible", {})
     shown = ", ".join(f"{k}={v}" for k, v in visible.items()) or "no *_VISIBLE_DEVICES set"
     if record.get("torch_hip") and probe.get("backend") not in ("rocm",):
         return Outcome(FAIL, f"torch {probe.get('torch')}", "This ROCm image's torch is not the HIP build.",
                        "Rebuild the image (make image); a CUDA torch has slipped in.")  # fmt: skip
-    wanted = processes_per_node(plan)
+    wanted = processes_per_node(subject.plan)
     if not gpus:
-        if gpu_expected(plan) or (plan.launcher == "torchrun" and plan.settings.rocmft.nproc_per_node):
+        if gpu_expected(subject) or (
+            subject.plan.launcher == "torchrun" and subject.plan.settings.rocmft.nproc_per_node
+        ):
             return Outcome(
                 FAIL, "0 GPUs", f"No GPU is visible ({shown}), but this run needs {wanted}.",
                 "Pass the GPUs into the container (compose.yaml devices) and check HIP_VISIBLE_DEVICES.",
@@ -146,19 +145,19 @@ def gpu_runtime(plan) -> Outcome:
 
 
 @check("gpu-arch", "GPU gfx targets built for", timeout_s=10, needs=("gpu-runtime",))
-def gpu_arch(plan) -> Outcome:
+def gpu_arch(subject) -> Outcome:
     """Each GPU's gfx target (gcnArchName without its feature flags) is one the image was built for
     (PYTORCH_ROCM_ARCH of the build record); a close relative gets HSA_OVERRIDE_GFX_VERSION advice."""
-    record = image_record(plan) or {}
+    record = image_record(subject) or {}
     built = set(str(record.get("pytorch_rocm_arch", "")).replace(";", " ").split())
-    probe = devices_probe(plan)
+    probe = devices_probe(subject)
     if probe.get("backend") != "rocm" or not built:
         return Outcome(SKIP, probe.get("backend", "?"), "gfx targets apply to ROCm images only.")
     targets = sorted({g["arch"].split(":")[0] for g in probe["gpus"]})
     foreign = [t for t in targets if t not in built]
     if not foreign:
         return Outcome(PASS, ", ".join(targets), f"the image was built for {', '.join(sorted(built))}")
-    override = plan.settings.environ.get("HSA_OVERRIDE_GFX_VERSION")
+    override = subject.plan.settings.environ.get("HSA_OVERRIDE_GFX_VERSION")
     advice = []
     for target in foreign:
         base, version = GFX_OVERRIDES.get(target, (None, None))
@@ -178,25 +177,23 @@ def gpu_arch(plan) -> Outcome:
 
 
 @check("gpu-memory", "GPU memory already in use", timeout_s=10, needs=("gpu-runtime",))
-def gpu_memory(plan) -> Outcome:
+def gpu_memory(subject) -> Outcome:
     """Per GPU, memory in use before the model loads above 10% of the total suggests a leaked or foreign process;
     the warning names the holders (rocmft.facts.amdgpu.gpu_holders: processes of this container with a GPU device
     open, and on ROCm the KFD's per-process VRAM, which also shows processes of other containers and the host)."""
     from rocmft.facts.device import memory_budget
 
     busy = []
-    for gpu in devices_probe(plan)["gpus"]:
+    for gpu in devices_probe(subject)["gpus"]:
         budget = memory_budget(gpu)  # an APU's torch numbers are the carve-out or all system memory, not its pool
         used = budget.total_gib - budget.free_gib
         if used > MEMORY_IN_USE_WARN * budget.total_gib:
             busy.append(f"GPU {gpu['index']}: {used:.1f} of {budget.total_gib:.1f} GiB in use")
     if not busy:
         return Outcome(PASS, "free", "every GPU has more than 90% of its memory free")
-    if "gpu_holders" not in plan.probes:
-        from rocmft.facts.amdgpu import gpu_holders
+    from rocmft.facts.amdgpu import gpu_holders
 
-        plan.probes["gpu_holders"] = gpu_holders(Path(plan.probes.get("node_root", "/")))
-    holders = plan.probes["gpu_holders"]
+    holders = subject.probes.get("gpu_holders", lambda: gpu_holders(Path(subject.probes.known("node_root", "/"))))
     named = [f"pid {h['pid']} {h['name']} (user {h['user']}: {h['cmdline'] or '?'}) on {', '.join(h['devices'])}"
              + (f", {h['vram_gib']:.1f} GiB" if h.get("vram_gib") else "") for h in holders["visible"]]  # fmt: skip
     hidden = [f"host pid {h['pid']}: {h['vram_gib']:.1f} GiB on {h['gpus']}" for h in holders["hidden"]]
@@ -262,7 +259,7 @@ def _blas_fallback(probe: dict[str, Any]) -> str | None:
 
 
 @check("gpu-compute", "GPU matrix product correct", timeout_s=10, needs=("gpu-runtime",))
-def gpu_compute(plan) -> Outcome:
+def gpu_compute(subject) -> Outcome:
     """Per GPU, a 1024×1024 matrix product in every dtype the probe ran (bf16, fp16, fp32 in IEEE precision: TF32
     off) is finite and within the dtype's tolerance of a float64 reference (rocmft.facts.probe.GEMM_TOLERANCE),
     and no GEMM fell back from hipBLASLt to hipBLAS (rocmft.facts.probe.BLAS_FALLBACK_WARNINGS).
@@ -276,9 +273,9 @@ def gpu_compute(plan) -> Outcome:
     TORCH_BLAS_PREFER_HIPBLASLT=0 does not choose hipBLAS in torch 2.11: only =1 changes anything (ATen/Context.h
     of the 2.11.0 wheel: ``check_env(...) == true ? Cublaslt : Default``).
     """
-    probe = devices_probe(plan)
-    dtype = plan.precision.compute_dtype
-    on_nan = getattr(getattr(getattr(plan, "settings", None), "rocmft", None), "on_nan", "stop")
+    probe = devices_probe(subject)
+    dtype = subject.plan.precision.compute_dtype
+    on_nan = getattr(getattr(getattr(subject.plan, "settings", None), "rocmft", None), "on_nan", "stop")
     wrong, other, worst = [], [], 0.0
     for gpu in probe["gpus"]:
         where = f"GPU {gpu['index']} ({gpu['name']})"
@@ -319,19 +316,22 @@ def gpu_compute(plan) -> Outcome:
 
 
 @check("shm", "shared memory (/dev/shm) size", timeout_s=10)
-def shm(plan) -> Outcome:
+def shm(subject) -> Outcome:
     """/dev/shm holds at least 1 GiB per communicating local process plus 256 MiB per data-loader worker."""
     import psutil
 
     if not Path("/dev/shm").is_dir():
         return Outcome(SKIP, "no /dev/shm", "This system has no /dev/shm.")
-    size = plan.probes.get("shm_bytes") or psutil.disk_usage("/dev/shm").total
+    size = subject.probes.known("shm_bytes") or psutil.disk_usage("/dev/shm").total
     from rocmft.facts.scheduler import job_layout
 
     # the processes of this node that communicate: torchrun's, or the scheduler's tasks on this node
-    launched = {"torchrun": processes_per_node(plan), "task": job_layout(plan.settings.environ).local_world_size or 1}
-    ranks = launched.get(plan.launcher, 0)
-    workers = int(plan.arguments.get("dataloader_num_workers") or 0) * max(ranks, 1)
+    launched = {
+        "torchrun": processes_per_node(subject.plan),
+        "task": job_layout(subject.plan.settings.environ).local_world_size or 1,
+    }
+    ranks = launched.get(subject.plan.launcher, 0)
+    workers = int(subject.plan.arguments.get("dataloader_num_workers") or 0) * max(ranks, 1)
     need = ranks * SHM_PER_RANK + workers * SHM_PER_WORKER
     value = f"{size / 2**30:.2f} GiB, need {need / 2**30:.2f} GiB"
     if size < need:
@@ -354,18 +354,16 @@ HANG_CAUSES = (
 
 
 @check("collectives", "all-reduce across local GPUs", timeout_s=ALLREDUCE_TIMEOUT_S + 20, needs=("gpu-runtime",))
-def collectives(plan) -> Outcome:
+def collectives(subject) -> Outcome:
     """With more than one GPU: an all-reduce of 256 MiB across all local GPUs (RCCL on ROCm, NCCL on CUDA), one
     process per GPU, under a hard timeout; the result must be exact and the bus bandwidth
     (2·S·(n−1)/n / t, nccl-tests' definition) above the architecture's floor (RCCL_BUSBW_FLOOR_GBPS)."""
-    gpus = devices_probe(plan)["gpus"]
+    gpus = devices_probe(subject)["gpus"]
     if len(gpus) < 2:
         return Outcome(SKIP, f"{len(gpus)} GPU", "Collectives need at least two GPUs.")
-    if "allreduce" not in plan.probes:
-        from rocmft.facts.device import allreduce_probe
+    from rocmft.facts.device import allreduce_probe
 
-        plan.probes["allreduce"] = allreduce_probe(len(gpus))
-    result = plan.probes["allreduce"]
+    result = subject.probes.get("allreduce", lambda: allreduce_probe(len(gpus)))
     if result.get("timed_out"):
         return Outcome(FAIL, f"hung > {ALLREDUCE_TIMEOUT_S} s",
                        f"An all-reduce across {len(gpus)} GPUs did not finish: training would hang at its first step.",
@@ -374,7 +372,7 @@ def collectives(plan) -> Outcome:
         return Outcome(FAIL, "failed", f"The all-reduce failed: {result.get('error', 'wrong sum')}.",
                        "Usual causes: " + HANG_CAUSES)  # fmt: skip
     busbw = result["busbw_gbps"]
-    floor = float((image_record(plan) or {}).get("rccl_busbw_floor_gbps") or 0)
+    floor = float((image_record(subject) or {}).get("rccl_busbw_floor_gbps") or 0)
     value = f"{busbw:.1f} GB/s bus bandwidth ({len(gpus)} GPUs, {ALLREDUCE_MIB} MiB)"
     if busbw < floor:
         return Outcome(WARN, value, f"Below this architecture's floor of {floor:.0f} GB/s: traffic takes a slow path.",

@@ -31,9 +31,9 @@ def _gib(n: float) -> str:
 
 # ---------------------------------------------------------------------------------------------------------
 @check("output", "output folder writable", timeout_s=15)
-def output_writable(plan) -> Outcome:
+def output_writable(subject) -> Outcome:
     """OUTPUT_DIR can be created and written by the running user (a test file is written and removed)."""
-    target = plan.output_dir
+    target = subject.plan.output_dir
     try:
         target.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=target, prefix=".rocmft-write-test-"):
@@ -42,7 +42,7 @@ def output_writable(plan) -> Outcome:
         uid, gid = os.getuid(), os.getgid()
         return Outcome(
             FAIL, f"{type(err).__name__}: {err.strerror or err}",
-            f"OUTPUT_DIR {target} is not writable by uid {uid} gid {gid} ({plan.sources.get('output_dir')}).",
+            f"OUTPUT_DIR {target} is not writable by uid {uid} gid {gid} ({subject.plan.sources.get('output_dir')}).",
             "Mount the output volume read-write and owned by this user (compose: set UID/GID to your "
             "`id -u`/`id -g`), or set OUTPUT_DIR to a writable folder.",
         )  # fmt: skip
@@ -73,12 +73,12 @@ def _inside_container_layer(path: Path) -> bool:
 
 # ---------------------------------------------------------------------------------------------------------
 @check("dataset", "data sets found and well-formed", timeout_s=60)
-def dataset(plan) -> Outcome:
+def dataset(subject) -> Outcome:
     """Every data set in DATASET/EVAL_DATASET resolves to a readable file whose records have the columns its
     format needs (LLaMA-Factory's data/README.md), checked on records sampled across each file (first, last and
     evenly in between: rocmft.render.datasets.sample_records), and the first bad one named by its record number."""
-    registry = plan.registry
-    if not plan.arguments.get("dataset") and not plan.arguments.get("eval_dataset"):
+    registry = subject.plan.registry
+    if not subject.plan.arguments.get("dataset") and not subject.plan.arguments.get("eval_dataset"):
         return Outcome(
             FAIL,
             "no data set",
@@ -90,7 +90,7 @@ def dataset(plan) -> Outcome:
         return Outcome(
             FAIL, "folder missing",
             f"data set {names} not found: DATASET_DIR {registry.source_dir} does not exist "
-            f"({plan.sources.get('dataset_dir', 'LLaMA-Factory default data/')}).",
+            f"({subject.plan.sources.get('dataset_dir', 'LLaMA-Factory default data/')}).",
             "Mount your data folder (compose: ./data:/data) and set DATASET_DIR to it.",
             data={"missing": list(registry.missing), "folder": str(registry.source_dir)},
         )  # fmt: skip
@@ -145,8 +145,8 @@ def dataset(plan) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------------------------------
-def _local_model_dir(plan) -> Path | None:
-    path = Path(str(plan.arguments.get("model_name_or_path", ""))).expanduser()
+def _local_model_dir(subject) -> Path | None:
+    path = Path(str(subject.plan.arguments.get("model_name_or_path", ""))).expanduser()
     return path if path.is_dir() else None
 
 
@@ -162,15 +162,15 @@ def _endpoint_reachable(environ, timeout_s: float = 3.0) -> tuple[bool, str]:
 
 
 @check("model", "model found", timeout_s=20)
-def model(plan) -> Outcome:
+def model(subject) -> Outcome:
     """The model is a local folder with config.json and tokenizer files, or a hub id that is in the local
     cache or downloadable (the hub's host answers within 3 s, unless HF_HUB_OFFLINE=1)."""
-    name = str(plan.arguments.get("model_name_or_path") or "")
+    name = str(subject.plan.arguments.get("model_name_or_path") or "")
     if not name:
         return Outcome(
             FAIL, "not set", "MODEL_NAME_OR_PATH is not set.", "Set MODEL_NAME_OR_PATH to a local folder or a hub id."
         )
-    local = _local_model_dir(plan)
+    local = _local_model_dir(subject)
     if local is not None:
         missing = []
         config = local / "config.json"
@@ -202,13 +202,13 @@ def model(plan) -> Outcome:
     cached = try_to_load_from_cache(name, "config.json")
     if isinstance(cached, str):
         return Outcome(PASS, "hub id, cached", f"{name} is in the local hub cache ({Path(cached).parents[2]}).")
-    offline = truthy(plan.settings.environ.get("HF_HUB_OFFLINE", ""))
+    offline = truthy(subject.plan.settings.environ.get("HF_HUB_OFFLINE", ""))
     if offline:
         return Outcome(
             FAIL, "not cached, offline", f"{name} is not in the hub cache and HF_HUB_OFFLINE is set.",
             "Download it on a machine with network (`hf download " + name + "`) into HF_HOME, or mount a local copy.",
         )  # fmt: skip
-    reachable, endpoint = _endpoint_reachable(plan.settings.environ)
+    reachable, endpoint = _endpoint_reachable(subject.plan.settings.environ)
     if not reachable:
         return Outcome(
             FAIL, "hub unreachable", f"{name} is not cached and {endpoint} cannot be reached from here.",
@@ -225,18 +225,19 @@ def _context_length(model_dir: Path) -> int | None:
 
 
 @check("lengths", "sample lengths vs cutoff_len", timeout_s=90, needs=("dataset", "model"))
-def lengths(plan) -> Outcome:
+def lengths(subject) -> Outcome:
     """Token length distribution of up to 500 records per data set (content only, without chat markup) with
     the model's own tokenizer, against cutoff_len. Warns when more than 5% would be truncated, or, when
     cutoff_len is beyond the model's context length (max_position_embeddings, no ROPE_SCALING), when more
     than 5% are longer than that context."""
-    local = _local_model_dir(plan)
+    local = _local_model_dir(subject)
     if local is None:
         return Outcome(SKIP, "no local tokenizer", "Lengths are measured with a local model's tokenizer only.")
-    cutoff = int(plan.arguments.get("cutoff_len", 2048))
+    cutoff = int(subject.plan.arguments.get("cutoff_len", 2048))
     try:
-        lengths_all = sample_token_lengths(list(plan.registry.entries.values()), local,
-                                           bool(plan.arguments.get("trust_remote_code")), LENGTH_SAMPLE)  # fmt: skip
+        lengths_all = sample_token_lengths(list(subject.plan.registry.entries.values()), local,
+                                           bool(subject.plan.arguments.get("trust_remote_code")),
+                                           LENGTH_SAMPLE)  # fmt: skip
     except ValueError as err:
         return Outcome(
             FAIL,
@@ -257,7 +258,7 @@ def lengths(plan) -> Outcome:
             WARN, value, f"{over:.1%} of sampled records are longer than cutoff_len={cutoff} and will be truncated.",
             f"Raise CUTOFF_LEN (p95 is {p95}) if memory allows, or filter the long records.", data=data,
         )  # fmt: skip
-    context = _context_length(local) if not plan.arguments.get("rope_scaling") else None
+    context = _context_length(local) if not subject.plan.arguments.get("rope_scaling") else None
     if context is not None and context < cutoff:
         beyond = sum(n > context for n in lengths_all) / len(lengths_all)
         data.update(context_length=context, over_context_share=beyond)
@@ -274,9 +275,9 @@ def lengths(plan) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------------------------------
-def _param_count(plan) -> tuple[int | None, dict[str, Any]]:
+def _param_count(subject) -> tuple[int | None, dict[str, Any]]:
     """Parameters of a local model from its weight files and config.json's dtype (bytes / bytes per param)."""
-    local = _local_model_dir(plan)
+    local = _local_model_dir(subject)
     if local is None:
         return None, {}
     model = ModelDir(local)
@@ -300,7 +301,7 @@ def _lora_params(config: dict[str, Any], rank: int) -> int:
     return rank * per_layer * number("num_hidden_layers", 0)
 
 
-def disk_estimate(plan) -> dict[str, Any] | None:
+def disk_estimate(subject) -> dict[str, Any] | None:
     """Bytes the run will write: final weights plus kept checkpoints, from the parameter count.
 
     Full/freeze: weights in fp32 (LLaMA-Factory upcasts trainable parameters) = 4 B/param, a checkpoint
@@ -308,10 +309,10 @@ def disk_estimate(plan) -> dict[str, Any] | None:
     checkpoints: SAVE_TOTAL_LIMIT, or 3 when unset (an assumption; unlimited runs may need more), none
     with SAVE_STRATEGY=no. Returns None when the model is not local.
     """
-    params, config = _param_count(plan)
+    params, config = _param_count(subject)
     if params is None:
         return None
-    args = plan.arguments
+    args = subject.plan.arguments
     if args.get("finetuning_type", "lora") == "lora":
         adapter = 4 * _lora_params(config, int(args.get("lora_rank", 8)))
         final, per_checkpoint = adapter, 3 * adapter
@@ -324,13 +325,13 @@ def disk_estimate(plan) -> dict[str, Any] | None:
 
 
 @check("disk", "free disk space", timeout_s=15, needs=("output", "model"))
-def disk(plan) -> Outcome:
+def disk(subject) -> Outcome:
     """Free space at OUTPUT_DIR (psutil) against :func:`disk_estimate`: fail below the final weights'
     size, warn below the whole estimate."""
     import psutil
 
-    free = psutil.disk_usage(str(plan.output_dir)).free
-    estimate = disk_estimate(plan)
+    free = psutil.disk_usage(str(subject.plan.output_dir)).free
+    estimate = disk_estimate(subject)
     if estimate is None:
         return Outcome(
             PASS, f"{_gib(free)} free", "No estimate: the model is not a local folder.", data={"free_bytes": free}
@@ -339,7 +340,7 @@ def disk(plan) -> Outcome:
     data = {"free_bytes": free, **estimate}
     if free < estimate["final_bytes"]:
         final = _gib(estimate["final_bytes"])
-        return Outcome(FAIL, value, f"Not even the final weights ({final}) fit in {plan.output_dir}.",
+        return Outcome(FAIL, value, f"Not even the final weights ({final}) fit in {subject.plan.output_dir}.",
                        "Free space or point OUTPUT_DIR at a larger volume.", data=data)  # fmt: skip
     if free < estimate["total_bytes"]:
         each = _gib(estimate["checkpoint_bytes"])
@@ -360,16 +361,16 @@ def hf_cache_paths() -> dict[str, str]:
 
 
 @check("hf-cache-locks", "Hugging Face cache on a file system whose locks lock", timeout_s=10)
-def hf_cache_locks(plan) -> Outcome:
+def hf_cache_locks(subject) -> Outcome:
     """Warns when HF_HOME or the hub cache (HF_HUB_CACHE) lies on NFS, Lustre, GPFS, BeeGFS or CIFS/SMB
     (rocmft.facts.caches.NETWORK_FILESYSTEMS): file locks there do not exclude other processes, so processes that
     download into one cache at once can corrupt it (huggingface/huggingface_hub PR #4228). The file system is the
     mount with the longest mount point containing the resolved path (rocmft.facts.caches.mount_of over
-    psutil.disk_partitions(all=True)). Tests put ``{"hf_paths": ..., "partitions": ...}`` in plan.probes["hf_cache"]
+    psutil.disk_partitions(all=True)). Tests inject ``{"hf_paths": ..., "partitions": ...}`` as the probe ``hf_cache``
     (an injected mount table)."""
     from rocmft.facts.caches import mount_of
 
-    probe = plan.probes.get("hf_cache") or {}
+    probe = subject.probes.known("hf_cache") or {}
     paths = probe.get("hf_paths") or hf_cache_paths()
     mounts = {name: mount_of(path, probe.get("partitions")) for name, path in paths.items()}
     data = {name: {"path": str(paths[name]), "fstype": m and m.fstype, "mountpoint": m and m.mountpoint}

@@ -8,8 +8,8 @@ returns the per-node pass/fail list (in its ``data``, in ``rocmft/network-nodes.
 the hosts to exclude). One node: all skip. The Slingshot side of the fabric is the ``fabric`` check
 (rocmft.checks.system).
 
-Facts come from ``plan.probes`` when present (``rdma``, ``limits``: tests put synthetic trees' facts there), else
-they are read.
+Facts come from the run's probe provider (``subject.probes``, rocmft.facts.probes): injected when a test put
+synthetic trees' facts there (``rdma``, ``limits``), else read once.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ _MEMLOCK_REMEDY = (
 )
 
 
-def _multi_node_layout(plan):
+def _multi_node_layout(subject):
     """``(layout, None)`` for a multi-node job (rocmft.facts.scheduler.job_layout), else ``(None, outcome)``: a
     skip on one node, a fail naming the variable when the job layout cannot be read."""
     from rocmft.facts.scheduler import job_layout
 
     try:
-        layout = job_layout(plan.settings.environ)
+        layout = job_layout(subject.plan.settings.environ)
     except ConfigError as err:
         return None, Outcome(FAIL, "bad job layout", err.message, err.remedy)
     if layout.nnodes == 1:
@@ -72,24 +72,22 @@ def names_facts(layout, environ) -> dict[str, Any]:
             "self": advertised(layout.master_addr, layout.master_port, environ)}  # fmt: skip
 
 
-def _gloo_ifname(plan) -> str | None:
-    launch = (getattr(plan, "launch", None) or {}).get("environment") or {}
-    environ = plan.settings.environ
+def _gloo_ifname(subject) -> str | None:
+    launch = subject.launch_environment
+    environ = subject.plan.settings.environ
     return (environ.get("GLOO_SOCKET_IFNAME") or launch.get("GLOO_SOCKET_IFNAME") or "").strip() or None
 
 
 @check("net-names", "network: MASTER_ADDR and this node's name resolve", timeout_s=20)
-def net_names(plan) -> Outcome:
+def net_names(subject) -> Outcome:
     """Multi-node: MASTER_ADDR must resolve on every node (**fail**, naming it, its value and where it came from);
     on node 0 it should be one of node 0's own addresses (**warn** otherwise: the others would wait at another
     host); this node's host name should resolve (**warn**: gloo, without GLOO_SOCKET_IFNAME, listens on the address
     of the host name: torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, createDefaultDevice)."""
-    layout, outcome = _multi_node_layout(plan)
+    layout, outcome = _multi_node_layout(subject)
     if outcome is not None:
         return outcome
-    if "net-names" not in plan.probes:
-        plan.probes["net-names"] = names_facts(layout, plan.settings.environ)
-    facts = plan.probes["net-names"]
+    facts = subject.probes.get("net-names", lambda: names_facts(layout, subject.plan.settings.environ))
     master, me = facts["master"], facts["self"]
     source = _source(layout, "master_addr", "MASTER_ADDR", layout.master_addr)
     if not master["addresses"]:
@@ -113,7 +111,7 @@ def net_names(plan) -> Outcome:
             "of node 0 is fine: ignore this warning then).",
             data=facts,
         )  # fmt: skip
-    if not me["hostname_resolves"] and not _gloo_ifname(plan):
+    if not me["hostname_resolves"] and not _gloo_ifname(subject):
         return Outcome(
             WARN, value,
             f"This node's host name {me['hostname']} does not resolve, and GLOO_SOCKET_IFNAME is unset: gloo "
@@ -125,20 +123,18 @@ def net_names(plan) -> Outcome:
     return Outcome(PASS, value, f"node {layout.node_rank} of {layout.nnodes}", data=facts)
 
 
-def _rdma(plan) -> dict[str, Any]:
-    if "rdma" not in plan.probes:
-        from rocmft.facts.network import rdma_facts
+def _rdma(subject) -> dict[str, Any]:
+    from rocmft.facts.network import rdma_facts
 
-        plan.probes["rdma"] = rdma_facts(Path("/"), plan.settings.environ)
-    return plan.probes["rdma"]
+    return subject.probes.get("rdma", lambda: rdma_facts(Path("/"), subject.plan.settings.environ))
 
 
-def _expected_nics(plan) -> int | None:
-    return getattr(plan.settings.rocmft, "expected_nics", None)
+def _expected_nics(subject) -> int | None:
+    return getattr(subject.plan.settings.rocmft, "expected_nics", None)
 
 
 @check("net-rdma", "network: RDMA devices, ports and the RoCE GID", timeout_s=10)
-def net_rdma(plan) -> Outcome:
+def net_rdma(subject) -> Outcome:
     """Multi-node, with RDMA devices in ``/sys/class/infiniband`` (skip without, unless ROCMFT_EXPECTED_NICS asks
     for some; skip with NCCL_IB_DISABLE):
 
@@ -151,11 +147,11 @@ def net_rdma(plan) -> Outcome:
       between subnets). NCCL_IB_GID_INDEX unset: the RoCE v2 index is named (NCCL picks one itself since 2.21:
       NVIDIA/nccl v2.31.2-1 src/transport/net_ib/connect.cc); no RoCE v2 GID at all: **warn**.
     """
-    _, outcome = _multi_node_layout(plan)
+    _, outcome = _multi_node_layout(subject)
     if outcome is not None:
         return outcome
-    facts = _rdma(plan)
-    expected = _expected_nics(plan)
+    facts = _rdma(subject)
+    expected = _expected_nics(subject)
     if facts["ib_disabled"]:
         return Outcome(SKIP, "NCCL_IB_DISABLE", "NCCL_IB_DISABLE is set: RCCL does not use RDMA.", data=facts)
     ports = [(d["name"], p) for d in facts["devices"] for p in d["ports"]]
@@ -260,12 +256,10 @@ def _gid_hint(active: list[tuple[str, dict]], gid: str | None) -> str:
     return hint
 
 
-def _limits(plan) -> dict[str, Any]:
-    if "limits" not in plan.probes:
-        from rocmft.facts.network import limits
+def _limits(subject) -> dict[str, Any]:
+    from rocmft.facts.network import limits
 
-        plan.probes["limits"] = limits()
-    return plan.probes["limits"]
+    return subject.probes.get("limits", limits)
 
 
 def _shown(value: int | None, unit: int = 1) -> str:
@@ -273,18 +267,18 @@ def _shown(value: int | None, unit: int = 1) -> str:
 
 
 @check("net-limits", "network: ulimit -l and ulimit -n", timeout_s=5)
-def net_limits(plan) -> Outcome:
+def net_limits(subject) -> Outcome:
     """Multi-node: ``ulimit -n`` (RLIMIT_NOFILE, soft) below :data:`NOFILE_FLOOR` **warns**; with RDMA ports (and
     NCCL_IB_DISABLE unset) ``ulimit -l`` (RLIMIT_MEMLOCK) other than unlimited **warns**: RDMA pins the buffers it
     registers, and rdma-core's libibverbs.md ("Using libibverbs") asks for a locked-memory limit large enough for
     them, in practice unlimited (Docker's default is 8 MiB, where ibv_reg_mr fails: ROCm/cvs#452; NCCL then falls
     back to sockets: NVIDIA/nvidia-container-toolkit#2037)."""
-    _, outcome = _multi_node_layout(plan)
+    _, outcome = _multi_node_layout(subject)
     if outcome is not None:
         return outcome
-    found = _limits(plan)
+    found = _limits(subject)
     memlock, nofile = found["memlock"], found["nofile"]
-    rdma = _rdma(plan)
+    rdma = _rdma(subject)
     uses_rdma = not rdma["ib_disabled"] and any(p["state"].upper() == "ACTIVE" for d in rdma["devices"]
                                                  for p in d["ports"])  # fmt: skip
     value = f"ulimit -l {_shown(memlock[0], 1024)} (KiB), ulimit -n {_shown(nofile[0])}"
@@ -311,12 +305,12 @@ def net_limits(plan) -> Outcome:
 LOCAL_CHECKS = ("net-names", "net-rdma", "net-limits")
 
 
-def _local_statuses(plan) -> dict[str, dict[str, str]]:
+def _local_statuses(subject) -> dict[str, dict[str, str]]:
     """This node's own network checks (run again on their cached facts: cheap), for node 0's list."""
     found = {}
     for name, fn in (("net-names", net_names), ("net-rdma", net_rdma), ("net-limits", net_limits)):
         try:
-            outcome = fn(plan)
+            outcome = fn(subject)
             found[name] = {"status": outcome.status, "value": outcome.value}
         except Exception as err:  # the check itself reports its crash in its own row
             found[name] = {"status": FAIL, "value": f"{type(err).__name__}"}
@@ -371,17 +365,21 @@ def node_list(nodes: list[dict[str, Any]], slurm_hosts: list[str] | None = None)
             "bad_hosts": hostlist.collect_hostlist(list(dict.fromkeys(named))) if named else ""}  # fmt: skip
 
 
-def _write_nodes(plan, listing: dict[str, Any]) -> str | None:
+def _write_nodes(subject, listing: dict[str, Any]) -> str | None:
     from rocmft.fsutil import atomic_write_json
 
-    staging = getattr(plan, "staging", None)
+    staging = getattr(subject.plan, "staging", None)
     if staging is None:
         return None
     try:
         atomic_write_json(Path(staging) / NODES_FILE, listing)
     except OSError:
         return None
-    return str(Path(plan.run_dir) / NODES_FILE) if getattr(plan, "run_dir", None) else str(Path(staging) / NODES_FILE)
+    return (
+        str(Path(subject.plan.run_dir) / NODES_FILE)
+        if getattr(subject.plan, "run_dir", None)
+        else str(Path(staging) / NODES_FILE)
+    )
 
 
 def exclude_line(listing: dict[str, Any], total: int) -> str:
@@ -394,13 +392,13 @@ def exclude_line(listing: dict[str, Any], total: int) -> str:
     return f"network preflight: NODE_RANK {ranks} of {total} fail{tail}"
 
 
-def _timeout_s(plan) -> float:
-    return float(getattr(plan.settings.rocmft, "net_timeout_s", 120.0))
+def _timeout_s(subject) -> float:
+    return float(getattr(subject.plan.settings.rocmft, "net_timeout_s", 120.0))
 
 
 @check("net-rendezvous", "network: every node meets at MASTER_ADDR:MASTER_PORT, gloo all-reduce",
        timeout_s=630, needs=("net-names",))  # fmt: skip
-def net_rendezvous(plan) -> Outcome:
+def net_rendezvous(subject) -> Outcome:
     """Multi-node: every node reaches node 0's store at MASTER_ADDR:MASTER_PORT and a gloo all-reduce of one number
     across the nodes completes, bounded by ROCMFT_NET_TIMEOUT_S for the arrival plus min(30 s, it) for the
     all-reduce (hard-killed at :func:`rocmft.facts.network.rendezvous_bound_s`). **Fail** naming what did not work:
@@ -408,17 +406,17 @@ def net_rendezvous(plan) -> Outcome:
     the all-reduce did not complete although the port answered (hiyouga/LlamaFactory#9350), or a node whose own
     network checks failed (node 0's list). Node 0 writes the per-node list (:func:`node_list`) to
     ``rocmft/network-nodes.json`` and prints :func:`exclude_line`."""
-    layout, outcome = _multi_node_layout(plan)
+    layout, outcome = _multi_node_layout(subject)
     if outcome is not None:
         return outcome
     if layout.mode == "task":  # one process per GPU: every task of a node has its NODE_RANK, and the tasks that
         # finish their checks first would connect their env:// rendezvous to the preflight's store on MASTER_PORT
         return Outcome(SKIP, "task mode", "Slurm started one task per GPU: the rendezvous preflight runs in node mode "
                        "(--ntasks-per-node=1) only; net-names, net-rdma and net-limits ran.")  # fmt: skip
-    timeout_s = _timeout_s(plan)
-    result, environ = _meet(plan, layout, timeout_s)
+    timeout_s = _timeout_s(subject)
+    result, environ = _meet(subject, layout, timeout_s)
     data: dict[str, Any] = {"result": result, "timeout_s": timeout_s}
-    listing = _publish_list(plan, layout, result, data)
+    listing = _publish_list(subject, layout, result, data)
     if result.get("ok") and not (listing and listing["bad_ranks"]):
         where = _endpoint(layout.master_addr, layout.master_port)
         return Outcome(PASS, f"{layout.nnodes} nodes, all-reduce in {result.get('seconds', 0):.1f} s",
@@ -426,38 +424,36 @@ def net_rendezvous(plan) -> Outcome:
     return _rendezvous_failure(layout, result, listing, environ, timeout_s, data)
 
 
-def _meet(plan, layout, timeout_s: float) -> tuple[dict[str, Any], dict[str, str]]:
+def _meet(subject, layout, timeout_s: float) -> tuple[dict[str, Any], dict[str, str]]:
     """Meet the other nodes at MASTER_ADDR:MASTER_PORT and all-reduce over gloo, sending this node's name, address
-    and own checks' statuses (once: the result is kept in ``plan.probes``).
+    and own checks' statuses (once: the result is kept by the probe provider as ``rendezvous``).
 
     Returns:
         The rendezvous result (rocmft.facts.network.run_rendezvous) and the environment it ran with.
     """
     from rocmft.facts.network import run_rendezvous
 
-    me = plan.probes.get("net-names", {}).get("self") or {}
+    me = subject.probes.known("net-names", {}).get("self") or {}
     info = {"node_name": me.get("node_name"), "hostname": me.get("hostname"), "address": me.get("address"),
-            "checks": _local_statuses(plan)}  # fmt: skip
-    launch_env = (getattr(plan, "launch", None) or {}).get("environment") or {}
-    environ = {**plan.settings.environ, **{k: v for k, v in launch_env.items() if k in ("GLOO_SOCKET_IFNAME",)}}
+            "checks": _local_statuses(subject)}  # fmt: skip
+    launch_env = subject.launch_environment
+    environ = {**subject.plan.settings.environ, **{k: v for k, v in launch_env.items() if k in ("GLOO_SOCKET_IFNAME",)}}
     spec = {"nnodes": layout.nnodes, "node_rank": layout.node_rank, "master_addr": layout.master_addr,
             "master_port": layout.master_port, "timeout_s": timeout_s, "run_id": layout.job_id or "job",
             "info": info}  # fmt: skip
-    if "rendezvous" not in plan.probes:
-        plan.probes["rendezvous"] = run_rendezvous(spec, environ)
-    return plan.probes["rendezvous"], environ
+    return subject.probes.get("rendezvous", lambda: run_rendezvous(spec, environ)), environ
 
 
-def _publish_list(plan, layout, result: dict[str, Any], data: dict[str, Any]) -> dict[str, Any] | None:
+def _publish_list(subject, layout, result: dict[str, Any], data: dict[str, Any]) -> dict[str, Any] | None:
     """Node 0 (the node whose result lists the nodes): the per-node pass/fail list, written to
     ``rocmft/network-nodes.json`` and its :func:`exclude_line` printed; put into ``data``. None on other nodes."""
     from rocmft.console import say
 
     listing = None
     if result.get("nodes"):
-        listing = node_list(result["nodes"], _slurm_hosts(plan.settings.environ))
+        listing = node_list(result["nodes"], _slurm_hosts(subject.plan.settings.environ))
         data["list"] = listing
-        written = _write_nodes(plan, listing)
+        written = _write_nodes(subject, listing)
         data["file"] = written
         say(exclude_line(listing, layout.nnodes) + (f" ({written})" if written else ""), all_ranks=True)
     return listing

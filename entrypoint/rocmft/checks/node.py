@@ -2,8 +2,8 @@
 of families the image cannot run mapped into the container (issue 21, item 4).
 
 The facts come from sysfs, /dev/kmsg and the KFD topology (:mod:`rocmft.facts.amdgpu`, which cites the kernel
-source of each format), read under ``plan.probes["node_root"]`` (``/`` unless a test puts a synthetic tree there)
-and kept in ``plan.probes``; tests inject them there instead (a fake node is data).
+source of each format), read under the injected probe ``node_root`` (``/`` unless a test puts a synthetic tree there)
+and kept by the run's probe provider (rocmft.facts.probes); tests inject them there instead (a fake node is data).
 """
 
 from __future__ import annotations
@@ -26,25 +26,23 @@ LEGACY_MAJOR = 9
 RAS_DOC = "https://docs.kernel.org/gpu/amdgpu/ras.html"
 
 
-def _root(plan) -> Path:
-    return Path(plan.probes.get("node_root", "/"))
+def _root(subject) -> Path:
+    return Path(subject.probes.known("node_root", "/"))
 
 
-def _probe(plan, key: str, read):
-    if key not in plan.probes:
-        plan.probes[key] = read(_root(plan))
-    return plan.probes[key]
+def _probe(subject, key: str, read):
+    return subject.probes.get(key, lambda: read(_root(subject)))
 
 
 # ---------------------------------------------------------------------------------------------------------
 @check("gpu-ras", "GPU RAS error counters (ECC)", timeout_s=10)
-def gpu_ras(plan) -> Outcome:
+def gpu_ras(subject) -> Outcome:
     """Per amdgpu card, the RAS error counters (/sys/class/drm/card*/device/ras/*_err_count, counted since the
     driver loaded): an uncorrectable error (ue) fails, naming the card, its PCI address and the block; correctable
     (ce) or deferred (de) errors warn with their count. No amdgpu card, or no RAS on the cards (the driver creates
     the ras folder only where RAS is enabled: data-centre GPUs; consumer cards have none) skips: there is nothing
     to read and nothing the user could change. A counter that cannot be read warns."""
-    cards = _probe(plan, "amdgpu_cards", amdgpu.amdgpu_cards)
+    cards = _probe(subject, "amdgpu_cards", amdgpu.amdgpu_cards)
     if not cards:
         return Outcome(SKIP, "no amdgpu GPU", "No card driven by amdgpu under /sys/class/drm: RAS counters are "
                        "amdgpu's.")  # fmt: skip
@@ -90,21 +88,19 @@ def gpu_ras(plan) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------------------------------
-def _kmsg(plan) -> dict[str, Any]:
-    if "kmsg" not in plan.probes:
-        plan.probes["kmsg"] = amdgpu.read_kmsg(str(_root(plan) / "dev/kmsg"))
-    return plan.probes["kmsg"]
+def _kmsg(subject) -> dict[str, Any]:
+    return subject.probes.get("kmsg", lambda: amdgpu.read_kmsg(str(_root(subject) / "dev/kmsg")))
 
 
 @check("gpu-faults", "recent amdgpu faults in the kernel log", timeout_s=10)
-def gpu_faults(plan) -> Outcome:
+def gpu_faults(subject) -> Outcome:
     """amdgpu faults in the kernel log (/dev/kmsg, read without blocking, at most 3 s): VM page faults, ring
     timeouts and GPU resets in the last 24 h warn, a GPU recovery that failed fails; counts per kind and the newest
     line are reported. When the container may not read the log (kernel.dmesg_restrict=1 without CAP_SYSLOG) it
     warns that it could not look, and how to look on the host."""
-    if not _probe(plan, "amdgpu_cards", amdgpu.amdgpu_cards):
+    if not _probe(subject, "amdgpu_cards", amdgpu.amdgpu_cards):
         return Outcome(SKIP, "no amdgpu GPU", "No card driven by amdgpu: its kernel messages do not apply.")
-    log = _kmsg(plan)
+    log = _kmsg(subject)
     if log.get("error"):
         return Outcome(
             WARN, "kernel log not readable", f"Could not read the kernel log ({log['error']}): recent GPU faults "
@@ -112,7 +108,7 @@ def gpu_faults(plan) -> Outcome:
             "Look on the host: `sudo dmesg -T | grep -iE 'amdgpu.*(page fault|timeout|reset)'` or "
             "`journalctl -k --since -24h | grep amdgpu`.",
         )  # fmt: skip
-    now = plan.probes.get("kmsg_now") or amdgpu.seconds_since_boot()
+    now = subject.probes.known("kmsg_now") or amdgpu.seconds_since_boot()
     faults = amdgpu.parse_kmsg(log["records"])
     recent = [f for f in faults if now - f["seconds"] <= RECENT_FAULT_S]
     old = len(faults) - len(recent)
@@ -151,23 +147,23 @@ def _supported(target: str, built: set[str], environ) -> bool:
 
 
 @check("gpu-families", "GPUs the image cannot run mapped in", timeout_s=10)
-def gpu_families(plan) -> Outcome:
+def gpu_families(subject) -> Outcome:
     """From the KFD topology (every GPU of the host, whether mapped into the container or not), the GPUs whose
     render node (/dev/dri/renderD<drm_render_minor>) is mapped into the container and whose gfx target the image
     was not built for. A GPU of a family ROCm no longer supports (gfx8 and older) fails: ROCm's runtime then fails to
     start for every GPU (ROCm/rocm-systems#6883); any other unbuilt target warns (the runtime lists it; work sent to
     it fails). The fix is to map only the supported GPUs' render nodes."""
-    record = image_record(plan) or {}
+    record = image_record(subject) or {}
     built = set(str(record.get("pytorch_rocm_arch", "")).replace(";", " ").split())
     if not built:
         return Outcome(SKIP, "no ROCm image", "gfx targets apply to ROCm images only.")
-    gpus = _probe(plan, "kfd_gpus", amdgpu.kfd_gpus)
+    gpus = _probe(subject, "kfd_gpus", amdgpu.kfd_gpus)
     if gpus is None:
         return Outcome(SKIP, "no KFD topology", "/sys/class/kfd/kfd/topology is not there: no AMD GPU driver.")
-    root = _root(plan)
+    root = _root(subject)
     mapped = [g for g in gpus if g["render"] and (root / g["render"].lstrip("/")).exists()]
     families = sorted({g["target"] for g in gpus})
-    foreign = [g for g in mapped if not _supported(g["target"], built, plan.settings.environ)]
+    foreign = [g for g in mapped if not _supported(g["target"], built, subject.plan.settings.environ)]
     good = [g for g in mapped if g not in foreign]
     value = f"{len(mapped)} of {len(gpus)} GPU(s) mapped; host has {', '.join(families) or 'none'}"
     data = {"gpus": gpus, "mapped": [g["render"] for g in mapped], "built": sorted(built)}
@@ -189,7 +185,9 @@ def gpu_families(plan) -> Outcome:
             FAIL, value, f"Mapped into the container: {named}. With a {legacy[0]['target']} GPU present, ROCm's "
             "runtime fails to start for every GPU (hsa_init: HSA_STATUS_ERROR; ROCm/rocm-systems#6883).", fix, data,
         )  # fmt: skip
-    visible = {k: v for k, v in plan.settings.environ.items() if k in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
+    visible = {
+        k: v for k, v in subject.plan.settings.environ.items() if k in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+    }
     shown = ", ".join(f"{k}={v}" for k, v in visible.items())
     hidden = f" ({shown} is set: check it leaves them out)" if visible else ""
     return Outcome(

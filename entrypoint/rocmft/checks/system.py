@@ -1,9 +1,10 @@
 """Checks of what the run needs beyond the GPUs themselves: host kernel settings the container cannot change,
 the libraries the configuration asks for, and whether the model fits in GPU memory.
 
-Facts come from ``plan.probes`` when present (tests put recorded values there: a fake host is data), else
-they are read: host settings from /proc and /sys (:func:`host_settings`), library probes from
-``python -m rocmft.facts.probe libs`` in a child process (a GPU kernel, not just an import).
+Facts come from the run's probe provider (``subject.probes``, rocmft.facts.probes): injected when a test put
+recorded values there (a fake host is data), else read once: host settings from /proc and /sys
+(:func:`host_settings`), library probes from ``python -m rocmft.facts.probe libs`` in a child process (a GPU kernel,
+not just an import).
 """
 
 from __future__ import annotations
@@ -51,24 +52,22 @@ def host_settings(root: Path = Path("/")) -> dict[str, Any]:
     }
 
 
-def _host(plan) -> dict[str, Any]:
-    if "host" not in plan.probes:
-        plan.probes["host"] = host_settings()
-    return plan.probes["host"]
+def _host(subject) -> dict[str, Any]:
+    return subject.probes.get("host", host_settings)
 
 
-def _gpus(plan) -> list[dict[str, Any]]:
-    return devices_probe(plan).get("gpus", [])
+def _gpus(subject) -> list[dict[str, Any]]:
+    return devices_probe(subject).get("gpus", [])
 
 
 @check("numa-balancing", "host: automatic NUMA balancing", timeout_s=5)
-def numa_balancing(plan) -> Outcome:
+def numa_balancing(subject) -> Outcome:
     """With GPUs on a host of more than one NUMA node, automatic NUMA balancing should be off: it unmaps and
     migrates the training processes' pages in the background, which stalls the CPU side of GPU work (AMD's
     MI300X system optimization guide: disable it, ``kernel.numa_balancing=0``)."""
-    if not _gpus(plan):
+    if not _gpus(subject):
         return Outcome(SKIP, "no GPU", "NUMA balancing matters only for GPU training.")
-    host = _host(plan)
+    host = _host(subject)
     value, nodes = host.get("numa_balancing"), host.get("numa_nodes", 1)
     if value is None:
         return Outcome(SKIP, "not readable", "/proc/sys/kernel/numa_balancing is not there (kernel without it).")
@@ -85,14 +84,14 @@ def numa_balancing(plan) -> Outcome:
 
 
 @check("iommu", "host: IOMMU mode", timeout_s=5)
-def iommu(plan) -> Outcome:
+def iommu(subject) -> Outcome:
     """With more than one GPU, the IOMMU should be off or in pass-through mode: a translating IOMMU puts every
     peer-to-peer and host transfer through address translation, which costs RCCL bandwidth and can hang
     collectives (ROCm's multi-GPU installation notes: ``iommu=pt``; ``amd_iommu=on iommu=pt`` on AMD CPUs)."""
-    gpus = _gpus(plan)
+    gpus = _gpus(subject)
     if len(gpus) < 2:
         return Outcome(SKIP, f"{len(gpus)} GPU", "The IOMMU mode matters for traffic between GPUs.")
-    host = _host(plan)
+    host = _host(subject)
     types = host.get("iommu_group_types") or {}
     translating = sum(n for kind, n in types.items() if kind.startswith("DMA"))
     if translating:
@@ -109,55 +108,55 @@ def iommu(plan) -> Outcome:
     return Outcome(PASS, "pass-through", f"{sum(types.values())} IOMMU groups in identity (pass-through) mode")
 
 
-def needed_libraries(plan) -> dict[str, str]:
+def needed_libraries(subject) -> dict[str, str]:
     """What the configuration asks of the libraries: probe name -> the setting that needs it."""
     needs = {}
-    if plan.arguments.get("quantization_bit"):
-        needs["bnb"] = f"QUANTIZATION_BIT={plan.arguments['quantization_bit']}"
-    if plan.arguments.get("flash_attn") == "fa2":
+    if subject.plan.arguments.get("quantization_bit"):
+        needs["bnb"] = f"QUANTIZATION_BIT={subject.plan.arguments['quantization_bit']}"
+    if subject.plan.arguments.get("flash_attn") == "fa2":
         needs["fa2"] = "FLASH_ATTN=fa2"
     return needs
 
 
-def deepspeed_ops(plan) -> dict[str, dict[str, bool]]:
+def deepspeed_ops(subject) -> dict[str, dict[str, bool]]:
     """The DeepSpeed C++/HIP ops this run needs: ``cpu_adam`` when the optimizer is offloaded (ZeRO-Offload
     runs DeepSpeedCPUAdam; DeepSpeed refuses other optimizers with offload). Per op: ``installed``
     (pre-built into the image, deepspeed.git_version_info.installed_ops) and ``compatible`` (can be
-    JIT-built here: compiler and headers present, the builder's is_compatible())."""
-    if "deepspeed_ops" in plan.probes:
-        return plan.probes["deepspeed_ops"]
-    ds_config = plan.ds_config or {}
+    JIT-built here: compiler and headers present, the builder's is_compatible()). Measured once
+    (``deepspeed_ops``)."""
+    ds_config = subject.plan.ds_config or {}
     offload = (ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}
     wanted = ["cpu_adam"] if offload.get("device") not in (None, "none") else []
-    found: dict[str, dict[str, bool]] = {}
-    if wanted:
-        from deepspeed.git_version_info import installed_ops
-        from deepspeed.ops.op_builder import CPUAdamBuilder
 
-        builders = {"cpu_adam": CPUAdamBuilder}
-        for name in wanted:
-            found[name] = {"installed": bool(installed_ops.get(name)),
-                           "compatible": bool(builders[name]().is_compatible(verbose=False))}  # fmt: skip
-    plan.probes["deepspeed_ops"] = found
-    return found
+    def measure() -> dict[str, dict[str, bool]]:
+        found: dict[str, dict[str, bool]] = {}
+        if wanted:
+            from deepspeed.git_version_info import installed_ops
+            from deepspeed.ops.op_builder import CPUAdamBuilder
+
+            builders = {"cpu_adam": CPUAdamBuilder}
+            for name in wanted:
+                found[name] = {"installed": bool(installed_ops.get(name)),
+                               "compatible": bool(builders[name]().is_compatible(verbose=False))}  # fmt: skip
+        return found
+
+    return subject.probes.get("deepspeed_ops", measure)
 
 
 @check("libraries", "libraries the configuration needs", timeout_s=LIBS_TIMEOUT_S + 15)
-def libraries(plan) -> Outcome:
+def libraries(subject) -> Outcome:
     """bitsandbytes when QUANTIZATION_BIT is set (a 4-bit NF4 matmul on the GPU, not just an import),
     flash-attention when FLASH_ATTN=fa2 (a forward against PyTorch's SDPA), DeepSpeed's ops when the
     DeepSpeed config needs them (CPU Adam for optimizer offload)."""
-    needs = needed_libraries(plan)
-    ds_ops = deepspeed_ops(plan) if plan.arguments.get("deepspeed") else {}
+    needs = needed_libraries(subject)
+    ds_ops = deepspeed_ops(subject) if subject.plan.arguments.get("deepspeed") else {}
     if not needs and not ds_ops:
         return Outcome(SKIP, "none needed", "No quantization, flash-attention or DeepSpeed op in this configuration.")
     problems, fine = [], []
     if needs:
-        if "libs" not in plan.probes:
-            from rocmft.facts.device import run_probe
+        from rocmft.facts.device import run_probe
 
-            plan.probes["libs"] = run_probe(["libs", *needs], LIBS_TIMEOUT_S)
-        probes = plan.probes["libs"]
+        probes = subject.probes.get("libs", lambda: run_probe(["libs", *needs], LIBS_TIMEOUT_S))
         for name, setting in needs.items():
             result = probes.get(name) or {"ok": False, "error": probes.get("error", "no result")}
             label = {"bnb": "bitsandbytes", "fa2": "flash-attention"}[name]
@@ -201,7 +200,7 @@ _LIB_REMEDY = {
 
 
 @check("memory-fit", "model fits in GPU memory (estimate)", timeout_s=10, needs=("gpu-runtime",))
-def memory_fit(plan) -> Outcome:
+def memory_fit(subject) -> Outcome:
     """Peak GPU memory per process, estimated from the model's config.json (no weights loaded) and the
     training arguments by :mod:`rocmft.render.memfit` (formula and sources in its docstring; within 3% of
     torch.cuda.max_memory_allocated on Qwen2-7B-shaped LoRA runs, BENCHMARKS.md), against the free memory
@@ -213,24 +212,28 @@ def memory_fit(plan) -> Outcome:
     from rocmft.render import processes_per_node
     from rocmft.render.memfit import estimate, fixes, read_model_shape, spec_from_arguments
 
-    gpus = devices_probe(plan).get("gpus", [])[: processes_per_node(plan)]
+    gpus = devices_probe(subject).get("gpus", [])[: processes_per_node(subject.plan)]
     if not gpus:
         return Outcome(SKIP, "no GPU", "Memory fit is estimated for GPUs only.")
-    model_dir = Path(str(plan.arguments.get("model_name_or_path", ""))).expanduser()
+    model_dir = Path(str(subject.plan.arguments.get("model_name_or_path", ""))).expanduser()
     if not (model_dir / "config.json").is_file():
         return Outcome(SKIP, "config not local", f"{model_dir}/config.json is not on disk (a hub id not cached yet).")
-    settings = plan.settings.rocmft
-    zero = int(((plan.ds_config or {}).get("zero_optimization") or {}).get("stage", 0)) if plan.ds_config else 0
+    settings = subject.plan.settings.rocmft
+    zero = (
+        int(((subject.plan.ds_config or {}).get("zero_optimization") or {}).get("stage", 0))
+        if subject.plan.ds_config
+        else 0
+    )
     if settings.distributed == "fsdp":
         zero = 3
     offload = settings.offload if settings.distributed == "deepspeed" else "none"
-    world = world_size(plan.settings, plan.device, plan.launcher)
+    world = world_size(subject.plan.settings, subject.plan.device, subject.plan.launcher)
     try:
         shape = read_model_shape(model_dir)
     except ConfigError as err:  # a damaged config.json is this check's finding, not its crash
         return Outcome(FAIL, "config.json unreadable", err.message, err.remedy)
-    spec = spec_from_arguments(plan.arguments, compute_dtype=plan.precision.compute_dtype, zero_stage=zero,
-                               offload=offload, world_size=world)  # fmt: skip
+    spec = spec_from_arguments(subject.plan.arguments, compute_dtype=subject.plan.precision.compute_dtype,
+                               zero_stage=zero, offload=offload, world_size=world)  # fmt: skip
     peak = estimate(shape, spec)
     budget = min((memory_budget(g) for g in gpus), key=lambda b: b.free_gib)  # the one rule, APUs included
     free = int(budget.free_gib * 2**30)
@@ -281,7 +284,7 @@ _BIND_PLUGIN = (
 
 
 @check("fabric", "network: Slingshot and RCCL's OFI plugin", timeout_s=20)
-def fabric(plan) -> Outcome:
+def fabric(subject) -> Outcome:
     """On a Slingshot host, RCCL reaches the NICs only through the OFI network plugin (aws-ofi-nccl; HPE's
     RCCL-on-Slingshot guide, HewlettPackard/shs-ccl-docs rccl/rccl_tuning_guide.md @ 1617c309): the plugin is found
     the way RCCL finds it and really dlopen()ed (:func:`fabric_facts`).
@@ -299,9 +302,7 @@ def fabric(plan) -> Outcome:
     """
     from rocmft.facts.scheduler import job_layout
 
-    if "fabric" not in plan.probes:
-        plan.probes["fabric"] = fabric_facts(Path("/"), plan.settings.environ)
-    facts = plan.probes["fabric"]
+    facts = subject.probes.get("fabric", lambda: fabric_facts(Path("/"), subject.plan.settings.environ))
     found, plugin, nccl_net = facts["fabric"], facts["plugin"], facts.get("nccl_net")
     names = facts.get("net_names") or []
     described = facts["plugin_summary"]
@@ -320,7 +321,7 @@ def fabric(plan) -> Outcome:
     if not (found["interfaces"] or found["devices"]):
         return Outcome(SKIP, "no Slingshot NIC", "No hsn* interface in /sys/class/net and no cxi device.", data=facts)
     nics = ", ".join(found["interfaces"] or found["devices"])
-    if job_layout(plan.settings.environ).nnodes == 1:
+    if job_layout(subject.plan.settings.environ).nnodes == 1:
         return Outcome(PASS, f"Slingshot ({nics}), one node",
                        f"One node: collectives stay on the node's GPU links. {described}", data=facts)  # fmt: skip
     if not plugin["loads"]:

@@ -19,9 +19,9 @@ def run(args) -> int:
     given = command_line(args)
     workspace, timings = Workspace(), {}
     try:
-        plan = _prepare(workspace, timings, given)
-        _run_checks(plan, workspace, timings)
-        workspace.promote(plan.run_dir)
+        prepared = _prepare(workspace, timings, given)
+        _run_checks(prepared, workspace, timings)
+        workspace.promote(prepared.plan.run_dir)
     except BaseException:
         workspace.discard()
         raise

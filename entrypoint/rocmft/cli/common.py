@@ -4,18 +4,24 @@ of the current run for ``rocmft status``."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rocmft.console import say
-from rocmft.errors import ChecksFailed
+from rocmft.errors import ChecksFailed, ConfigError
 from rocmft.fsutil import make_private_dir_public
+from rocmft.records import MANIFEST_FILE, read_manifest
+
+if TYPE_CHECKING:
+    from rocmft.facts.probes import Probes
+    from rocmft.launch import LaunchSpec
+    from rocmft.render import Plan
 
 CHECKS_FILE = "checks.json"
 
@@ -31,9 +37,6 @@ records where each argument came from (settings.sources).
 
 example: rocmft %(command)s my.yaml learning_rate=5e-5 max_steps=100 output_dir=/saves/run1
 """
-
-
-MANIFEST_FILE = "manifest.json"
 
 
 class Workspace:
@@ -81,10 +84,9 @@ class Workspace:
         manifest = run_dir / MANIFEST_FILE
         if manifest.is_file():
             try:
-                record = json.loads(manifest.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                record = None
-            started = record.get("started_at") if isinstance(record, dict) else None
+                started = read_manifest(manifest).started_at
+            except ConfigError:  # a damaged record is kept all the same, under the time now
+                started = None
             # a folder name: the manifest's own time (a damaged one, "../x" or 3, gives the time now)
             if not isinstance(started, str) or not re.fullmatch(r"[0-9T:.+\-Z]+", started):
                 started = ""
@@ -130,14 +132,32 @@ def command_line(args):
     return parse_command_line(getattr(args, "config_args", None) or [])
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """The records of settings → render → launch spec → validate, none changed by a later stage.
+
+    Attributes:
+        plan: the rendered run, its files staged (rocmft.render.Plan).
+        probes: the run's probe provider (rocmft.facts.probes.Probes), seeded with the device probe and a test's
+            injected probes; the checks measure through it, the manifest records its snapshot.
+        launch: how the worker starts (rocmft.launch.LaunchSpec).
+    """
+
+    plan: Plan
+    probes: Probes
+    launch: LaunchSpec
+
+
 def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None, keep_validator: bool = False,
-             overrides=None):  # fmt: skip
-    """Settings → render → validate. Returns the plan, staged. ``command_line``: the command's
+             overrides=None) -> Prepared:  # fmt: skip
+    """Settings → render → launch spec → validate. Returns the :class:`Prepared` records, the plan's files
+    staged. ``command_line``: the command's
     ``[CONFIG.yaml] [key=value ...]`` (rocmft.config.cmdline.CommandLine), read over the environment;
     ``overrides``: rocmft's own settings for this attempt with their sources (a restart's; load_settings).
     ``keep_validator``: `rocmft train` may reuse the parser's process as its worker (rocmft.validate.take_kept)."""
     from rocmft import testhooks
     from rocmft.facts.device import facts_from_probe, probe_devices_raw, start_probes
+    from rocmft.facts.probes import Probes
     from rocmft.validate import start_validator, validate
 
     start_probes()  # GPU probes in child processes, running while the settings import LLaMA-Factory
@@ -159,9 +179,9 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
 
     started = time.monotonic()
     plan = render_checked(settings, device, workspace.make_staging)
-    plan.probes["devices"] = devices
-    plan.probes.update(testhooks.injected_probes())  # probe results a test injected; empty in production
-    prepare_launch(plan)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
+    # the run's one probe provider; the probe results a test injected (empty in production) win over measuring
+    probes = Probes(seeded={"devices": devices}, injected=testhooks.injected_probes())
+    launch = prepare_launch(plan, probes)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
     timings["render"] = time.monotonic() - started
     say(f"precision: {plan.precision.policy} ({plan.precision.reason})", all_ranks=True)
     _say_plan(plan.perf)
@@ -174,16 +194,24 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
         f"started with rocmft; the parse {validation.seconds:.1f} s)",
         all_ranks=True,
     )
-    return plan
+    return Prepared(plan=plan, probes=probes, launch=launch)
 
 
-def _run_checks(plan, workspace: Workspace, timings: dict[str, float]) -> dict[str, Any]:
-    from rocmft.checks import failed, print_table, report, run_checks
+def _run_checks(prepared: Prepared, workspace: Workspace, timings: dict[str, float]) -> dict[str, Any]:
+    """Run the health checks on ``prepared`` (ROCMFT_SKIP_CHECKS skipped) and write their report, checks.json, into
+    the staging folder; returns the report (rocmft.checks.report).
+
+    Raises:
+        ChecksFailed: a check failed; rocmft/ then holds the report alone (and the network preflight's node list).
+    """
+    from rocmft.checks import CheckSubject, failed, print_table, report, run_checks
     from rocmft.checks.network import NODES_FILE
     from rocmft.fsutil import atomic_write_json
 
+    plan = prepared.plan
+    subject = CheckSubject(plan=plan, probes=prepared.probes, launch_environment=prepared.launch.environment)
     started = time.monotonic()
-    results = run_checks(plan, plan.settings.rocmft.skip_checks)
+    results = run_checks(subject, plan.settings.rocmft.skip_checks)
     timings["checks"] = time.monotonic() - started
     data = report(results, timings["checks"])
     if failed(results):

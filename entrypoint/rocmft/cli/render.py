@@ -18,7 +18,7 @@ def run(args) -> int:
     given = command_line(args)  # a malformed token ends here, before any child process starts
     workspace, timings = Workspace(), {}
     try:
-        plan = _prepare(workspace, timings, given)
+        plan = _prepare(workspace, timings, given).plan
         if workspace.unwritable:  # `check` and `train` report this through the output check (exit 3)
             raise ConfigError(
                 f"OUTPUT_DIR {plan.output_dir} cannot be created or written ({workspace.unwritable}; "

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from rocmft.cli.common import MANIFEST_FILE, current_run_pointer
-from rocmft.errors import ExitCode
+from rocmft.errors import ConfigError, ExitCode
 
 
 def register(sub) -> None:
@@ -36,7 +35,7 @@ def run(args) -> int:
     folder. Progress is the age of worker-result.json, which the worker rewrites at every logging step.
     Reads two small files: fast enough for a healthcheck every minute.
     """
-    from rocmft.records import RunStatus, WorkerResult, read_worker_result, worker_result_path
+    from rocmft.records import RunStatus, WorkerResult, read_manifest, read_worker_result, worker_result_path
     from rocmft.render import RUN_SUBDIR
 
     if args.output_dir:
@@ -49,14 +48,14 @@ def run(args) -> int:
         return ExitCode.UNHEALTHY
     manifest_path, result_path = run_dir / MANIFEST_FILE, worker_result_path(run_dir)
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as err:
+        manifest = read_manifest(manifest_path)
+    except ConfigError as err:
         where = (
             f"{manifest_path}"
             if args.output_dir is None
             else (f"{Path(args.output_dir) / RUN_SUBDIR / MANIFEST_FILE} (or {manifest_path})")
         )
-        print(f"no run: cannot read {where} ({err})")
+        print(f"no run: cannot read {where} ({err.__cause__ or err})")
         return ExitCode.UNHEALTHY
     result = read_worker_result(run_dir)
     try:
@@ -65,12 +64,12 @@ def run(args) -> int:
         result = None
     if result is None:  # no record (yet): the run's age is the manifest's
         result, age = WorkerResult(), time.time() - manifest_path.stat().st_mtime
-    status = manifest.get("status")
+    status = manifest.status
     step, total = result.last_step, result.max_steps
     where = f"step {step}/{total}" if step is not None else "no step logged yet"
     loss = f", loss {result.losses[-1].loss:.4f}" if result.losses else ""
     if status != RunStatus.RUNNING:
-        print(f"{status}: {where}{loss} (exit code {manifest.get('exit_code')}; {run_dir})")
+        print(f"{status}: {where}{loss} (exit code {manifest.exit_code}; {run_dir})")
         return ExitCode.OK if status == RunStatus.FINISHED else ExitCode.UNHEALTHY
     limit = args.max_idle if step is not None else args.max_start
     state = "running" if age <= limit else "stalled"

@@ -23,7 +23,7 @@ from rocmft.records import RunStatus, WorkerResult
 if TYPE_CHECKING:
     from rocmft.config.cmdline import CommandLine
     from rocmft.config.provenance import Source
-    from rocmft.outputs.manifest import Restart
+    from rocmft.records import Restart
 
 
 def register(sub) -> None:
@@ -70,14 +70,15 @@ def _attempt(restarts: list[Restart], given: CommandLine,
     (:func:`restart_overrides`). Returns the worker's exit code and the restart to make (None: this attempt's
     outcome is the command's)."""
     from rocmft.launch import run_worker
-    from rocmft.outputs.manifest import now, write_manifest
+    from rocmft.outputs.manifest import RunOutcome, now, write_manifest
     from rocmft.records import read_worker_result, run_status
 
     started_at = now()
     workspace, timings = Workspace(), {}
     try:
-        plan = _prepare(workspace, timings, given, keep_validator=True, overrides=overrides)
-        checks = _run_checks(plan, workspace, timings)
+        prepared = _prepare(workspace, timings, given, keep_validator=True, overrides=overrides)
+        checks = _run_checks(prepared, workspace, timings)
+        plan = prepared.plan
         workspace.promote(plan.run_dir)
     except BaseException:
         workspace.discard()
@@ -88,8 +89,9 @@ def _attempt(restarts: list[Restart], given: CommandLine,
         "seconds": checks["seconds"],
         "report": str(plan.run_dir / CHECKS_FILE),
     }
-    write_manifest(manifest_path, plan, status=RunStatus.RUNNING, exit_code=None, timings=timings,
-                   checks=checks_summary, worker=None, started_at=started_at, restarts=restarts)  # fmt: skip
+    running = RunOutcome(RunStatus.RUNNING, None, started_at, timings, restarts=tuple(restarts))
+    write_manifest(manifest_path, plan, probes=prepared.probes.snapshot(), launch=prepared.launch,
+                   checks=checks_summary, outcome=running)  # fmt: skip
     say(f"configs and manifest in {plan.run_dir}", all_ranks=True)
     try:
         atomic_write_text(current_run_pointer(), f"{plan.run_dir}\n")  # for `rocmft status` (the healthcheck)
@@ -97,12 +99,13 @@ def _attempt(restarts: list[Restart], given: CommandLine,
         pass  # a read-only temp folder costs only the default of `rocmft status`
 
     began = time.monotonic()
-    code = run_worker(plan, plan.settings.secrets)
+    code = run_worker(plan, prepared.launch, plan.settings.secrets)
     timings["train"] = time.monotonic() - began
     worker = read_worker_result(plan.run_dir)
     status = run_status(code)
-    write_manifest(manifest_path, plan, status=status, exit_code=int(code), timings=timings, checks=checks_summary,
-                   worker=worker, started_at=started_at, restarts=restarts)  # fmt: skip
+    ended = RunOutcome(status, int(code), started_at, timings, worker, tuple(restarts))
+    write_manifest(manifest_path, plan, probes=prepared.probes.snapshot(), launch=prepared.launch,
+                   checks=checks_summary, outcome=ended)  # fmt: skip
     _write_summary(plan)
     restart = _fp32_restart(plan, worker, restarts) if code == ExitCode.NON_FINITE_LOSS else None
     if restart is not None:
@@ -146,7 +149,7 @@ def _fp32_restart(plan, worker: WorkerResult | None, restarts: list[Restart]) ->
     if any(r.cause == cause for r in restarts):  # at most one automatic restart per cause
         return None
     checkpoint = last_good_checkpoint(plan.output_dir, worker.loss_dicts())
-    from rocmft.outputs.manifest import Restart
+    from rocmft.records import Restart
 
     return Restart(
         cause=cause,

@@ -12,9 +12,10 @@ MASTER_PORT (LLaMA-Factory's launcher names, passed to torchrun as they are).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from rocmft.facts.probes import Probes
 from rocmft.launch.run import LOG_FILE, graceful_stop_recorded, graceful_stop_targets, run_spec
 from rocmft.launch.spec import (
     COMMUNICATION_PREFIXES,
@@ -28,16 +29,19 @@ from rocmft.launch.spec import (
 from rocmft.render import Plan
 
 
-def prepare_launch(plan: Plan, root: Path = Path("/"), numactl: bool | None = None,
-                   allowed_cpus: set[int] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Decide how the worker starts (:func:`~rocmft.launch.spec.build_launch_spec`) and record it in
-    ``plan.launch`` (for the manifest).
+def prepare_launch(plan: Plan, probes: Probes | None = None, root: Path = Path("/"), numactl: bool | None = None,
+                   allowed_cpus: set[int] | None = None) -> LaunchSpec:  # fmt: skip
+    """Apply the ``launch`` rules and decide how the worker starts (:func:`~rocmft.launch.spec.build_launch_spec`).
 
-    Returns ``{"command", "environment" (additions), "numa", "network_notes", "communication"}``
-    (:meth:`LaunchSpec.as_record`).
+    Returns the frozen :class:`LaunchSpec` (command, environment additions, NUMA binding, network notes, the
+    communication variables with their sources, the job layout); the checks read its ``environment``, the manifest
+    records its :meth:`~LaunchSpec.as_record`, :func:`run_worker` starts it. Changes nothing.
 
     Args:
-        plan: the rendered run (its device probe gives the GPUs' PCI addresses).
+        plan: the rendered run.
+        probes: the run's probe provider (rocmft.facts.probes.Probes): its ``devices`` (the device probe, seeded
+            where the command started; never measured here) give the GPUs' PCI addresses for the NUMA binding.
+            None: no device probe, no binding by address.
         root: where /sys and /proc are (tests pass a recorded host layout).
         numactl: whether numactl is installed (torch binds through it); None looks on PATH.
         allowed_cpus: the CPUs this process may use; None reads os.sched_getaffinity (the container's cpuset).
@@ -48,14 +52,14 @@ def prepare_launch(plan: Plan, root: Path = Path("/"), numactl: bool | None = No
     from rocmft.validate.rules import apply
 
     apply("launch", plan)  # NNODES, NODE_RANK and WORLD_SIZE agree (rocmft.validate.rules.distributed.world_size)
-    plan.launch = build_launch_spec(plan, plan.settings.environ, root, numactl, allowed_cpus).as_record()
-    return plan.launch
+    devices = probes.known("devices") if probes is not None else None
+    return build_launch_spec(plan, plan.settings.environ, root, numactl, allowed_cpus, devices=devices)
 
 
-def run_worker(plan: Plan, secrets: dict[str, str]) -> int:
-    """Run the worker as :func:`prepare_launch` decided and return its exit code (an ExitCode value)."""
-    launch = plan.launch or prepare_launch(plan)
-    return run_spec(LaunchSpec.from_record(launch), plan.run_dir, plan.launcher, secrets)
+def run_worker(plan: Plan, launch: LaunchSpec, secrets: Mapping[str, str]) -> int:
+    """Run the worker as ``launch`` (:func:`prepare_launch`'s spec) says and return its exit code (an ExitCode
+    value). ``secrets``: name -> value, redacted from the saved output."""
+    return run_spec(launch, plan.run_dir, plan.launcher, secrets)
 
 
 __all__ = ["COMMUNICATION_PREFIXES", "LOG_DIR", "LOG_FILE", "LaunchSpec", "build_launch_spec",

@@ -65,7 +65,7 @@ class LaunchSpec:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> LaunchSpec:
-        """The spec of a launch record (:meth:`as_record`'s shape; plan.launch)."""
+        """The spec of a launch record (:meth:`as_record`'s shape: the manifest's ``launch``)."""
         return cls(tuple(record["command"]), dict(record["environment"]), dict(record["numa"]),
                    tuple(record.get("network_notes") or ()), dict(record.get("communication") or {}),
                    dict(record.get("job") or JobLayout().as_record()))  # fmt: skip
@@ -120,8 +120,9 @@ def communication_environment(environ: dict[str, str], added: dict[str, str], pr
     return effective
 
 
-def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path("/"),
-                      numactl: bool | None = None, allowed_cpus: set[int] | None = None) -> LaunchSpec:  # fmt: skip
+def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path("/"), numactl: bool | None = None,
+                      allowed_cpus: set[int] | None = None,
+                      devices: Mapping[str, Any] | None = None) -> LaunchSpec:  # fmt: skip
     """Decide how the worker starts for ``plan``; no side effects.
 
     Launch modes (rocmft.facts.scheduler): ``python`` (one process), ``torchrun`` (rocmft starts the node's ranks),
@@ -131,13 +132,15 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
     network variables are added for multi-node runs only (rocmft.facts.topology.network_environment).
 
     Args:
-        plan: the rendered run (its device probe gives the GPUs' PCI addresses).
+        plan: the rendered run.
         environ: the environment the launch starts from (the run's, rocmft.config.settings.Settings.environ), where
             the job layout is read
             (rocmft.facts.scheduler.job_layout).
         root: where /sys and /proc are (tests pass a recorded host layout).
         numactl: whether numactl is installed (torch binds through it); None looks on PATH.
         allowed_cpus: the CPUs this process may use; None reads os.sched_getaffinity (the container's cpuset).
+        devices: the device probe's result (rocmft.facts.device.probe_devices_raw: its ``gpus``' ``pci`` addresses
+            place the NUMA binding); None: the addresses are unknown.
 
     Raises:
         ConfigError: ROCMFT_NUMA_BIND=on where binding cannot work, a bad job layout (NNODES/NODE_RANK, a
@@ -164,7 +167,7 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         added["FORCE_TORCHRUN"] = "1"  # LLaMA-Factory requires it for DeepSpeed
         added.update(network.env())
         added.update(full_node_environment(processes_per_node(plan), environ))
-        gpus = (plan.probes.get("devices") or {}).get("gpus", [])[: processes_per_node(plan)]
+        gpus = (devices or {}).get("gpus", [])[: processes_per_node(plan)]
         addresses = [g.get("pci") for g in gpus]
         if all(addresses) and addresses:
             numa = binding_plan(addresses, plan.settings.rocmft.numa_bind, root, allowed_cpus, numactl)

@@ -233,8 +233,8 @@ def _write_card_and_record(
         "run": {
             "output_dir": str(plan.run.output_dir),
             "weights": str(plan.run.weights),
-            "status": plan.run.manifest.get("status"),
-            "started_at": plan.run.manifest.get("started_at"),
+            "status": plan.run.manifest.status,
+            "started_at": plan.run.manifest.started_at,
         },
         "base_model": str(plan.run.arguments.get("model_name_or_path") or ""),
         "merged_into": plan.base if "adapter_name_or_path" in plan.lf_args else None,

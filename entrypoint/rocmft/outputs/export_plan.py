@@ -23,6 +23,7 @@ import yaml
 
 from rocmft.errors import ConfigError
 from rocmft.facts.modeldir import MODEL_WEIGHT_FILES, quantization_label
+from rocmft.records import MANIFEST_FILE, Manifest, read_manifest
 
 EXPORT_MANIFEST = "rocmft-export.json"
 MERGED_SUFFIX = "-merged"
@@ -47,13 +48,13 @@ class Run:
     Attributes:
         output_dir: the run's OUTPUT_DIR.
         weights: the folder with the weights to export: OUTPUT_DIR, or one of its ``checkpoint-N`` folders.
-        manifest: ``OUTPUT_DIR/rocmft/manifest.json``.
+        manifest: ``OUTPUT_DIR/rocmft/manifest.json`` (rocmft.records.read_manifest).
         arguments: the training arguments as trained (``OUTPUT_DIR/rocmft/train.yaml``, else the manifest's).
     """
 
     output_dir: Path
     weights: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     arguments: dict[str, Any]
 
     @property
@@ -75,22 +76,18 @@ def _run_from_folder(folder: Path, how: str) -> Run | None:
     if folder.name == "rocmft":
         candidates.insert(0, (folder.parent, folder.parent))
     for output_dir, weights in candidates:
-        manifest_path = output_dir / "rocmft" / "manifest.json"
+        manifest_path = output_dir / "rocmft" / MANIFEST_FILE
         if not manifest_path.is_file():
             continue
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise ConfigError(
-                f"The run record {manifest_path} ({how}) cannot be read: {err}.",
-                "Point `rocmft export` at a run folder `rocmft train` finished.",
-            ) from err
+        manifest = read_manifest(
+            manifest_path, how=how, fix="Point `rocmft export` at a run folder `rocmft train` finished."
+        )
         try:
             arguments = yaml.safe_load((output_dir / "rocmft" / "train.yaml").read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError):
             arguments = None
         if not isinstance(arguments, dict):
-            arguments = manifest.get("arguments") or {}
+            arguments = dict(manifest.arguments)
         return Run(output_dir=output_dir, weights=weights, manifest=manifest, arguments=arguments)
     return None
 
@@ -246,15 +243,15 @@ def _exportable_method(run: Run) -> str:
         ConfigError: the run's top-level weights are not a finished run's, the method is another, a LoRA run's
             adapter_config.json or a full/freeze run's weights are missing.
     """
-    status = run.manifest.get("status")
+    status = run.manifest.status
     if run.weights == run.output_dir and status != "finished":
-        stopped = (run.manifest.get("worker") or {}).get("stopped_at_step")
+        stopped = (run.manifest.worker or {}).get("stopped_at_step")
         what = (f"the weights at its top level are those of step {stopped}, where a stop request ended it early "
                 "(LLaMA-Factory writes them at any end of training), not a finished run's" if stopped else
                 "its final weights were never written")  # fmt: skip
         raise ConfigError(
             f"The run in {run.output_dir} did not finish (status {status!r}, exit code "
-            f"{run.manifest.get('exit_code')}): {what}.",
+            f"{run.manifest.exit_code}): {what}.",
             "Finish it first (`rocmft train` / `docker compose up train` resumes from its last checkpoint), or "
             f"export a checkpoint: `rocmft export {run.output_dir}/checkpoint-<step>`.",
         )

@@ -1,16 +1,20 @@
 """The run manifest (``OUTPUT_DIR/rocmft/manifest.json``): everything needed to understand and repeat a run.
 
-Written when training starts (status ``running``) and rewritten when it ends, atomically each time, so a
-crashed run still leaves a readable record. Secrets never appear: settings hold only the names of given
-secrets, and environment values of secret-named variables are replaced by ``<redacted>``.
+Assembled here (:func:`assemble_manifest`) from the pipeline's records, none of which it changes: the plan
+(rocmft.render.Plan), the probe provider's snapshot (rocmft.facts.probes), the launch spec (rocmft.launch), the
+checks' summary and the :class:`RunOutcome`; the record itself, its writer and its one reader are
+rocmft.records.Manifest and rocmft.records.read_manifest. Written when training starts (status ``running``) and
+rewritten when it ends, atomically each time, so a crashed run still leaves a readable record. Secrets never
+appear: settings hold only the names of given secrets, and environment values of secret-named variables are
+replaced by ``<redacted>``.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +23,9 @@ from rocmft.config.lfargs import is_secret_name, stack_versions
 from rocmft.config.provenance import kinds, texts
 from rocmft.facts.host import host_facts
 from rocmft.facts.image import build_record
-from rocmft.fsutil import atomic_write_json
-from rocmft.records import WorkerResult
+from rocmft.launch import LaunchSpec
+from rocmft.records import SCHEMA_VERSION, Manifest, Restart, WorkerResult
+from rocmft.render import Plan
 
 # Variables that change what a run does without being training arguments, recorded in the manifest.
 RECORDED_ENV_PREFIXES = ("ROCMFT_", "NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "GPU_", "CUDA_", "TORCH_",
@@ -34,7 +39,7 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def redact_env(environ: dict[str, str]) -> dict[str, str]:
+def redact_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The recorded subset of ``environ``, values of secret-named variables replaced by ``<redacted>``."""
     return {
         k: ("<redacted>" if is_secret_name(k) else v)
@@ -44,71 +49,95 @@ def redact_env(environ: dict[str, str]) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class Restart:
-    """One automatic restart of a `rocmft train` (ROCMFT_ON_NAN=fp32): its ``cause`` (a RunStatus word), the
-    optimizer step the divergence was seen at, the checkpoint it resumes from (None: step 0), and the precision
-    policy before and after."""
+class RunOutcome:
+    """Where a `rocmft train` attempt stands, for its manifest.
 
-    cause: str
-    at_step: int | None
-    from_checkpoint: str | None
-    precision_from: str
-    precision_to: str = "fp32"
-
-    def as_dict(self) -> dict[str, Any]:
-        """The manifest's ``restarts`` entry: ``{cause, at_step, from_checkpoint, precision: {from, to}}``."""
-        return {"cause": self.cause, "at_step": self.at_step, "from_checkpoint": self.from_checkpoint,
-                "precision": {"from": self.precision_from, "to": self.precision_to}}  # fmt: skip
-
-
-def write_manifest(path: Path, plan, *, status: str, exit_code: int | None, timings: dict[str, float],
-                   checks: dict[str, Any] | None, worker: WorkerResult | None, started_at: str,
-                   restarts: Sequence[Restart] = ()) -> Path:  # fmt: skip
-    """Write the manifest for ``plan`` atomically to ``path`` (see the module docstring).
-
-    ``status``: a :class:`rocmft.records.RunStatus` word; ``worker``: this node's worker record
-    (rocmft.records.read_worker_result), embedded as its JSON object; ``restarts``: the automatic restarts of
-    this `rocmft train` so far, oldest first.
+    Attributes:
+        status: a :class:`rocmft.records.RunStatus` word.
+        exit_code: the worker's exit code (rocmft.errors.ExitCode), None while it runs.
+        started_at: when the attempt started (:func:`now`).
+        timings: stage -> seconds (unrounded; the manifest rounds to 0.01 s).
+        worker: this node's worker record (rocmft.records.read_worker_result), None before it wrote one.
+        restarts: the automatic restarts of this `rocmft train` so far, oldest first.
     """
-    outputs = {}
-    if plan.output_dir.is_dir():
-        for item in sorted(plan.output_dir.iterdir()):
+
+    status: str
+    exit_code: int | None
+    started_at: str
+    timings: Mapping[str, float] = field(default_factory=dict)
+    worker: WorkerResult | None = None
+    restarts: Sequence[Restart] = ()
+
+
+def _outputs(output_dir: Path) -> dict[str, int | str]:
+    """OUTPUT_DIR's visible entries: name -> size in bytes, or ``"folder"``."""
+    outputs: dict[str, int | str] = {}
+    if output_dir.is_dir():
+        for item in sorted(output_dir.iterdir()):
             if not item.name.startswith("."):
                 outputs[item.name] = item.stat().st_size if item.is_file() else "folder"
-    data = {
-        "rocmft_version": __version__,
-        "status": status,
-        "exit_code": exit_code,
-        "started_at": started_at,
-        "updated_at": now(),
-        "command": sys.argv,
-        "timings_s": {k: round(v, 2) for k, v in timings.items()},
-        "precision": {
+    return outputs
+
+
+def assemble_manifest(plan: Plan, *, probes: Mapping[str, Any], launch: LaunchSpec | None,
+                      checks: Mapping[str, Any] | None, outcome: RunOutcome) -> Manifest:  # fmt: skip
+    """The manifest of ``plan`` (see the module docstring); reads the host's facts, the image's build record, the
+    stack's versions and OUTPUT_DIR's entries now.
+
+    Args:
+        plan: the rendered run.
+        probes: the probe provider's snapshot (rocmft.facts.probes.Probes.snapshot); all but ``image`` are recorded.
+        launch: how the worker starts (rocmft.launch.prepare_launch); None: not decided (``launch`` {}, ``job``
+            None).
+        checks: the checks' summary ``{status, seconds, report}``, or None.
+        outcome: the attempt's status, exit code, timings, worker record and restarts.
+    """
+    worker = outcome.worker
+    record = launch.as_record() if launch is not None else None
+    return Manifest(
+        schema_version=SCHEMA_VERSION,
+        rocmft_version=__version__,
+        status=str(outcome.status),
+        exit_code=outcome.exit_code,
+        started_at=outcome.started_at,
+        updated_at=now(),
+        command=tuple(sys.argv),
+        timings_s={k: round(v, 2) for k, v in outcome.timings.items()},
+        precision={
             **plan.precision.as_dict(),
             "parameter_dtypes": worker.parameter_dtypes if worker else None,
             "trainable_dtypes": worker.trainable_dtypes if worker else None,
             "quantization": worker.quantization if worker else None,
         },
-        "versions": stack_versions(),
-        "image": build_record(),
-        "host": host_facts(),
-        "device": plan.device.as_dict(),
-        "gpu_probes": {k: v for k, v in plan.probes.items() if k != "image"},
-        "launcher": plan.launcher,
-        "job": (plan.launch or {}).get("job"),
-        "launch": plan.launch,
-        "demo": plan.demo,
-        "settings": plan.settings.redacted(),
-        "arguments": plan.arguments,
-        "argument_sources": texts(plan.sources),
-        "argument_source_kinds": kinds(plan.sources),
-        "plan": plan.perf.as_dict() if getattr(plan, "perf", None) is not None else None,
-        "data_sets": plan.registry.entries,
-        "ds_config": plan.ds_config,
-        "checks": checks,
-        "worker": worker.to_json() if worker else None,
-        "restarts": [restart.as_dict() for restart in restarts],
-        "environment": redact_env(dict(plan.settings.environ)),
-        "outputs": outputs,
-    }
-    return atomic_write_json(path, data)
+        versions=stack_versions(),
+        image=build_record(),
+        host=host_facts(),
+        device=plan.device.as_dict(),
+        gpu_probes={k: v for k, v in probes.items() if k != "image"},
+        launcher=plan.launcher,
+        job=record["job"] if record is not None else None,
+        launch=record if record is not None else {},
+        demo=plan.demo,
+        settings=plan.settings.redacted(),
+        arguments=plan.arguments,
+        argument_sources=texts(plan.sources),
+        argument_source_kinds=kinds(plan.sources),
+        plan=plan.perf.as_dict() if plan.perf is not None else None,
+        data_sets=plan.registry.entries,
+        ds_config=plan.ds_config,
+        checks=dict(checks) if checks is not None else None,
+        worker=worker.to_json() if worker else None,
+        restarts=tuple(outcome.restarts),
+        environment=redact_env(plan.settings.environ),
+        outputs=_outputs(plan.output_dir),
+    )
+
+
+def write_manifest(path: Path, plan: Plan, *, probes: Mapping[str, Any], launch: LaunchSpec | None,
+                   checks: Mapping[str, Any] | None, outcome: RunOutcome) -> Path:  # fmt: skip
+    """:func:`assemble_manifest`, written atomically to ``path`` (rocmft.records.Manifest.write); returns ``path``."""
+    return assemble_manifest(plan, probes=probes, launch=launch, checks=checks, outcome=outcome).write(path)
+
+
+__all__ = ["RECORDED_ENV_PREFIXES", "Restart", "RunOutcome", "assemble_manifest", "now", "redact_env",
+           "write_manifest"]  # fmt: skip

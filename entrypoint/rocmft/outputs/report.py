@@ -20,8 +20,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rocmft.errors import ConfigError
 from rocmft.fsutil import atomic_write_text
-from rocmft.records import WorkerResult, read_worker_result
+from rocmft.records import MANIFEST_FILE, Manifest, WorkerResult, read_manifest, read_worker_result
 
 SUMMARY_MD = "run_summary.md"
 SUMMARY_PNG = "run_summary.png"
@@ -80,20 +81,23 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
     log = _read_jsonl(output_dir / "trainer_log.jsonl")
     state = _read_json(output_dir / "trainer_state.json") or {}
     worker = read_worker_result(output_dir / "rocmft") or WorkerResult()
-    manifest = _read_json(output_dir / "rocmft" / "manifest.json") or {}
-    arguments = manifest.get("arguments") or {}
+    try:  # missing or damaged: its values are missing, as the docstring says
+        manifest = read_manifest(output_dir / "rocmft" / MANIFEST_FILE)
+    except ConfigError:
+        manifest = Manifest()
+    arguments = manifest.arguments
 
     train, evals = _loss_series(log, worker)
     final_train = [h for h in state.get("log_history") or [] if "train_runtime" in h and "train_loss" in h]
     method = {key: arguments.get(key) for key in METHOD_KEYS if arguments.get(key) is not None}
     return {
         "output_dir": str(output_dir),
-        "status": manifest.get("status"),
+        "status": manifest.status,
         "model": arguments.get("model_name_or_path"),
         "data_sets": [n.strip() for n in str(arguments.get("dataset") or "").split(",") if n.strip()],
         "eval_data_sets": [n.strip() for n in str(arguments.get("eval_dataset") or "").split(",") if n.strip()],
         "method": method,
-        "precision": {k: (manifest.get("precision") or {}).get(k) for k in ("policy", "compute_dtype")},
+        "precision": {k: manifest.precision.get(k) for k in ("policy", "compute_dtype")},
         "steps": state.get("global_step") or worker.last_step,
         "max_steps": state.get("max_steps") or worker.max_steps,
         "final_loss": train[-1]["loss"] if train else None,
@@ -103,10 +107,9 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
         "peak_gpu_memory_gib": worker.peak_gpu_memory_gib,
         "world_size": worker.world_size,
         "versions": {
-            k: (manifest.get("versions") or {}).get(k)
-            for k in ("llamafactory", "transformers", "peft", "torch", "deepspeed")
+            k: manifest.versions.get(k) for k in ("llamafactory", "transformers", "peft", "torch", "deepspeed")
         }
-        | {"rocmft": manifest.get("rocmft_version")},
+        | {"rocmft": manifest.rocmft_version},
         "series": {
             "train": train,
             "eval": evals,

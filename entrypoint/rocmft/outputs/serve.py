@@ -219,9 +219,9 @@ def _finished_run(given: str, settings) -> Run:
             "Give a LoRA run's OUTPUT_DIR (or a checkpoint-N in it), e.g. `rocmft serve --load saves/<run>`.",
         )
     run = find_run(given, settings)
-    if run.weights == run.output_dir and run.manifest.get("status") != "finished":
+    if run.weights == run.output_dir and run.manifest.status != "finished":
         raise ConfigError(
-            f"The run in {run.output_dir} did not finish (status {run.manifest.get('status')!r}).",
+            f"The run in {run.output_dir} did not finish (status {run.manifest.status!r}).",
             f"Finish it first, or load a checkpoint: `rocmft serve --load {run.output_dir}/checkpoint-<step>`.",
         )
     return run

@@ -17,9 +17,11 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import jinja2
@@ -37,6 +39,7 @@ from rocmft.facts.modeldir import ModelDir
 from rocmft.facts.scheduler import JobLayout, job_layout
 from rocmft.fsutil import atomic_write_json, atomic_write_text
 from rocmft.nesting import loads_json
+from rocmft.records import MANIFEST_FILE, read_manifest
 from rocmft.render import planner
 from rocmft.render.datasets import Registry, build_registry, split_names
 from rocmft.render.precision import Precision, resolve_precision
@@ -66,60 +69,6 @@ def run_subdir(layout: JobLayout) -> str:
     if layout.is_first_node:
         return RUN_SUBDIR
     return f"{RUN_SUBDIR}-rank{layout.rank}" if layout.mode == "task" else f"{RUN_SUBDIR}-node{layout.node_rank}"
-
-
-@dataclass
-class Plan:
-    """One run, rendered: what later steps read.
-
-    Attributes:
-        settings: the read settings.
-        output_dir: absolute OUTPUT_DIR.
-        run_dir: ``OUTPUT_DIR/rocmft``, where the rendered files end up.
-        staging: the folder they are written to first.
-        arguments: the effective training arguments, parsed back from the rendered train.yaml.
-        sources: argument name -> where its value came from (variable, file, built-in or template default).
-        precision: the resolved precision policy.
-        device: the probed device.
-        registry: the data sets.
-        ds_config: the rendered DeepSpeed config, when ROCMFT_DISTRIBUTED=deepspeed.
-        demo: whether this is the built-in default (tiny model, demo data).
-        launcher: ``"python"`` (one process), ``"torchrun"``, or ``"task"`` (one rank of a scheduler's
-            one-process-per-GPU launch; rocmft.facts.job.LAUNCHERS).
-        files: name -> staged path of each rendered file.
-        probes: facts the GPU checks measured (device probe, all-reduce, the image's build record), kept
-            for the manifest; tests put probe data here instead of running a probe.
-        launch: how the worker is started (rocmft.launch.prepare_launch): command, NUMA binding, the
-            effective communication environment with each value's source; for the manifest.
-        perf: the planner's choices (rocmft.render.planner.PerfPlan): micro-batch, packing, checkpointing,
-            attention, fused kernels, each with its reason; for the manifest and ``rocmft plan``.
-    """
-
-    settings: Settings
-    output_dir: Path
-    run_dir: Path
-    staging: Path
-    arguments: dict[str, Any]
-    sources: dict[str, Source]
-    precision: Precision
-    device: DeviceFacts
-    registry: Registry
-    ds_config: dict[str, Any] | None = None
-    demo: bool = False
-    launcher: str = "python"
-    files: dict[str, Path] = field(default_factory=dict)
-    probes: dict[str, Any] = field(default_factory=dict)
-    launch: dict[str, Any] = field(default_factory=dict)
-    perf: Any = None
-    layout: JobLayout | None = None  # the run's job layout (rocmft.facts.scheduler), read once by render
-
-    def staged(self, final: str | Path) -> Path:
-        """Map a path under ``run_dir`` to its staged twin (used to validate before files move)."""
-        final = Path(final)
-        try:
-            return self.staging / final.relative_to(self.run_dir)
-        except ValueError:
-            return final
 
 
 def _yaml_value(value: Any) -> str:
@@ -239,14 +188,30 @@ class _Fixed:
 @dataclass(frozen=True)
 class Rendered:
     """One run rendered but not yet written: the subject of the ``rendered`` rules (rocmft.validate.rules), then
-    of :func:`write`. Attributes as in :class:`Plan`, and:
+    of :func:`write`, which makes it a :class:`Plan`.
 
     Attributes:
+        settings: the read settings.
+        output_dir: absolute OUTPUT_DIR.
+        run_dir: ``OUTPUT_DIR/rocmft``, where the rendered files end up.
+        staging: the folder they are written to first.
+        arguments: the effective training arguments, parsed back from the rendered train.yaml.
+        sources: argument name -> where its value came from (variable, file, built-in or template default).
+        precision: the resolved precision policy.
+        device: the probed device.
+        registry: the data sets.
+        ds_config: the rendered DeepSpeed config, when ROCMFT_DISTRIBUTED=deepspeed.
+        demo: whether this is the built-in default (tiny model, demo data).
+        launcher: ``"python"`` (one process), ``"torchrun"``, or ``"task"`` (one rank of a scheduler's
+            one-process-per-GPU launch; rocmft.facts.job.LAUNCHERS).
+        perf: the planner's choices (rocmft.render.planner.PerfPlan): micro-batch, packing, checkpointing,
+            attention, fused kernels, each with its reason; for the manifest and ``rocmft plan``.
         text: the rendered train.yaml.
         resume: ROCMFT_RESUME's choice (rocmft.render.resume.choose).
         resumable: whether OUTPUT_DIR has checkpoints (used or not): the resume note is printed then.
         world_size: processes in the job (rocmft.facts.job.world_size: NNODES × processes per node, or the
             scheduler's task count).
+        layout: the run's job layout (rocmft.facts.scheduler), read once by render.
     """
 
     settings: Settings
@@ -272,6 +237,30 @@ class Rendered:
     def model(self) -> ModelDir:
         """The model folder of the rendered MODEL_NAME_OR_PATH (read once for all rules)."""
         return ModelDir(str(self.arguments.get("model_name_or_path", "")))
+
+
+@dataclass(frozen=True)
+class Plan(Rendered):
+    """One run, rendered and written: what later steps read (validation, the launch spec, the checks, the
+    manifest). A :class:`Rendered` (every attribute of it) and:
+
+    Attributes:
+        files: name (``train.yaml``, ``dataset_info.json``, ``ds_config.json``, ``run.json``) -> staged path of each
+            written file (read-only).
+
+    Frozen: no later stage changes it. What the checks measure is kept by the run's probe provider
+    (rocmft.facts.probes), how the worker starts is rocmft.launch.prepare_launch's LaunchSpec.
+    """
+
+    files: Mapping[str, Path] = field(default_factory=lambda: MappingProxyType({}))
+
+    def staged(self, final: str | Path) -> Path:
+        """Map a path under ``run_dir`` to its staged twin (used to validate before files move)."""
+        final = Path(final)
+        try:
+            return self.staging / final.relative_to(self.run_dir)
+        except ValueError:
+            return final
 
 
 def _destination(settings: Settings, layout: JobLayout, layered: dict[str, Any], sources: dict[str, Source], demo: bool,
@@ -471,25 +460,9 @@ def write(rendered: Rendered) -> Plan:
     }
     if rendered.ds_config is not None:
         files["ds_config.json"] = atomic_write_json(staging / "ds_config.json", rendered.ds_config)
-    plan = Plan(
-        settings=rendered.settings,
-        output_dir=rendered.output_dir,
-        run_dir=rendered.run_dir,
-        staging=staging,
-        arguments=rendered.arguments,
-        sources=rendered.sources,
-        precision=rendered.precision,
-        device=rendered.device,
-        registry=rendered.registry,
-        ds_config=rendered.ds_config,
-        demo=rendered.demo,
-        launcher=rendered.launcher,
-        files=files,
-        perf=rendered.perf,
-        layout=rendered.layout,
-    )
-    plan.files["run.json"] = atomic_write_json(staging / "run.json", worker_policy(plan))
-    return plan
+    files["run.json"] = atomic_write_json(staging / "run.json", worker_policy(rendered))
+    rendered_fields = {f.name: getattr(rendered, f.name) for f in fields(Rendered)}  # by name: no twin to keep in step
+    return Plan(**rendered_fields, files=MappingProxyType(files))
 
 
 def _plan_performance(settings: Settings, arguments: dict[str, Any], device: DeviceFacts, precision: Precision,
@@ -519,7 +492,7 @@ def _plan_performance(settings: Settings, arguments: dict[str, Any], device: Dev
                                  sample_tokens=sample_tokens)  # fmt: skip
 
 
-def processes_per_node(plan: Plan) -> int:
+def processes_per_node(plan: Rendered) -> int:
     """Local processes the launch starts: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else
     NPROC_PER_NODE, else one per visible GPU (at least one)."""
     return local_processes(plan.settings, plan.device, plan.launcher, getattr(plan, "layout", None))
@@ -536,12 +509,11 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
         previous = None
     if not isinstance(previous, dict):
         return choose(settings.rocmft.resume, output_dir, None, current)
-    try:
-        manifest = loads_json((run_dir / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        manifest = None
-    worker = manifest.get("worker") if isinstance(manifest, dict) else None
-    world = worker.get("world_size") if isinstance(worker, dict) else None
+    try:  # a missing or damaged manifest: the earlier world size is unknown
+        worker = read_manifest(run_dir / MANIFEST_FILE).worker or {}
+    except ConfigError:
+        worker = {}
+    world = worker.get("world_size")
     world = world if isinstance(world, int) and not isinstance(world, bool) else None
     previous["world_size"] = world if world is not None else world_size  # unknown: not compared
     from rocmft.config.provenance import named_in
@@ -556,7 +528,7 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
     )
 
 
-def worker_policy(plan: Plan) -> dict[str, Any]:
+def worker_policy(plan: Rendered) -> dict[str, Any]:
     """What the worker needs beyond train.yaml (rocmft/run.json): the forced dtype, the faults a test injected
     (rocmft.testhooks). The JSON object of :class:`rocmft.records.RunPolicy` (its one reader is
     rocmft.records.read_run_policy)."""
