@@ -36,7 +36,9 @@ def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=
          **probes):  # fmt: skip
     from rocmft.checks import CheckSubject
     from rocmft.facts.device import facts_from_probe
+    from rocmft.facts.job import world_size
     from rocmft.facts.probes import Probes
+    from rocmft.facts.scheduler import job_layout
 
     probe = probe if probe is not None else devices(gpu())
     stand_in = SimpleNamespace(
@@ -46,6 +48,8 @@ def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=
                                  environ=os.environ),  # the process environment, which the tests set (monkeypatch)
         precision=SimpleNamespace(compute_dtype="bfloat16"),
     )  # fmt: skip
+    stand_in.layout = job_layout(os.environ)  # read once, as render does
+    stand_in.world_size = world_size(stand_in.settings, stand_in.device, launcher, stand_in.layout)
     return CheckSubject(plan=stand_in, probes=Probes(injected={"image": image, "devices": probe, **probes}))
 
 

@@ -208,7 +208,6 @@ def memory_fit(subject) -> Outcome:
     memory it may use). Fails with up to three changes that would fit.
     FSDP full sharding is estimated as ZeRO-3 (both partition parameters, gradients and optimizer states)."""
     from rocmft.facts.device import memory_budget
-    from rocmft.facts.job import world_size
     from rocmft.render import processes_per_node
     from rocmft.render.memfit import estimate, fixes, read_model_shape, spec_from_arguments
 
@@ -227,7 +226,7 @@ def memory_fit(subject) -> Outcome:
     if settings.distributed == "fsdp":
         zero = 3
     offload = settings.offload if settings.distributed == "deepspeed" else "none"
-    world = world_size(subject.plan.settings, subject.plan.device, subject.plan.launcher)
+    world = subject.plan.world_size
     try:
         shape = read_model_shape(model_dir)
     except ConfigError as err:  # a damaged config.json is this check's finding, not its crash

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rocmft.facts.scheduler import JobLayout, job_layout
+from rocmft.facts.scheduler import JobLayout
 from rocmft.values import whole_number
 
 if TYPE_CHECKING:
@@ -21,27 +21,26 @@ if TYPE_CHECKING:
 LAUNCHERS = ("python", "torchrun", "task")
 
 
-def asked_processes(settings: Settings, layout: JobLayout | None = None) -> int:
+def asked_processes(settings: Settings, layout: JobLayout) -> int:
     """Processes per node the user or scheduler asked for: ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE, else the
-    scheduler's (Kubeflow's PET_NPROC_PER_NODE); 0 when none. Variables are read from ``settings.environ``."""
-    layout = job_layout(settings.environ) if layout is None else layout
+    scheduler's (Kubeflow's PET_NPROC_PER_NODE); 0 when none. Variables are read from ``settings.environ``;
+    ``layout``: the run's job layout, read once by render (rocmft.facts.scheduler.job_layout)."""
     given = whole_number(settings.environ.get("NPROC_PER_NODE") or "")
     return settings.rocmft.nproc_per_node or given or layout.nproc_per_node or 0
 
 
-def local_processes(settings: Settings, device: DeviceFacts, launcher: str, layout: JobLayout | None = None) -> int:
+def local_processes(settings: Settings, device: DeviceFacts, launcher: str, layout: JobLayout) -> int:
     """Processes rocmft starts on this node: 1 without torchrun (one process, or one scheduler task); with it
     ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE, else the scheduler's, else one per visible GPU (at least one).
-    ``layout``: the run's job layout (read from ``settings.environ`` when not given)."""
+    ``layout``: the run's job layout."""
     if launcher != "torchrun":
         return 1
     return asked_processes(settings, layout) or max(device.count, 1)
 
 
-def world_size(settings: Settings, device: DeviceFacts, launcher: str, layout: JobLayout | None = None) -> int:
+def world_size(settings: Settings, device: DeviceFacts, launcher: str, layout: JobLayout) -> int:
     """Processes in the whole job: the scheduler's task count in task mode, else processes per node × nodes.
-    ``layout``: the run's job layout (read from ``settings.environ`` when not given)."""
-    layout = job_layout(settings.environ) if layout is None else layout
+    ``layout``: the run's job layout."""
     if launcher == "task":
         return layout.world_size or 1
     return local_processes(settings, device, launcher, layout) * layout.nnodes

@@ -231,7 +231,7 @@ class Rendered:
     resume: ResumeChoice
     resumable: bool
     world_size: int
-    layout: JobLayout | None = None
+    layout: JobLayout
 
     @cached_property
     def model(self) -> ModelDir:
@@ -495,7 +495,7 @@ def _plan_performance(settings: Settings, arguments: dict[str, Any], device: Dev
 def processes_per_node(plan: Rendered) -> int:
     """Local processes the launch starts: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else
     NPROC_PER_NODE, else one per visible GPU (at least one)."""
-    return local_processes(plan.settings, plan.device, plan.launcher, getattr(plan, "layout", None))
+    return local_processes(plan.settings, plan.device, plan.launcher, plan.layout)
 
 
 def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run_dir: Path,
