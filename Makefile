@@ -8,6 +8,9 @@ VENV         ?= .venv
 BIN          := $(VENV)/bin
 SHARED       ?= $(abspath ../shared)
 PYTEST_ARGS  ?=
+# pytest-xdist workers for make test / test-fast (tests/conftest.py groups the tests that share a daemon or a run);
+# TEST_WORKERS=0 runs in this one process (pdb, -x)
+TEST_WORKERS ?= 2
 
 # The architecture: ARCH=... on the command line or in the environment, else ARCH= in .env (as compose reads it:
 # `export ARCH=...`, spaces and quotes allowed), else cpu.
@@ -225,10 +228,10 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 	bash docker/apptainer/build-sif.sh '$(IMAGE)' '$(SIF)'
 
 test: docker-ready slurm-ready vllm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~45 min cold)
-	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
+	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 test-fast: venv ## the in-process tests only (rules, render, planner, checks on injected records): the inner loop
-	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the GPU and cpu setups
 	$(BIN)/ruff check entrypoint tests bench docker

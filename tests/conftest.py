@@ -294,8 +294,32 @@ SLOW_MARKERS = ("train", "docker", "slurm", "vllm", "gpu", "slow")
 SLOW_FILES = frozenset({"test_images.py"})
 
 
+# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): a worker takes a whole group. Tests that
+# share a daemon or an image (Docker, the Slurm cluster, the rocmft:cpu build) are one group, run one after another;
+# those that share the session's LoRA training run (lora_run, exported, and the vLLM tests that serve it) another, so
+# that run is trained once; every other file is a group of its own, so module fixtures are built once.
+SERVICE_FIXTURES = frozenset({"cpu_image", "docker_client", "checkout_copy"})
+SERVICE_MARKERS = ("docker", "slurm")
+TRAINED_FIXTURES = frozenset({"lora_run", "exported"})
+
+
+def _xdist_group(item) -> str:
+    """The pytest-xdist group of a test (see above)."""
+    fixtures = set(item.fixturenames)
+    if (
+        SERVICE_FIXTURES & fixtures
+        or any(item.get_closest_marker(m) for m in SERVICE_MARKERS)
+        or (item.path.name in SLOW_FILES)
+    ):
+        return "services"
+    if TRAINED_FIXTURES & fixtures or item.get_closest_marker("vllm"):
+        return "lora-run"
+    return item.path.name
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         spawns = SPAWNING_FIXTURES & set(item.fixturenames) or item.path.name in SLOW_FILES
         if spawns or any(item.get_closest_marker(m) for m in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))

@@ -56,6 +56,7 @@ def test_the_inputs_phase_reports_its_refusals_together_with_rocmfts_own_setting
     ]
 
 
+@pytest.mark.slow  # starts rocmft, LLaMA-Factory's parser or a trainer as a process (not the fast layer)
 def test_the_cli_prints_every_refusal_and_the_json_holds_the_same_codes_and_settings(tmp_path, cache_dir, tiny_model):
     output = tmp_path / "out"
     env = {"OUTPUT_DIR": str(output), "MODEL_NAME_OR_PATH": str(tiny_model), **THREE}

@@ -85,6 +85,7 @@ def test_the_inputs_phase_reports_each_distributed_and_allocator_problem(render_
     assert ": max_split_size_mb:10 — " in err.findings[3].message
 
 
+@pytest.mark.slow  # starts rocmft, LLaMA-Factory's parser or a trainer as a process (not the fast layer)
 def test_the_cli_prints_a_block_for_each_problem_the_count_and_the_json(tmp_path, cache_dir, tiny_model):
     output = tmp_path / "out"
     mistakes = {"LORA_DROPOUT": "5", "NUM_TRAIN_EPOCHS": "0", "LORA_RANK": "0", "CUTOFF_LEN": "999999"}

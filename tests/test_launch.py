@@ -157,6 +157,7 @@ def test_only_4bit_bitsandbytes_is_shardable(render_env):
     assert qlora.arguments["quantization_bit"] == 4
 
 
+@pytest.mark.slow  # starts rocmft, LLaMA-Factory's parser or a trainer as a process (not the fast layer)
 def test_the_parser_process_becomes_the_worker_only_with_the_same_environment(render_env, shared_data):
     """A one-process `rocmft train` reuses the child that imported LLaMA-Factory and parsed the configuration;
     a torchrun command or an environment the child did not start with (variables that must be set before

@@ -309,6 +309,7 @@ def test_the_node_list_compresses_bad_hosts_with_hostlist():
     assert listing["nodes"][3]["reasons"] == ["net-rdma failed: 1 of 2 NICs"]
 
 
+@pytest.mark.slow  # waits out a network timeout (not the fast layer)
 def test_a_silent_listener_on_master_port_is_named_not_a_crash_to_report(monkeypatch):
     """Found by the break session: a node other than 0 whose MASTER_PORT is held by a program that accepts but never
     speaks c10d's store protocol hung until the child was killed, then said only "did not end ... Report this"."""

@@ -197,6 +197,7 @@ def _worker_losses(folder, cache_dir, run_dir, packed_attention):
     return [entry["loss"] for entry in result["losses"]], result.get("attention"), result.get("tokens_seen")
 
 
+@pytest.mark.slow  # starts rocmft, LLaMA-Factory's parser or a trainer as a process (not the fast layer)
 def test_training_through_the_worker_matches_lf_block_mask(tmp_path, cache_dir, tiny_model, demo_data):
     """The whole worker path (collator wrapper, padding-free keyword arguments, attention set on the loaded model)
     trains exactly as LLaMA-Factory's own neat packing with its dense mask: same losses step by step, same token

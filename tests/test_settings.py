@@ -166,6 +166,7 @@ def test_the_cached_vocabulary_types_values_as_the_live_dataclasses_do():
     assert compared > 3000  # every argument (346 in LLaMA-Factory 0.9.5) with every sample
 
 
+@pytest.mark.slow  # starts rocmft, LLaMA-Factory's parser or a trainer as a process (not the fast layer)
 def test_settings_do_not_import_llamafactory_once_the_vocabulary_is_cached(tmp_path):
     """`rocmft check` spent 14 s of its 20 s on the H200 host importing LLaMA-Factory for the settings."""
     import subprocess
@@ -185,6 +186,7 @@ def test_settings_do_not_import_llamafactory_once_the_vocabulary_is_cached(tmp_p
     assert torn.stdout.split() == ["0.0001", "True"]
 
 
+@pytest.mark.slow  # starts rocmft, LLaMA-Factory's parser or a trainer as a process (not the fast layer)
 def test_rocmft_vocabulary_is_a_setting_and_live_reads_the_same_arguments(tmp_path):
     """ROCMFT_VOCABULARY, named in rocmft.config.lfargs, is a setting (it was refused as unknown), and a live read
     of LLaMA-Factory's dataclasses gives the arguments the cached file gives."""
