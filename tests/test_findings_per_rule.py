@@ -78,8 +78,10 @@ def test_the_inputs_phase_reports_each_distributed_and_allocator_problem(render_
         # an offload already refused for the strategy is not refused again for its ZeRO stage
         ("distributed.distributed", [("ROCMFT_OFFLOAD", "optimizer+params", "ROCMFT_OFFLOAD"),
                                      ("ROCMFT_DISTRIBUTED", "ddp", "ROCMFT_DISTRIBUTED")]),
-        ("runtime.allocator_variables", []),
-        ("runtime.allocator_variables", []),
+        ("runtime.allocator_variables", [("PYTORCH_ALLOC_CONF", "expandable_segments:true,max_split_size_mb:10",
+                                          "PYTORCH_ALLOC_CONF")]),
+        ("runtime.allocator_variables", [("PYTORCH_ALLOC_CONF", "expandable_segments:true,max_split_size_mb:10",
+                                          "PYTORCH_ALLOC_CONF")]),
     ]  # fmt: skip
     assert ": expandable_segments:true — " in err.findings[2].message
     assert ": max_split_size_mb:10 — " in err.findings[3].message

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from rocmft.config.provenance import environment_variable
 from rocmft.errors import ConfigError
 from rocmft.facts.scheduler import job_layout
+from rocmft.findings import note
 from rocmft.render import Plan, processes_per_node
 from rocmft.validate.rules import Inputs, independent, rule
 from rocmft.values import truthy, whole_number
@@ -108,6 +109,7 @@ def allocator_findings(environ: Mapping[str, str]) -> list[str]:
                           f"Put the value you want in PYTORCH_ALLOC_CONF (the current name) and unset "
                           f"{', '.join(others)}.")  # fmt: skip
     name, text = next(iter(given.items()))
+    note(name, text, name, f"{name}={text!r}")  # the findings name the variable as their messages write it
     options = parse_alloc_conf(name, text)
     warnings = []
     unknown = [key for key in options if key not in ALLOC_OPTIONS]
