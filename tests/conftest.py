@@ -9,10 +9,12 @@ ROCMFT_FAULT_* (rocmft.testhooks); without them set it is `python -m rocmft`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -106,11 +108,21 @@ def render_env(tmp_path, cache_dir, tiny_model):
     return run
 
 
+def short_temp_folder(folder: Path) -> Path:
+    """The test's own temp folder for ``folder`` (`rocmft status` notes runs there), the same for every call: a short
+    path in the system's temp folder. Python's multiprocessing and torch's DataLoader put AF_UNIX sockets there,
+    whose paths may not exceed 107 bytes; under pytest-xdist (``.../popen-gw1/<test>/tmp/pymp-.../listener-...``)
+    a folder under tmp_path is too long, and datasets' preprocessing workers fail with EOFError."""
+    digest = hashlib.sha1(str(folder).encode()).hexdigest()[:12]
+    short = Path(tempfile.gettempdir()) / f"rft-{digest}"
+    short.mkdir(exist_ok=True)
+    return short
+
+
 def _rocmft_environment(tmp_path: Path, cache_dir: Path, env: dict[str, str] | None) -> dict[str, str]:
     environ = _clean_environment()
-    (tmp_path / "tmp").mkdir(exist_ok=True)  # the test's own temp folder (`rocmft status` notes runs there)
     environ.update({"ROCMFT_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-                    "TMPDIR": str(tmp_path / "tmp")})  # fmt: skip
+                    "TMPDIR": str(short_temp_folder(tmp_path))})  # fmt: skip
     environ.update(env or {})
     return environ
 
