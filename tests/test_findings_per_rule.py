@@ -17,6 +17,7 @@ from rocmft.errors import ConfigError, ConfigErrors, ExitCode
 from rocmft.findings import note
 from rocmft.validate.rules import Rule, findings, independent
 from rocmft.validate.rules.common import named
+from support.conflicts import raised_in
 
 # Independent mistakes, several in each of three rules of the rendered phase (ranges.py).
 MANY = {"LORA_DROPOUT": "5", "WARMUP_RATIO": "2", "NUM_TRAIN_EPOCHS": "0", "LORA_RANK": "0", "CUTOFF_LEN": "999999",
@@ -44,14 +45,6 @@ def _shape(found) -> list[tuple[str, list[tuple[str, str | None, str | None]]]]:
     return [(f.code, [(s.name, s.value, s.source) for s in f.settings]) for f in found if f.severity == "error"]
 
 
-def _frames(err: BaseException) -> set[str]:
-    names, tb = set(), err.__traceback__
-    while tb is not None:
-        names.add(tb.tb_frame.f_code.co_name)
-        tb = tb.tb_next
-    return names
-
-
 def test_several_mistakes_in_one_rule_are_each_a_finding_in_the_order_checked(render_env, tmp_path):
     first, second = _refused(render_env, MANY), _refused(render_env, MANY)
     assert isinstance(first, ConfigErrors) and first.code == ExitCode.CONFIG_ERROR == 2
@@ -63,7 +56,7 @@ def test_several_mistakes_in_one_rule_are_each_a_finding_in_the_order_checked(re
                         "LORA_ALPHA=-1", "MAX_GRAD_NORM=-1", "MAX_SAMPLES=0"]  # fmt: skip
     # each recorded refusal keeps the traceback of its raise, through the rule that raised it
     for err, finding in zip(first.errors, first.findings, strict=True):
-        assert finding.code.split(".")[1] in _frames(err), finding.code
+        assert finding.code.split(".")[1] in raised_in(err), finding.code
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
@@ -185,7 +178,7 @@ def test_one_problem_through_independent_is_raised_as_it_was(monkeypatch):
     assert type(caught.value) is ConfigError and str(caught.value) == (
         "CUTOFF_LEN=9 (set in the environment) is too long.\n  fix: Shorter."
     )
-    assert "one" in _frames(caught.value)
+    assert "one" in raised_in(caught.value)
 
 
 def test_a_masking_rule_keeps_each_of_its_findings_and_masks_later_rules(monkeypatch):

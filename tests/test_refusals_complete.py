@@ -17,7 +17,7 @@ import pytest
 
 from rocmft.errors import ConfigError
 from rocmft.validate.rules import PHASES, registered
-from support.conflicts import CONFLICTS, ONE_SETTING, PROCESS_VARIABLES, device
+from support.conflicts import CONFLICTS, ONE_SETTING, PROCESS_VARIABLES, device, raised_in
 
 
 def test_every_registered_rule_has_a_case():
@@ -29,14 +29,6 @@ def test_every_registered_rule_has_a_case():
         f"without a case: {sorted(set(names) - set(CONFLICTS) - set(ONE_SETTING))}; "
         f"cases of no rule: {sorted(set(CONFLICTS) | set(ONE_SETTING) - set(names))}"
     )
-
-
-def _raised_in(err: BaseException) -> set[str]:
-    names, tb = set(), err.__traceback__
-    while tb is not None:
-        names.add(tb.tb_frame.f_code.co_name)
-        tb = tb.tb_next
-    return names
 
 
 @pytest.mark.parametrize("rule", list(CONFLICTS))
@@ -80,7 +72,7 @@ def test_each_conflict_names_both_settings_their_values_sources_and_a_fix(
         plan = render_checked(load_settings({**environ, **case.process}), device(case.gpus), make_staging)
         apply("launch", plan)  # as rocmft.launch.prepare_launch does
     err = caught.value
-    assert rule in _raised_in(err), (rule, str(err))
+    assert rule in raised_in(err), (rule, str(err))
     message = err.message
     for named, source in case.involved:
         assert filled(named) in message, (filled(named), message)

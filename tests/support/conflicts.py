@@ -10,6 +10,7 @@ setting that hold only when the user set it. Devices are built here
 from __future__ import annotations
 
 import json
+import traceback
 from dataclasses import dataclass, field
 
 from rocmft.facts.device import DeviceFacts
@@ -122,3 +123,8 @@ def device(gpus: int) -> DeviceFacts:
 
 
 __all__ = ["CONFLICTS", "ENV", "MI300X", "ONE_SETTING", "PROCESS_VARIABLES", "USER_SET", "Case", "device"]
+
+
+def raised_in(err: BaseException) -> set[str]:
+    """The names of the functions ``err``'s traceback passed through (the rule that raised it among them)."""
+    return {frame.f_code.co_name for frame, _ in traceback.walk_tb(err.__traceback__)}
