@@ -306,32 +306,59 @@ SLOW_MARKERS = ("train", "docker", "slurm", "vllm", "gpu", "slow")
 SLOW_FILES = frozenset({"test_images.py"})
 
 
-# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): a worker takes a whole group. Tests that
-# share a daemon or an image (Docker, the Slurm cluster, the rocmft:cpu build) are one group, run one after another;
-# those that share the session's LoRA training run (lora_run, exported, and the vLLM tests that serve it) another, so
-# that run is trained once; every other file is a group of its own, so module fixtures are built once.
-SERVICE_FIXTURES = frozenset({"cpu_image", "docker_client", "checkout_copy"})
-SERVICE_MARKERS = ("docker", "slurm")
+# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): a worker takes a whole group, so the
+# module- and session-scoped fixtures a group shares are built once, on one worker. A group is a test file; the files
+# whose tests use the session's LoRA run (lora_run, exported) are one group, so that run is trained once. Tests of
+# different files that use Docker or the Slurm cluster run side by side: they share no compose project, container
+# name or Slurm job (two clean-clone rehearsals and CI passed with every test scheduled on its own, 2026-12-02).
+# The longest groups go out first (longest-processing-time first), so the in-process files fill the other worker's
+# gaps and the end, instead of one long group starting last. A group's length is guessed from its tests' markers:
+# rough seconds per test read off the clean-clone rehearsal of fe4553c (`--durations=25`: Docker, Slurm and vLLM
+# tests take one to six minutes, CPU training runs tens of seconds, another rocmft process a few seconds).
+GUESSED_SECONDS = {"docker": 120, "slurm": 120, "vllm": 120, "train": 40, "gpu": 0}
 TRAINED_FIXTURES = frozenset({"lora_run", "exported"})
+TRAINED_FILES = frozenset({"test_export.py", "test_fabric.py", "test_serve_command.py"})
 
 
-def _xdist_group(item) -> str:
-    """The pytest-xdist group of a test (see above)."""
-    fixtures = set(item.fixturenames)
-    if (
-        SERVICE_FIXTURES & fixtures
-        or any(item.get_closest_marker(m) for m in SERVICE_MARKERS)
-        or (item.path.name in SLOW_FILES)
-    ):
-        return "services"
-    if TRAINED_FIXTURES & fixtures or item.get_closest_marker("vllm"):
-        return "lora-run"
-    return item.path.name
+def _group(nodeid: str) -> str:
+    """The group of a test from its node id (all the controller has: the workers collect)."""
+    path = nodeid.split("::", 1)[0]
+    return "lora-run" if path.rsplit("/", 1)[-1] in TRAINED_FILES else path
+
+
+def _is_slow(item) -> bool:
+    spawns = SPAWNING_FIXTURES & set(item.fixturenames) or item.path.name in SLOW_FILES
+    return bool(spawns or any(item.get_closest_marker(m) for m in SLOW_MARKERS))
 
 
 def pytest_collection_modifyitems(config, items):
+    trained = {item.path.name for item in items if TRAINED_FIXTURES & set(item.fixturenames)}
+    if trained - TRAINED_FILES:
+        raise pytest.UsageError(f"tests/conftest.py: add {sorted(trained - TRAINED_FILES)} to TRAINED_FILES (their "
+                                "tests use the session's LoRA run, which one worker should train)")  # fmt: skip
+    weight: dict[str, float] = {}
     for item in items:
-        spawns = SPAWNING_FIXTURES & set(item.fixturenames) or item.path.name in SLOW_FILES
-        if spawns or any(item.get_closest_marker(m) for m in SLOW_MARKERS):
+        seconds = 0.2
+        if _is_slow(item):
             item.add_marker(pytest.mark.slow)
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+            marked = [GUESSED_SECONDS[m] for m in GUESSED_SECONDS if item.get_closest_marker(m)]
+            seconds = max(marked) if marked else 4
+        weight[_group(item.nodeid)] = weight.get(_group(item.nodeid), 0) + seconds
+    # a stable sort: a group's tests keep their order; every worker sorts alike (xdist checks the orders agree)
+    items.sort(key=lambda item: -weight.get(_group(item.nodeid), 0))
+
+
+# pytest-xdist's own loadgroup reads an xdist_group marker into the node id (item._nodeid), which pytest 9 no longer
+# reads (its Node keeps the id in _id): every test was scheduled on its own, one file's tests ran on both workers and
+# session fixtures such as the SIF were built twice (found 2026-12-03). The scheduler below takes the groups from
+# _group instead; it is xdist's LoadScopeScheduling with the scope function replaced, as xdist's LoadGroupScheduling is.
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ByGroup(config, log)
