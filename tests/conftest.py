@@ -312,10 +312,21 @@ SLOW_FILES = frozenset({"test_images.py"})
 # different files that use Docker or the Slurm cluster run side by side: they share no compose project, container
 # name or Slurm job (two clean-clone rehearsals and CI passed with every test scheduled on its own, 2026-12-02).
 # The longest groups go out first (longest-processing-time first), so the in-process files fill the other worker's
-# gaps and the end, instead of one long group starting last. A group's length is guessed from its tests' markers:
-# rough seconds per test read off the clean-clone rehearsal of fe4553c (`--durations=25`: Docker, Slurm and vLLM
-# tests take one to six minutes, CPU training runs tens of seconds, another rocmft process a few seconds).
+# gaps and the end, instead of one long group starting last. A group's length is its files' measured seconds
+# (tests/durations.json, written by bench/test_durations.py from a clean-clone run); a file not measured there is
+# guessed from its tests' markers: rough seconds per test read off the rehearsal of fe4553c (`--durations=25`: Docker,
+# Slurm and vLLM tests take one to six minutes, CPU training runs tens of seconds, another rocmft process a few).
 GUESSED_SECONDS = {"docker": 120, "slurm": 120, "vllm": 120, "train": 40, "gpu": 0}
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def _measured_seconds() -> dict[str, float]:
+    try:
+        return json.loads(DURATIONS.read_text())["seconds"]
+    except FileNotFoundError:
+        return {}
+
+
 TRAINED_FIXTURES = frozenset({"lora_run", "exported"})
 TRAINED_FILES = frozenset({"test_export.py", "test_fabric.py", "test_serve_command.py"})
 
@@ -336,6 +347,7 @@ def pytest_collection_modifyitems(config, items):
     if trained - TRAINED_FILES:
         raise pytest.UsageError(f"tests/conftest.py: add {sorted(trained - TRAINED_FILES)} to TRAINED_FILES (their "
                                 "tests use the session's LoRA run, which one worker should train)")  # fmt: skip
+    measured = _measured_seconds()
     weight: dict[str, float] = {}
     for item in items:
         seconds = 0.2
@@ -343,7 +355,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
             marked = [GUESSED_SECONDS[m] for m in GUESSED_SECONDS if item.get_closest_marker(m)]
             seconds = max(marked) if marked else 4
+        if item.path.name in measured:
+            seconds = 0  # the file's measured total is added once, below
         weight[_group(item.nodeid)] = weight.get(_group(item.nodeid), 0) + seconds
+    for name in {item.path.name for item in items} & measured.keys():
+        group = _group(f"tests/{name}")
+        weight[group] = weight.get(group, 0) + measured[name]
     # a stable sort: a group's tests keep their order; every worker sorts alike (xdist checks the orders agree)
     items.sort(key=lambda item: -weight.get(_group(item.nodeid), 0))
 
@@ -361,4 +378,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _group(nodeid)
 
+    # LoadScopeScheduling hands out the groups with the most tests first unless told not to: keep the order
+    # pytest_collection_modifyitems gave (the longest groups first)
+    config.option.loadscopereorder = False
     return ByGroup(config, log)
