@@ -34,7 +34,7 @@ import fnmatch
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,25 @@ def kfd_gpus(root: Path = Path("/")) -> list[dict[str, Any]] | None:
             "pci": pci, "unique_id": props.get("unique_id"), "name": (_read(node / "name") or "").strip(),
         })  # fmt: skip
     return gpus
+
+
+def mapped_gpus(root: Path = Path("/")) -> list[dict[str, Any]] | None:
+    """The GPUs of the KFD topology (:func:`kfd_gpus`) whose render node is mapped into this container (the file
+    /dev/dri/renderD<drm_render_minor> exists under ``root``), in topology node order; None without a topology."""
+    gpus = kfd_gpus(root)
+    if gpus is None:
+        return None
+    return [g for g in gpus if g["render"] and (root / g["render"].lstrip("/")).exists()]
+
+
+def real_targets(root: Path, devices: Mapping[str, Any] | None) -> list[str]:
+    """The gfx targets of this container's GPUs as the hardware reports them: the mapped KFD GPUs' (the KFD's
+    gfx_target_version, which HSA_OVERRIDE_GFX_VERSION does not change), else the device probe's gcnArchName
+    without features (which the override does change), else none."""
+    mapped = mapped_gpus(root)
+    if mapped:
+        return [g["target"] for g in mapped]
+    return [str(g.get("arch", "")).split(":")[0] for g in (devices or {}).get("gpus", []) if g.get("arch")]
 
 
 def kfd_processes(root: Path = Path("/")) -> list[dict[str, Any]] | None:
