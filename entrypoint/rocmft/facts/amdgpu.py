@@ -112,6 +112,21 @@ def amdgpu_cards(root: Path = Path("/")) -> list[dict[str, Any]]:
     return cards
 
 
+# --- the driver's version ---------------------------------------------------------------------------------
+def driver_version(root: Path = Path("/")) -> dict[str, Any]:
+    """The host's amdgpu kernel driver under ``root``: ``{"loaded": bool, "version": str|None, "kernel": str|None}``.
+
+    ``loaded``: /sys/module/amdgpu exists (the module is loaded; in a container sysfs shows the host's).
+    ``version``: /sys/module/amdgpu/version, which only AMD's out-of-tree DKMS driver has (MODULE_VERSION; the
+    kernel's own amdgpu sets none): e.g. ``6.14.14`` for the driver of ROCm 7.0 (amdgpu 30.10), the number amd-smi
+    prints as "amdgpu version" and dmesg as "[drm] amdgpu version: ..."; None for the in-tree driver. ``kernel``:
+    /proc/sys/kernel/osrelease (uname -r).
+    """
+    version = (_read(root / "sys/module/amdgpu/version") or "").strip() or None
+    kernel = (_read(root / "proc/sys/kernel/osrelease") or "").strip() or None
+    return {"loaded": (root / "sys/module/amdgpu").is_dir(), "version": version, "kernel": kernel}
+
+
 # --- KFD topology and per-process memory -----------------------------------------------------------------
 def gfx_target(version: int) -> str:
     """The gfx target name of a KFD ``gfx_target_version`` (major*10000 + minor*100 + stepping, minor and
