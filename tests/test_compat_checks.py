@@ -149,3 +149,13 @@ def test_the_rocm_only_row_is_not_applied_to_a_cuda_torch_and_real_versions_are_
     real = compat.installed_versions()  # this environment's, by importlib.metadata
     assert real.get("bitsandbytes") == "0.50.2"
     assert compat.library_versions(plan(arguments={"quantization_bit": 4})).status == PASS
+
+
+def test_a_torch_rocm_bitsandbytes_ships_no_library_for_fails_naming_what_it_has():
+    """ROCm/bitsandbytes#82: with torch and ROCm versions that do not match what the wheel was built for,
+    bitsandbytes looks for a library it does not ship and fails. The real wheel has no ROCm 8 library at all."""
+    image = {**ROCM72, "rocm_version": "8.0"}
+    outcome = compat.rocm_builds(plan(image=image, probe=rocm_probe("8.0.1"), arguments={"quantization_bit": 4}))
+    assert outcome.status == FAIL and "would load libbitsandbytes_rocm80.so (missing), which is not there" in \
+        outcome.message  # fmt: skip
+    assert "libbitsandbytes_rocm72.so" in outcome.message and "libbitsandbytes_rocm80.so" in outcome.remedy
