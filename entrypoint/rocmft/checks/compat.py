@@ -131,7 +131,7 @@ def _bnb_facts(subject) -> dict[str, Any]:
         if library.is_file():
             try:
                 facts["targets"] = sorted(gfx_targets(library))
-            except CodeObjectError as err:
+            except (CodeObjectError, ImportError) as err:  # unreadable bundles, or no zstandard/pyelftools here
                 facts["targets_error"] = str(err)
         return facts
 
