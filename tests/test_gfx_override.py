@@ -60,7 +60,7 @@ def test_a_consumer_card_the_image_lacks_is_refused_naming_the_opt_in():
     assert "ROCMFT_GFX_OVERRIDE=auto" in outcome.remedy and "HSA_OVERRIDE_GFX_VERSION=11.0.0" in outcome.remedy
 
 
-def test_opted_in_rocmft_sets_the_override_for_the_launch_and_says_so(tmp_path, monkeypatch, capsys):
+def test_opted_in_rocmft_sets_the_override_for_the_launch_and_says_so(tmp_path, capsys):
     """The same card with ROCMFT_GFX_OVERRIDE=auto: the launch adds HSA_OVERRIDE_GFX_VERSION=11.0.0 with its source
     (recorded in the manifest's launch record), one console line says it, and gpu-arch warns that the card runs as
     gfx1100. Not applied when the user set the variable, nor to a card with no safe value, nor with the setting off."""
@@ -68,27 +68,25 @@ def test_opted_in_rocmft_sets_the_override_for_the_launch_and_says_so(tmp_path, 
     from rocmft.facts.probes import Probes
     from rocmft.launch import spec
 
-    profile = tmp_path / "arch.env"
-    profile.write_text("ARCH=gfx1100\nPYTORCH_ROCM_ARCH=gfx1100\n")
+    image = GFX1100_IMAGE  # the build record the checks read too (PYTORCH_ROCM_ARCH=gfx1100)
     root = rx7800_host(tmp_path / "host")
     probe = devices(gpu(**RX7800))
     stand_in = SimpleNamespace(settings=SimpleNamespace(rocmft=SimpleNamespace(gfx_override="auto")))
-    value, why = spec.gfx_override(stand_in, {}, root, probe, profile)
+    value, why = spec.gfx_override(stand_in, {}, root, probe, image)
     assert (value, why) == ("11.0.0", "ROCMFT_GFX_OVERRIDE=auto: gfx1101 run the image's gfx1100 code")
-    assert spec.gfx_override(stand_in, {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}, root, probe, profile) is None
+    assert spec.gfx_override(stand_in, {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}, root, probe, image) is None
     off = SimpleNamespace(settings=SimpleNamespace(rocmft=SimpleNamespace(gfx_override="off")))
-    assert spec.gfx_override(off, {}, root, probe, profile) is None
+    assert spec.gfx_override(off, {}, root, probe, image) is None
     strix = tmp_path / "strix"
     kfd_node(strix, 1, 7, 110501, 128, 0xC300, "gfx1151")
     (strix / "dev/dri").mkdir(parents=True)
     (strix / "dev/dri/renderD128").touch()
-    assert spec.gfx_override(stand_in, {}, strix, devices(gpu(arch="gfx1151")), profile) is None
+    assert spec.gfx_override(stand_in, {}, strix, devices(gpu(arch="gfx1151")), image) is None
 
-    monkeypatch.setattr(spec, "ARCH_PROFILE", profile)  # the image's profile, read when the launch is built
     launch = spec.build_launch_spec(
         SimpleNamespace(settings=SimpleNamespace(rocmft=SimpleNamespace(gfx_override="auto", numa_bind="auto")),
                         layout=None, launcher="python", run_dir=tmp_path / "run", device=SimpleNamespace(count=1)),
-        {}, root, devices=probe)  # fmt: skip
+        {}, root, devices=probe, image=GFX1100_IMAGE)  # fmt: skip
     assert launch.environment["HSA_OVERRIDE_GFX_VERSION"] == "11.0.0"
     assert launch.as_record()["communication"]["HSA_OVERRIDE_GFX_VERSION"]["source"] == f"rocmft: {why}"
     kept = _with_gfx_override({}, launch, Probes(injected={"devices": probe}), {"devices": probe})
@@ -164,3 +162,40 @@ def test_a_node_mixing_families_gets_the_exact_devices_to_hide(tmp_path):
     assert arch.status == FAIL and "train on the others only: HIP_VISIBLE_DEVICES=1,2" in arch.remedy
     chosen = devices(gpu(0, arch="gfx1030"), gpu(1), visible={"HIP_VISIBLE_DEVICES": "3,5"})
     assert "HIP_VISIBLE_DEVICES=5 (was 3,5)" in checks.gpu_arch(plan(probe=chosen)).remedy
+
+
+def test_rocmft_check_refuses_the_card_then_runs_it_opted_in(run_rocmft, tmp_path, tiny_model, demo_data):
+    """End to end, as a user runs `rocmft check` on an RX 7800 XT with the gfx1100 image (INJECTED probes through
+    ROCMFT_TEST_PROBES, the shapes of tests/test_rules_checks_cli.py): refused with exit 3 naming the opt-in; with
+    ROCMFT_GFX_OVERRIDE=auto the console says the override once and gpu-arch warns, naming who set it
+    (AUTOMATIC1111/stable-diffusion-webui#13534)."""
+    import json
+
+    from tests.test_rules_checks_cli import HEALTHY, IMAGE
+    from tests.test_rules_checks_cli import devices as cli_devices
+    from tests.test_rules_checks_cli import gpu as cli_gpu
+
+    from rocmft.errors import ExitCode
+
+    card = cli_gpu(0, "gfx1101", "AMD Radeon RX 7800 XT")
+    probes = {**HEALTHY, "image": {**IMAGE, "arch": "gfx1100", "pytorch_rocm_arch": "gfx1100"},
+              "devices": cli_devices(card), "device_nodes": HEALTHY["device_nodes"][:2]}  # fmt: skip
+    (tmp_path / "probes.json").write_text(json.dumps(probes))
+    env = {"ROCMFT_TEST_PROBES": str(tmp_path / "probes.json"), "ROCMFT_PRECISION": "fp32",
+           "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+           "CUTOFF_LEN": "128"}  # fmt: skip
+    refused = run_rocmft("check", env={**env, "OUTPUT_DIR": str(tmp_path / "off")})
+    assert refused.returncode == ExitCode.CHECK_FAILED, refused.stdout[-3000:]
+    report = json.loads((tmp_path / "off" / "rocmft" / "checks.json").read_text())
+    arch = next(c for c in report["checks"] if c["id"] == "gpu-arch")
+    assert arch["status"] == "fail" and "ROCMFT_GFX_OVERRIDE=auto" in arch["remedy"]
+    assert "HSA_OVERRIDE_GFX_VERSION=11.0.0 set for" not in refused.stdout
+
+    opted = run_rocmft("check", env={**env, "OUTPUT_DIR": str(tmp_path / "on"), "ROCMFT_GFX_OVERRIDE": "auto"})
+    assert opted.returncode == ExitCode.OK, opted.stdout[-3000:]
+    line = ("[rocmft] HSA_OVERRIDE_GFX_VERSION=11.0.0 set for the checks and the training (rocmft: "
+            "ROCMFT_GFX_OVERRIDE=auto: gfx1101 run the image's gfx1100 code)")  # fmt: skip
+    assert opted.stdout.count(line) == 1, opted.stdout[-3000:]
+    report = json.loads((tmp_path / "on" / "rocmft" / "checks.json").read_text())
+    arch = next(c for c in report["checks"] if c["id"] == "gpu-arch")
+    assert arch["status"] == "warn" and "set by ROCMFT_GFX_OVERRIDE=auto" in arch["message"]
