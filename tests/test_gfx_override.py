@@ -199,3 +199,17 @@ def test_rocmft_check_refuses_the_card_then_runs_it_opted_in(run_rocmft, tmp_pat
     report = json.loads((tmp_path / "on" / "rocmft" / "checks.json").read_text())
     arch = next(c for c in report["checks"] if c["id"] == "gpu-arch")
     assert arch["status"] == "warn" and "set by ROCMFT_GFX_OVERRIDE=auto" in arch["message"]
+
+
+@pytest.mark.slow
+def test_the_probe_child_runs_in_the_environment_it_is_given():
+    """The re-probe under the override (rocmft.cli.common._with_gfx_override) and the library probe
+    (rocmft.checks.system.libraries) hand the child a whole environment: the child sees it, not rocmft's own. The
+    real device probe, on this machine's CPU torch, records the visibility variables it ran with."""
+    import os
+
+    from rocmft.facts.device import PROBE_TIMEOUT_S, run_probe
+
+    seen = run_probe(["devices"], PROBE_TIMEOUT_S, env={**os.environ, "HIP_VISIBLE_DEVICES": "7"})
+    assert seen.get("visible", {}).get("HIP_VISIBLE_DEVICES") == "7", seen
+    assert "HIP_VISIBLE_DEVICES" not in os.environ
