@@ -16,6 +16,15 @@ from typing import Any
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
 from rocmft.facts.device import ALLREDUCE_MIB, ALLREDUCE_TIMEOUT_S
+from rocmft.facts.gfx import (
+    OVERRIDE,
+    SAFE_OVERRIDES,
+    base_target,
+    built_targets,
+    override_problems,
+    override_target,
+    safe_override,
+)
 from rocmft.render import processes_per_node
 
 # Share of a GPU's memory in use before training that suggests a leaked or foreign process (a fresh GPU shows
@@ -27,18 +36,8 @@ MEMORY_IN_USE_WARN = 0.10
 # 256 MiB per data-loader worker (a judgement for prefetch_factor 2 of padded batches).
 SHM_PER_RANK = 1 << 30
 SHM_PER_WORKER = 256 << 20
-# gfx targets that run code built for another target when HSA_OVERRIDE_GFX_VERSION says so (same ISA
-# generation; ROCm's documented workaround for unsupported consumer cards). Anything else is refused.
-GFX_OVERRIDES = {
-    "gfx1101": ("gfx1100", "11.0.0"),
-    "gfx1102": ("gfx1100", "11.0.0"),
-    "gfx1103": ("gfx1100", "11.0.0"),
-    "gfx1031": ("gfx1030", "10.3.0"),
-    "gfx1032": ("gfx1030", "10.3.0"),
-    "gfx1034": ("gfx1030", "10.3.0"),
-    "gfx1035": ("gfx1030", "10.3.0"),
-    "gfx1036": ("gfx1030", "10.3.0"),
-}
+# kept under its old name for rocmft.checks.node: the consumer cards with a well-known safe override
+GFX_OVERRIDES = SAFE_OVERRIDES
 
 
 def image_record(subject) -> dict[str, Any] | None:
@@ -144,36 +143,90 @@ def gpu_runtime(subject) -> Outcome:
     return Outcome(PASS, f"{len(gpus)} GPU(s), {wanted} process(es)", f"{probe.get('backend')}: {names} ({shown})")
 
 
+def real_gpu_targets(subject) -> list[str]:
+    """The gfx targets of the container's GPUs as the hardware reports them: the KFD topology's mapped GPUs
+    (``kfd_gpus`` under the injected ``node_root``; HSA_OVERRIDE_GFX_VERSION does not change them), else the device
+    probe's gcnArchName (which the override does change)."""
+    from rocmft.facts import amdgpu
+
+    root = Path(subject.probes.known("node_root", "/"))
+    gpus = subject.probes.get("kfd_gpus", lambda: amdgpu.kfd_gpus(root)) or []
+    mapped = [g["target"] for g in gpus if g["render"] and (root / g["render"].lstrip("/")).exists()]
+    return mapped or [base_target(g["arch"]) for g in devices_probe(subject).get("gpus", [])]
+
+
+def current_override(subject) -> tuple[str | None, str]:
+    """HSA_OVERRIDE_GFX_VERSION as the training will run with it, and who set it: rocmft (ROCMFT_GFX_OVERRIDE=auto,
+    in the launch's variables) or the user (the run's environment)."""
+    if OVERRIDE in subject.launch_environment:
+        return subject.launch_environment[OVERRIDE], "set by ROCMFT_GFX_OVERRIDE=auto"
+    return subject.plan.settings.environ.get(OVERRIDE), "set in the environment"
+
+
 @check("gpu-arch", "GPU gfx targets built for", timeout_s=10, needs=("gpu-runtime",))
 def gpu_arch(subject) -> Outcome:
-    """Each GPU's gfx target (gcnArchName without its feature flags) is one the image was built for
-    (PYTORCH_ROCM_ARCH of the build record); a close relative gets HSA_OVERRIDE_GFX_VERSION advice."""
-    record = image_record(subject) or {}
-    built = set(str(record.get("pytorch_rocm_arch", "")).replace(";", " ").split())
+    """Each GPU's gfx target (the KFD topology's, else gcnArchName without its feature flags) is one the image was
+    built for (PYTORCH_ROCM_ARCH of the build record), or runs the image's code through HSA_OVERRIDE_GFX_VERSION.
+
+    * HSA_OVERRIDE_GFX_VERSION malformed, of another family than a GPU, on an Instinct GPU naming another target,
+      or naming a target the image lacks: **fail**, naming the value (rocmft.facts.gfx.override_problems);
+    * set on an Instinct GPU that needs none: **warn**;
+    * a GPU run as a family member through the override: **warn** (AMD does not guarantee the results);
+    * a GPU the image was not built for: **fail**, naming ROCMFT_GFX_OVERRIDE=auto and the value where one is safe.
+    """
+    built = built_targets(image_record(subject))
     probe = devices_probe(subject)
     if probe.get("backend") != "rocm" or not built:
         return Outcome(SKIP, probe.get("backend", "?"), "gfx targets apply to ROCm images only.")
-    targets = sorted({g["arch"].split(":")[0] for g in probe["gpus"]})
-    foreign = [t for t in targets if t not in built]
+    real = sorted(set(real_gpu_targets(subject)))
+    value, who = current_override(subject)
+    shown, images = ", ".join(real), ", ".join(sorted(built))
+    problems = override_problems(value, real, built) if value is not None else []
+    fails, warns = [t for k, t in problems if k == "fail"], [t for k, t in problems if k == "warn"]
+    safe = safe_override(real, built)
+    if fails:
+        fix = f"Unset {OVERRIDE}" + (f", or set {OVERRIDE}={safe} (ROCMFT_GFX_OVERRIDE=auto sets it for you)"
+                                     if safe else " (the image has code for " + images + ")")  # fmt: skip
+        return Outcome(FAIL, shown, f"{'; '.join(fails)} ({who}).", fix + ".")
+    foreign = [t for t in real if t not in built]
+    if foreign and value is not None and override_target(value) in built:
+        note = f"Running {', '.join(foreign)} as {override_target(value)} via {OVERRIDE}={value} ({who})"
+        return Outcome(WARN, shown, note + ". AMD does not guarantee correct results on an overridden GPU "
+                       "(ROCm/ROCmValidationSuite#556).", "Nothing to do if the checks below pass; an image built "
+                       f"for {', '.join(foreign)} (docker/arch/<target>.env) needs no override.")  # fmt: skip
     if not foreign:
-        return Outcome(PASS, ", ".join(targets), f"the image was built for {', '.join(sorted(built))}")
-    override = subject.plan.settings.environ.get("HSA_OVERRIDE_GFX_VERSION")
+        if warns:
+            return Outcome(WARN, shown, f"{'; '.join(warns)} ({who}).", f"Unset {OVERRIDE}: the image has {images} "
+                           "code.")  # fmt: skip
+        return Outcome(PASS, shown, f"the image was built for {images}")
     advice = []
     for target in foreign:
-        base, version = GFX_OVERRIDES.get(target, (None, None))
-        if base in built:
-            if override == version:
-                continue
-            advice.append(f"{target}: set HSA_OVERRIDE_GFX_VERSION={version} to run the image's {base} code")
+        base, version = SAFE_OVERRIDES.get(target, (None, None))
+        if base in built and safe:
+            advice.append(f"{target}: set ROCMFT_GFX_OVERRIDE=auto (rocmft then sets {OVERRIDE}={version} and says "
+                          f"so) or {OVERRIDE}={version} yourself, to run the image's {base} code")  # fmt: skip
         else:
             advice.append(f"{target}: no safe override; build an image for it (a docker/arch/{target}.env profile)")
-    if not advice:
-        return Outcome(
-            WARN, ", ".join(targets), f"Running {', '.join(foreign)} as {override} via HSA_OVERRIDE_GFX_VERSION."
-        )
-    message = f"The image was built for {', '.join(sorted(built))}, not {', '.join(foreign)}."
-    return Outcome(FAIL, ", ".join(targets), message,
-                   "; ".join(advice))  # fmt: skip
+    message = f"The image was built for {images}, not {', '.join(foreign)}."
+    keep = [g["index"] for g in probe["gpus"] if base_target(g["arch"]) in built]
+    if keep and len(keep) < len(probe["gpus"]):  # a node mixing families: the exact value that hides the others
+        advice.append(f"or train on the others only: {keep_visible(keep, probe.get('visible') or {})}")
+    return Outcome(FAIL, shown, message, "; ".join(advice))
+
+
+def keep_visible(keep: list[int], visible: dict[str, str]) -> str:
+    """The visibility setting that leaves only the probe's GPUs ``keep`` (torch indexes, which count the GPUs the
+    current ``visible`` settings leave): HIP_VISIBLE_DEVICES=<those indexes> when none is set, else the one set
+    variable with the entries at those positions (HIP indexes what ROCR_VISIBLE_DEVICES leaves, so only one of them
+    is changed: rule 44)."""
+    names = [n for n in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES") if visible.get(n)]
+    if not names:
+        return "HIP_VISIBLE_DEVICES=" + ",".join(str(i) for i in keep)
+    name = names[0]  # HIP's (or CUDA's) applies last: its entries are what torch's indexes count
+    entries = [e.strip() for e in visible[name].split(",")]
+    if max(keep) >= len(entries):
+        return "HIP_VISIBLE_DEVICES=" + ",".join(str(i) for i in keep) + f" (in place of {name}={visible[name]})"
+    return f"{name}=" + ",".join(entries[i] for i in keep) + f" (was {visible[name]})"
 
 
 @check("gpu-memory", "GPU memory already in use", timeout_s=10, needs=("gpu-runtime",))

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
-from rocmft.checks.gpu import GFX_OVERRIDES, image_record
+from rocmft.checks.gpu import GFX_OVERRIDES, current_override, image_record
 from rocmft.facts import amdgpu
+from rocmft.facts.gfx import visible_devices
 
 # Faults older than this are history (reported, not warned about): a ring timeout last week was handled by the
 # reset that followed it. A day is a judgement: long enough to catch the previous job's crash on this node.
@@ -137,13 +138,13 @@ def gpu_faults(subject) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------------------------------
-def _supported(target: str, built: set[str], environ) -> bool:
+def _supported(target: str, built: set[str], override: str | None) -> bool:
     """Whether the image can run ``target``: built for it, or for its override base with HSA_OVERRIDE_GFX_VERSION
-    set to match in ``environ`` (the same rule gpu-arch applies)."""
+    (``override``: the launch's, rocmft.checks.gpu.current_override) set to match (the same rule gpu-arch applies)."""
     if target in built:
         return True
     base, version = GFX_OVERRIDES.get(target, (None, None))
-    return base in built and environ.get("HSA_OVERRIDE_GFX_VERSION") == version
+    return base in built and override == version
 
 
 @check("gpu-families", "GPUs the image cannot run mapped in", timeout_s=10)
@@ -163,7 +164,8 @@ def gpu_families(subject) -> Outcome:
     root = _root(subject)
     mapped = [g for g in gpus if g["render"] and (root / g["render"].lstrip("/")).exists()]
     families = sorted({g["target"] for g in gpus})
-    foreign = [g for g in mapped if not _supported(g["target"], built, subject.plan.settings.environ)]
+    override = current_override(subject)[0]
+    foreign = [g for g in mapped if not _supported(g["target"], built, override)]
     good = [g for g in mapped if g not in foreign]
     value = f"{len(mapped)} of {len(gpus)} GPU(s) mapped; host has {', '.join(families) or 'none'}"
     data = {"gpus": gpus, "mapped": [g["render"] for g in mapped], "built": sorted(built)}
@@ -190,8 +192,14 @@ def gpu_families(subject) -> Outcome:
     }
     shown = ", ".join(f"{k}={v}" for k, v in visible.items())
     hidden = f" ({shown} is set: check it leaves them out)" if visible else ""
+    hide = ""
+    if good:  # the runtime's indexes of the GPUs to keep (rocmft.facts.gfx.visible_devices)
+        keep = visible_devices(mapped, good)
+        hide = (f" Or hide the others: ROCR_VISIBLE_DEVICES={keep} (or HIP_VISIBLE_DEVICES={keep} instead, not both: "
+                "the second indexes what the first left).")  # fmt: skip
+    data["visible_devices"] = visible_devices(mapped, good) if good else None
     return Outcome(
         WARN, value, f"Mapped into the container but not built for by this image ({', '.join(sorted(built))}): "
         f"{named}{hidden}. Work placed on them fails (no kernels for their target).",
-        fix + " Or leave them out with ROCR_VISIBLE_DEVICES.", data,
+        fix + hide, data,
     )  # fmt: skip

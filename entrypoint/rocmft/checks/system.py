@@ -156,7 +156,9 @@ def libraries(subject) -> Outcome:
     if needs:
         from rocmft.facts.device import run_probe
 
-        probes = subject.probes.get("libs", lambda: run_probe(["libs", *needs], LIBS_TIMEOUT_S))
+        override = {k: v for k, v in subject.launch_environment.items() if k == "HSA_OVERRIDE_GFX_VERSION"}
+        env = {**subject.plan.settings.environ, **override} if override else None  # as the training will run
+        probes = subject.probes.get("libs", lambda: run_probe(["libs", *needs], LIBS_TIMEOUT_S, env=env))
         for name, setting in needs.items():
             result = probes.get(name) or {"ok": False, "error": probes.get("error", "no result")}
             label = {"bnb": "bitsandbytes", "fa2": "flash-attention"}[name]

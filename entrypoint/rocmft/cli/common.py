@@ -182,6 +182,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     # the run's one probe provider; the probe results a test injected (empty in production) win over measuring
     probes = Probes(seeded={"devices": devices}, injected=testhooks.injected_probes())
     launch = prepare_launch(plan, probes)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
+    probes = _with_gfx_override(settings.environ, launch, probes, testhooks.injected_probes())
     timings["render"] = time.monotonic() - started
     say(f"precision: {plan.precision.policy} ({plan.precision.reason})", all_ranks=True)
     _say_plan(plan.perf)
@@ -195,6 +196,25 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
         all_ranks=True,
     )
     return Prepared(plan=plan, probes=probes, launch=launch)
+
+
+def _with_gfx_override(environ, launch: LaunchSpec, probes: Probes, injected) -> Probes:
+    """When rocmft sets HSA_OVERRIDE_GFX_VERSION for the launch (ROCMFT_GFX_OVERRIDE=auto,
+    rocmft.launch.spec.gfx_override), say so on the console and probe the devices again under it, so that the checks
+    judge the GPUs as the training will run them (the first probe started before the settings were read). Returns
+    the probe provider the checks use."""
+    from rocmft.facts.device import PROBE_TIMEOUT_S, run_probe
+    from rocmft.facts.probes import Probes
+
+    added = launch.communication.get("HSA_OVERRIDE_GFX_VERSION")
+    if not added or "HSA_OVERRIDE_GFX_VERSION" not in launch.environment:
+        return probes
+    say(f"HSA_OVERRIDE_GFX_VERSION={added['value']} set for the checks and the training ({added['source']})",
+        all_ranks=True)  # fmt: skip
+    if "devices" in injected:
+        return probes  # a test's injected probe stands for the device
+    env = {**environ, "HSA_OVERRIDE_GFX_VERSION": added["value"]}
+    return Probes(seeded={"devices": run_probe(["devices"], PROBE_TIMEOUT_S, env=env)}, injected=injected)
 
 
 def _run_checks(prepared: Prepared, workspace: Workspace, timings: dict[str, float]) -> dict[str, Any]:

@@ -150,6 +150,14 @@ class RocmftSettings(BaseSettings):
         description="Multi-node runs: the RDMA ports (InfiniBand/RoCE, ACTIVE) each node should have; the `net-rdma` "
         "check fails a node with fewer, so that a scheduler can exclude it. Unset: not compared.",
     )
+    gfx_override: Literal["off", "auto"] = Field(
+        "off",
+        description="A consumer GPU the image was not built for but whose family it was (RX 7800/7600, gfx1101/"
+        "gfx1102, on the gfx1100 image): `auto` sets the well-known HSA_OVERRIDE_GFX_VERSION (11.0.0; 10.3.0 on a "
+        "gfx1030 image) for the probes and the training processes, says so and records it in the manifest; `off` "
+        "refuses such a GPU (check gpu-arch) naming the value. Never applied to a GPU the image was built for, nor "
+        "when HSA_OVERRIDE_GFX_VERSION is set already. AMD does not guarantee results on an overridden card.",
+    )
     on_nan: Literal["stop", "fp32"] = Field(
         "stop",
         description="When the loss or gradient norm turns NaN/Inf or the loss spikes: `stop` (exit 5), or `fp32`: "

@@ -34,7 +34,7 @@ import fnmatch
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,21 @@ def amdgpu_cards(root: Path = Path("/")) -> list[dict[str, Any]]:
     return cards
 
 
+# --- the driver's version ---------------------------------------------------------------------------------
+def driver_version(root: Path = Path("/")) -> dict[str, Any]:
+    """The host's amdgpu kernel driver under ``root``: ``{"loaded": bool, "version": str|None, "kernel": str|None}``.
+
+    ``loaded``: /sys/module/amdgpu exists (the module is loaded; in a container sysfs shows the host's).
+    ``version``: /sys/module/amdgpu/version, which only AMD's out-of-tree DKMS driver has (MODULE_VERSION; the
+    kernel's own amdgpu sets none): e.g. ``6.14.14`` for the driver of ROCm 7.0 (amdgpu 30.10), the number amd-smi
+    prints as "amdgpu version" and dmesg as "[drm] amdgpu version: ..."; None for the in-tree driver. ``kernel``:
+    /proc/sys/kernel/osrelease (uname -r).
+    """
+    version = (_read(root / "sys/module/amdgpu/version") or "").strip() or None
+    kernel = (_read(root / "proc/sys/kernel/osrelease") or "").strip() or None
+    return {"loaded": (root / "sys/module/amdgpu").is_dir(), "version": version, "kernel": kernel}
+
+
 # --- KFD topology and per-process memory -----------------------------------------------------------------
 def gfx_target(version: int) -> str:
     """The gfx target name of a KFD ``gfx_target_version`` (major*10000 + minor*100 + stepping, minor and
@@ -151,6 +166,25 @@ def kfd_gpus(root: Path = Path("/")) -> list[dict[str, Any]] | None:
             "pci": pci, "unique_id": props.get("unique_id"), "name": (_read(node / "name") or "").strip(),
         })  # fmt: skip
     return gpus
+
+
+def mapped_gpus(root: Path = Path("/")) -> list[dict[str, Any]] | None:
+    """The GPUs of the KFD topology (:func:`kfd_gpus`) whose render node is mapped into this container (the file
+    /dev/dri/renderD<drm_render_minor> exists under ``root``), in topology node order; None without a topology."""
+    gpus = kfd_gpus(root)
+    if gpus is None:
+        return None
+    return [g for g in gpus if g["render"] and (root / g["render"].lstrip("/")).exists()]
+
+
+def real_targets(root: Path, devices: Mapping[str, Any] | None) -> list[str]:
+    """The gfx targets of this container's GPUs as the hardware reports them: the mapped KFD GPUs' (the KFD's
+    gfx_target_version, which HSA_OVERRIDE_GFX_VERSION does not change), else the device probe's gcnArchName
+    without features (which the override does change), else none."""
+    mapped = mapped_gpus(root)
+    if mapped:
+        return [g["target"] for g in mapped]
+    return [str(g.get("arch", "")).split(":")[0] for g in (devices or {}).get("gpus", []) if g.get("arch")]
 
 
 def kfd_processes(root: Path = Path("/")) -> list[dict[str, Any]] | None:

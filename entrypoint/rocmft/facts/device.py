@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ class ProbeProcess:
     GPU). Probes still running when the entrypoint exits are killed (atexit).
     """
 
-    def __init__(self, args: list[str], timeout_s: float) -> None:
+    def __init__(self, args: list[str], timeout_s: float, env: Mapping[str, str] | None = None) -> None:
         import atexit
         import tempfile
 
@@ -79,6 +80,7 @@ class ProbeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rocmft.facts.probe", *args],
             stdout=self._out, stderr=self._err, text=True, start_new_session=True,
+            env=dict(env) if env is not None else None,
         )  # fmt: skip
         self._result: dict[str, Any] | None = None
         atexit.register(self.cancel)
@@ -113,9 +115,11 @@ class ProbeProcess:
             return {"error": f"the probe printed no result: {stdout[-200:]!r}", "timed_out": False}
 
 
-def run_probe(args: list[str], timeout_s: float) -> dict[str, Any]:
-    """Run ``python -m rocmft.facts.probe ARGS`` to the end with a hard timeout (see :class:`ProbeProcess`)."""
-    return ProbeProcess(args, timeout_s).result()
+def run_probe(args: list[str], timeout_s: float, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run ``python -m rocmft.facts.probe ARGS`` to the end with a hard timeout (see :class:`ProbeProcess`), in
+    ``env`` (a whole environment: the run's with what the launch adds, e.g. HSA_OVERRIDE_GFX_VERSION) or, when
+    None, this process's."""
+    return ProbeProcess(args, timeout_s, env).result()
 
 
 _probes: dict[str, ProbeProcess] = {}

@@ -3,7 +3,7 @@
 ``python -m rocmft.image.buildinfo /etc/rocmft/arch.env /etc/rocmft/build.json`` checks, without a GPU, that the
 installed image keeps what its architecture profile (docker/arch/<ARCH>.env) promises, and fails the build
 listing every broken promise. It inspects the artefacts themselves: the code objects inside the HIP libraries
-(rocmft.image.codeobjects), the distributions pip installed, DeepSpeed's own install record. Each check:
+(rocmft.facts.codeobjects), the distributions pip installed, DeepSpeed's own install record. Each check:
 
 * ``python``: the interpreter is the profile's PYTHON_VERSION (the lock was resolved for it);
 * ``torch``: torch/torchvision/torchaudio import; a ROCm image's torch is the HIP build of the profile's
@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.facts.image import ARCH_PROFILE, read_profile
+from rocmft.facts.rocmlibs import bitsandbytes_library, hip_version_of
 
 # What each build step did (docker/steps/lib.sh appends one JSON object per line).
 STEP_LOG = Path("/etc/rocmft/build-steps.jsonl")
@@ -155,41 +156,6 @@ def _package_dir(module: str) -> Path | None:
     return Path(spec.origin).parent if spec and spec.origin else None
 
 
-def hip_version_of(text: str) -> tuple[int, int] | None:
-    """``(major, minor)`` of a HIP/ROCm version string: ``"7.2.53211"`` and ``"7.2"`` give ``(7, 2)``."""
-    match = re.match(r"^\s*(\d+)\.(\d+)", text or "")
-    return (int(match[1]), int(match[2])) if match else None
-
-
-def bitsandbytes_library(package: Path, hip: tuple[int, int]) -> Path | None:
-    """The ``libbitsandbytes_rocm<ver>.so`` that bitsandbytes loads under a torch built for HIP ``hip``.
-
-    Mirrors bitsandbytes 0.50.2's ``cextension.get_cuda_bnb_library_path`` (an exact major.minor match, else the
-    highest packaged version below it with the same major, else the lowest above it with the same major, else
-    none), because bitsandbytes itself cannot be imported where torch is absent (a rehearsal).
-    tests/test_buildinfo.py holds the two to the same answers. ``BNB_ROCM_VERSION`` overrides are not modelled.
-
-    Args:
-        package: the installed ``bitsandbytes/`` folder.
-        hip: torch.version.hip's (major, minor).
-
-    Returns:
-        The library's path, or None when bitsandbytes would find none (it then raises at import).
-    """
-    available = {}
-    for library in package.glob("libbitsandbytes_rocm*.so"):
-        digits = re.search(r"rocm(\d+)", library.name)
-        if digits:  # bitsandbytes: ROCm's major is one digit ('72' -> 7.2, '714' -> 7.14)
-            available[(int(digits[1][:1]), int(digits[1][1:]))] = library
-    if hip in available:
-        return available[hip]
-    lower = [v for v in available if v[0] == hip[0] and v < hip]
-    higher = [v for v in available if v[0] == hip[0] and v > hip]
-    if lower:
-        return available[max(lower)]
-    return available[min(higher)] if higher else None
-
-
 def unresolved_libraries(library: Path) -> list[str]:
     """The shared libraries ``library`` needs that the dynamic loader does not find here (``ldd``'s "not found")."""
     try:
@@ -202,7 +168,7 @@ def unresolved_libraries(library: Path) -> list[str]:
 def _gfx_check(name: str, library: Path, gfx: str, remedy: str) -> Check:
     """Whether ``library``'s code objects include every target of ``gfx`` (PYTORCH_ROCM_ARCH: ``gfx942``, or
     ``gfx90a;gfx942``), by rocmft.image.codeobjects; ``remedy`` is added to a failure."""
-    from rocmft.image.codeobjects import CodeObjectError, gfx_targets
+    from rocmft.facts.codeobjects import CodeObjectError, gfx_targets
 
     wanted = [target for target in gfx.split(";") if target]
     try:

@@ -40,7 +40,8 @@ def prepare_launch(plan: Plan, probes: Probes | None = None, root: Path = Path("
     Args:
         plan: the rendered run.
         probes: the run's probe provider (rocmft.facts.probes.Probes): its ``devices`` (the device probe, seeded
-            where the command started; never measured here) give the GPUs' PCI addresses for the NUMA binding.
+            where the command started; never measured here) give the GPUs' PCI addresses for the NUMA binding, its
+            ``image`` (the build record, read once) the gfx targets ROCMFT_GFX_OVERRIDE=auto compares with.
             None: no device probe, no binding by address.
         root: where /sys and /proc are (tests pass a recorded host layout).
         numactl: whether numactl is installed (torch binds through it); None looks on PATH.
@@ -52,8 +53,11 @@ def prepare_launch(plan: Plan, probes: Probes | None = None, root: Path = Path("
     from rocmft.validate.rules import apply
 
     apply("launch", plan)  # NNODES, NODE_RANK and WORLD_SIZE agree (rocmft.validate.rules.distributed.world_size)
+    from rocmft.facts.image import build_record
+
     devices = probes.known("devices") if probes is not None else None
-    return build_launch_spec(plan, plan.settings.environ, root, numactl, allowed_cpus, devices=devices)
+    image = probes.get("image", build_record) if probes is not None else build_record()  # the checks' record too
+    return build_launch_spec(plan, plan.settings.environ, root, numactl, allowed_cpus, devices=devices, image=image)
 
 
 def run_worker(plan: Plan, launch: LaunchSpec, secrets: Mapping[str, str]) -> int:

@@ -120,9 +120,39 @@ def communication_environment(environ: dict[str, str], added: dict[str, str], pr
     return effective
 
 
+def gfx_override(
+    plan: Plan,
+    environ: Mapping[str, str],
+    root: Path = Path("/"),
+    devices: Mapping[str, Any] | None = None,
+    image: Mapping[str, Any] | None = None,
+) -> tuple[str, str] | None:
+    """The ``HSA_OVERRIDE_GFX_VERSION`` value rocmft sets for this launch and why, or None.
+
+    Only with ROCMFT_GFX_OVERRIDE=auto, only when the user has not set HSA_OVERRIDE_GFX_VERSION, and only when every
+    GPU of this container (rocmft.facts.amdgpu.real_targets: the KFD topology, else the device probe) is either one
+    the image was built for (PYTORCH_ROCM_ARCH of ``image``, its build record: the same the gpu-arch check reads) or
+    a family member with a well-known safe value for it (rocmft.facts.gfx.safe_override: 11.0.0 for gfx1101/gfx1102
+    on the gfx1100 image).
+    """
+    from rocmft.facts.amdgpu import real_targets
+    from rocmft.facts.gfx import OVERRIDE, built_targets, override_target, safe_override
+
+    if getattr(plan.settings.rocmft, "gfx_override", "off") != "auto" or OVERRIDE in environ:
+        return None
+    built = built_targets(image)
+    targets = real_targets(root, devices)
+    value = safe_override(targets, built)
+    if value is None:
+        return None
+    foreign = ", ".join(sorted({t for t in targets if t not in built}))
+    return value, f"ROCMFT_GFX_OVERRIDE=auto: {foreign} run the image's {override_target(value)} code"
+
+
 def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path("/"), numactl: bool | None = None,
                       allowed_cpus: set[int] | None = None,
-                      devices: Mapping[str, Any] | None = None) -> LaunchSpec:  # fmt: skip
+                      devices: Mapping[str, Any] | None = None,
+                      image: Mapping[str, Any] | None = None) -> LaunchSpec:  # fmt: skip
     """Decide how the worker starts for ``plan``; no side effects.
 
     Launch modes (rocmft.facts.scheduler): ``python`` (one process), ``torchrun`` (rocmft starts the node's ranks),
@@ -141,6 +171,8 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         allowed_cpus: the CPUs this process may use; None reads os.sched_getaffinity (the container's cpuset).
         devices: the device probe's result (rocmft.facts.device.probe_devices_raw: its ``gpus``' ``pci`` addresses
             place the NUMA binding); None: the addresses are unknown.
+        image: the image's build record (rocmft.facts.image.build_record; None outside an image): the gfx targets
+            ROCMFT_GFX_OVERRIDE=auto compares the GPUs with (:func:`gfx_override`).
 
     Raises:
         ConfigError: ROCMFT_NUMA_BIND=on where binding cannot work, a bad job layout (NNODES/NODE_RANK, a
@@ -174,6 +206,8 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         elif plan.settings.rocmft.numa_bind == "on":
             raise ConfigError("ROCMFT_NUMA_BIND=on, but the GPUs' PCI addresses are unknown (no GPU, or an old "
                               "torch).", "Set ROCMFT_NUMA_BIND=auto or off.")  # fmt: skip
+    if override := gfx_override(plan, environ, root, devices, image):  # an opted-in automatic fix (said by cli.common)
+        added["HSA_OVERRIDE_GFX_VERSION"], reasons["HSA_OVERRIDE_GFX_VERSION"] = override
     return LaunchSpec(
         command=tuple(worker_command(plan, numa.torchrun_args() if numa else [], environ)),
         environment=added,
