@@ -54,17 +54,19 @@ def _template_markers(slots: list[str], pattern: str = MARKER) -> set[str]:
 
 
 def _ranking(templates: dict[str, list[str]], model_type: str, chat: set[str] | None = None):
-    """A sort key over template names: most of ``chat``'s markers written first (when given), then the closest
+    """A sort key over template names: most of ``chat``'s markers written first, then the fewest others (when
+    given), then the closest
     name to config.json's model_type (the longest common start, less what the name adds beyond it: qwen before
     qwen2_vl for qwen2), then the most markers, then the shortest name."""
 
-    def key(other: str) -> tuple[int, int, int, int]:
+    def key(other: str) -> tuple[int, int, int, int, int]:
         shared = next(
             (i for i, (a, b) in enumerate(zip(other, model_type, strict=False)) if a != b),
             min(len(other), len(model_type)),
         )
-        covered = len(_template_markers(templates[other], FAMILY_MARKER) & chat) if chat else 0
-        return (-covered, -(2 * shared - len(other)), -len(_template_markers(templates[other])), len(other))
+        writes = _template_markers(templates[other], FAMILY_MARKER)
+        covered, extra = (len(writes & chat), len(writes - chat)) if chat else (0, 0)
+        return (-covered, extra, -(2 * shared - len(other)), -len(_template_markers(templates[other])), len(other))
 
     return key
 
@@ -123,8 +125,10 @@ def chat_template_fits(run: Rendered) -> list[str]:
 
 def _same_family(run: Rendered, name: str, templates: dict[str, list[str]]) -> list[str]:
     """TEMPLATE is of the family of the model's own chat template (chat_template.jinja or tokenizer_config.json's
-    ``chat_template``): every turn marker TEMPLATE writes is one the model's template writes. The family's
-    LLaMA-Factory templates are those whose markers all are (ranked by :func:`_ranking`). Training in another
+    ``chat_template``): TEMPLATE writes at least one turn marker the model's template writes as text. Only a
+    template sharing none is refused: a chat template may build a marker from pieces (Phi-3's ``'<|' + role +
+    '|>'``), so one marker missing from its text proves nothing. The family's LLaMA-Factory templates are those
+    sharing markers with it (ranked by :func:`_ranking`). Training in another
     family's format teaches the model markers it never answers with (hiyouga/LlamaFactory#6736: Qwen2.5-7B-Instruct
     trained with TEMPLATE=llama3 repeats itself without end). A template without markers (default, alpaca) on a
     model with a chat template is a warning: a legitimate choice, but not the format the model was tuned in.
@@ -142,7 +146,7 @@ def _same_family(run: Rendered, name: str, templates: dict[str, list[str]]) -> l
     if not chat:
         return []  # no chat template, or one without markers: nothing to judge the family by
     family = sorted((other for other, slots in templates.items()
-                     if (found := _template_markers(slots, FAMILY_MARKER)) and found <= chat),
+                     if _template_markers(slots, FAMILY_MARKER) & chat),
                     key=_ranking(templates, _model_type(run), chat))  # fmt: skip
     mine = _template_markers(templates[name], FAMILY_MARKER)
     writes = ", ".join(sorted(chat))
@@ -151,12 +155,12 @@ def _same_family(run: Rendered, name: str, templates: dict[str, list[str]]) -> l
         use = f"; TEMPLATE={family[0]} trains it in its own format" if family else ""
         return [f"{named(run, 'template')} writes no chat markers, but {where} writes {writes}: an instruct model, "
                 f"tuned in that format{use}."]  # fmt: skip
-    if mine <= chat:
+    if mine & chat:
         return []
     fix = (f"Set TEMPLATE={family[0]} (the template of the model's family; LLaMA-Factory's {', '.join(family[:3])} "
            f"write its markers)." if family else
            f"Set TEMPLATE to the LLaMA-Factory template that writes {writes}, or TEMPLATE=default.")  # fmt: skip
-    raise ConfigError(f"{named(run, 'template')} writes {', '.join(sorted(mine - chat))}, which {where} never "
+    raise ConfigError(f"{named(run, 'template')} writes {', '.join(sorted(mine))}, none of which {where} "
                       f"writes: it is another family's template (the model's own writes {writes}).", fix)  # fmt: skip
 
 
