@@ -58,7 +58,7 @@ def test_a_registered_name_written_with_json_gets_the_registered_entry_and_says_
     converted = lf_converted(lf_attribute(plan, "qa.json"), QUESTION)
     assert converted["_prompt"][-1]["content"] == "What is 2+2?" and converted["_response"][0]["content"] == "4"
     err = capsys.readouterr().out
-    assert "DATASET=qa.json" in err and "used as 'qa'" in err and "write DATASET=qa" in err
+    assert "DATASET=qa.json" in err and "used as 'qa'" in err and "write qa instead" in err
 
 
 def test_a_path_to_a_registered_file_gets_its_entry(render_env, data_dir, tmp_path, capsys):
@@ -97,7 +97,7 @@ def test_a_name_that_is_both_a_file_and_another_registered_data_set_is_refused(r
     assert caught.value.code == 2
     text = f"{caught.value.message}\n{caught.value.remedy}"
     assert "DATASET=qa.json" in text and str(data_dir / "qa.json") in text and "qa-v2.json" in text
-    assert "Write qa in DATASET" in text
+    assert "Write qa instead" in text
 
 
 def test_a_file_two_entries_register_is_refused_naming_both(render_env, data_dir):
@@ -107,7 +107,7 @@ def test_a_file_two_entries_register_is_refused_naming_both(render_env, data_dir
     (data_dir / "dataset_info.json").write_text(json.dumps(info))
     with pytest.raises(ConfigError, match=r"registers as 'qa' and 'qa_reversed'") as caught:
         render_env({"DATASET": str(data_dir / "qa.json"), "DATASET_DIR": str(data_dir)})
-    assert "Write one of qa, qa_reversed in DATASET" in caught.value.remedy
+    assert "Write one of qa, qa_reversed instead" in caught.value.remedy
 
 
 @pytest.fixture
@@ -167,4 +167,12 @@ def test_a_registered_name_with_json_and_no_file_uses_the_entry(render_env, tmp_
     (folder / "dataset_info.json").write_text(json.dumps({"alpaca_en_demo": {"file_name": "alpaca_en.json"}}))
     plan = render_env({"DATASET": "alpaca_en_demo.json", "DATASET_DIR": str(folder)})
     assert Path(lf_attribute(plan, "alpaca_en_demo.json").dataset_name) == (folder / "alpaca_en.json").resolve()
-    assert "write DATASET=alpaca_en_demo" in capsys.readouterr().out
+    assert "write alpaca_en_demo instead" in capsys.readouterr().out
+
+
+def test_an_eval_data_set_named_by_its_file_is_said_under_its_own_variable(render_env, data_dir, capsys):
+    """The same reading for EVAL_DATASET, and the console names that variable, as the user wrote it."""
+    plan = render_env({"DATASET": "qa", "EVAL_DATASET": "qa.json", "DATASET_DIR": str(data_dir)})
+    assert (lf_attribute(plan, "qa.json").prompt, lf_attribute(plan, "qa").prompt) == ("question", "question")
+    out = capsys.readouterr().out
+    assert "EVAL_DATASET=qa.json" in out and "used as 'qa'" in out

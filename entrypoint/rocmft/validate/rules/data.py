@@ -29,23 +29,30 @@ def dataset_names(run: Rendered) -> list[str]:
     Raises:
         ConfigError: naming DATASET, the file, the registered names and the dataset_info.json holding them.
     """
+    from rocmft.render.datasets import split_names
+
     registry = run.registry
-    variable = named(run, "dataset")
+    training = split_names(run.arguments.get("dataset"))
+
+    def variable_of(name: str) -> str:  # the variable that holds the name, as the user wrote it
+        return named(run, "dataset" if name in training else "eval_dataset")
+
     for name, (path, keys, holder) in registry.ambiguous.items():
+        variable = variable_of(name)
         with independent():
             listed = " and ".join(repr(k) for k in keys)
             if len(keys) == 1:
                 their = registry_file(holder, keys[0])
                 raise ConfigError(f"{variable}: data set {name!r} names the file {path}, but {holder} registers "
                                   f"{listed} for {their}: which one is meant is unclear.",
-                                  f"Write {keys[0]} in DATASET for the registered entry, or register the file "
+                                  f"Write {keys[0]} instead for the registered entry, or register the file "
                                   f"under a name of its own in {holder}: {_own_entry(path, holder)} and write "
-                                  f"DATASET={path.stem}_file.")  # fmt: skip
+                                  f"{path.stem}_file.")  # fmt: skip
             raise ConfigError(f"{variable}: data set {name!r} is the file {path}, which {holder} registers as "
                               f"{listed} (each with its own columns or options): which one is meant is unclear.",
-                              f"Write one of {', '.join(keys)} in DATASET instead of the file's name.")  # fmt: skip
-    return [f"{variable}: data set {name!r} is used as {key!r}, the data set {holder} registers for it (its "
-            f"columns and options; LLaMA-Factory itself knows only the registered name): write DATASET={key}."
+                              f"Write one of {', '.join(keys)} instead of the file's name.")  # fmt: skip
+    return [f"{variable_of(name)}: data set {name!r} is used as {key!r}, the data set {holder} registers for it (its "
+            f"columns and options; LLaMA-Factory itself knows only the registered name): write {key} instead."
             for name, (key, holder) in registry.aliases.items()]  # fmt: skip
 
 
