@@ -176,3 +176,11 @@ def test_an_eval_data_set_named_by_its_file_is_said_under_its_own_variable(rende
     assert (lf_attribute(plan, "qa.json").prompt, lf_attribute(plan, "qa").prompt) == ("question", "question")
     out = capsys.readouterr().out
     assert "EVAL_DATASET=qa.json" in out and "used as 'qa'" in out
+
+
+def test_a_path_that_names_nothing_is_reported_where_it_was_looked_for(render_env, data_dir):
+    """A path to no file (and ~user of no user, which pathlib cannot expand) is a missing data set for the data
+    check, with where relative paths are read from; never a traceback."""
+    for name in ("./nowhere/train.jsonl", "~nosuchuser-rocmft/train.json"):
+        plan = render_env({"DATASET": name, "DATASET_DIR": str(data_dir)})
+        assert "working folder" in plan.registry.missing[name]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -383,8 +384,7 @@ def text_only_entry(name: str, file_name: str, column: str = "text") -> str:
 
 def info_file_name(path: Path, folder: Path) -> str:
     """``path`` as a dataset_info.json in ``folder`` writes its ``file_name``: relative when it lies in that folder
-    (LLaMA-Factory joins ``dataset_dir`` and ``file_name``), else absolute (``os.path.join`` keeps an absolute
-    second part)."""
+    (LLaMA-Factory joins ``dataset_dir`` and ``file_name``), else absolute (os.path.join keeps it)."""
     try:
         return str(path.resolve().relative_to(folder.resolve()))
     except ValueError:
@@ -431,7 +431,7 @@ def _named_file(name: str, source_dir: Path) -> Path | None:
     exists."""
     candidates = [source_dir / name] + [source_dir / f"{name}{suffix}" for suffix in DATA_FILE_SUFFIXES]
     if "/" in name or name.startswith("~"):
-        candidates.append(Path(name).expanduser().absolute())
+        candidates.append(Path(os.path.expanduser(name)).absolute())  # pathlib's raises for ~user of no user
     found = next((c for c in candidates if c.is_file() and c.suffix in DATA_FILE_SUFFIXES), None)
     return found.resolve() if found is not None else None
 
