@@ -87,7 +87,8 @@ def registry_file(holder: Path, key: str) -> str:
 
 @rule("rendered", 110)
 def stage_data(run: Rendered) -> None:
-    """The data sets fit STAGE: a plain-text corpus (records with only "text") for pt only (hiyouga/LlamaFactory#1312);
+    """The data sets fit STAGE: a plain-text corpus (records with only "text") for pt (or ppo, which reads prompts
+    alone), never for stages that train on answers (hiyouga/LlamaFactory#1312);
     pairwise data (``"ranking": true`` with chosen/rejected) for rm and dpo and
     only there; kto needs a ``kto_tag`` column (LLaMA-Factory's data/README.md). Each data set is checked on its
     own: every one that does not fit is reported.
@@ -111,7 +112,7 @@ def _fits_stage(run: Rendered, name: str, entry: dict[str, Any]) -> None:
 
     stage = str(run.arguments.get("stage") or "sft")
     stage_named = named(run, "stage", "sft")
-    if name in run.registry.text_only and stage != "pt":
+    if name in run.registry.text_only and stage not in ("pt", "ppo"):  # ppo's processor takes prompts alone
         from rocmft.render.datasets import info_file_name, text_only_entry
 
         path = Path(str(entry.get("file_name", "")))
