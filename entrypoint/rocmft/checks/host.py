@@ -127,7 +127,7 @@ def dataset(subject) -> Outcome:
         if not sample.records:
             problems.append(f"data set {name!r}: {files[0]} has no records.")
             continue
-        problem = record_problem(name, entry, files[0], sample)
+        problem = record_problem(name, entry, files[0], sample, str(subject.plan.arguments.get("stage") or "sft"))
         if problem:
             problems.append(problem)
         counts[name] = f"{len(sample.records)} of {sample.total}{'' if sample.complete else '+'}"

@@ -235,6 +235,83 @@ class ModelDir:
                 tokens.update(re.findall(MARKER, template))
         return tokens if found else None
 
+    def chat_template(self) -> str | None:
+        """The tokenizer's own chat template (Jinja text): ``chat_template.jinja`` (where transformers 5's
+        save_pretrained writes it), else tokenizer_config.json's ``chat_template`` (a string, or a list of
+        ``{name, template}`` of which the ``default`` one, else the first); None when the folder has none or the
+        files are unreadable."""
+        jinja = self.path / "chat_template.jinja"
+        try:
+            if jinja.is_file():
+                return jinja.read_text(encoding="utf-8")
+            config = loads_json((self.path / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        template = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default", next(iter(named.values()), None))
+        return template if isinstance(template, str) and template.strip() else None
+
+    def token_ids(self) -> dict[str, int]:
+        """Added and special tokens' ids (content -> id) from tokenizer.json's ``added_tokens`` and
+        tokenizer_config.json's ``added_tokens_decoder``; empty when neither is readable."""
+        ids: dict[str, int] = {}
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            try:
+                data = loads_json((self.path / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(data, dict):
+                continue
+            listed = data.get("added_tokens") if isinstance(data.get("added_tokens"), list) else []
+            decoder = data.get("added_tokens_decoder") if isinstance(data.get("added_tokens_decoder"), dict) else {}
+            for entry in listed:
+                if (
+                    isinstance(entry, dict)
+                    and isinstance(entry.get("content"), str)
+                    and isinstance(entry.get("id"), int)
+                ):
+                    ids.setdefault(entry["content"], entry["id"])
+            for key, entry in decoder.items():
+                if isinstance(entry, dict) and isinstance(entry.get("content"), str) and str(key).isdigit():
+                    ids.setdefault(entry["content"], int(key))
+        return ids
+
+    def embedding_rows(self, ids: list[int]) -> dict[str, list[list[float]]]:
+        """Rows ``ids`` of the input embedding (``embed_tokens``/``wte``/``word_embeddings``) and of an untied
+        ``lm_head``, read from the safetensors files without loading the model (float32, float16 or bfloat16 tensors
+        only; others, quantized ones among them, are left out): tensor name -> rows in the order of ``ids``.
+
+        Raises:
+            OSError, ValueError, struct.error: a header or the data cannot be read.
+        """
+        import numpy as np
+
+        wanted = re.compile(r"(embed_tokens|wte|word_embeddings)\.weight$|(^|\.)lm_head\.weight$")
+        dtypes = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+        rows: dict[str, list[list[float]]] = {}
+        for file in self.safetensors_files():
+            header = read_safetensors_header(file)
+            with file.open("rb") as handle:
+                start = 8 + struct.unpack("<Q", handle.read(8))[0]
+                for name, info in header.items():
+                    shape, dtype = info.get("shape") or [], info.get("dtype")
+                    if name == "__metadata__" or not wanted.search(name) or dtype not in dtypes or len(shape) != 2:
+                        continue
+                    width = shape[1] * np.dtype(dtypes[dtype]).itemsize
+                    found = []
+                    for index in ids:
+                        if not 0 <= index < shape[0]:
+                            raise ValueError(f"{file}: token id {index} is outside {name} ({shape[0]} rows)")
+                        handle.seek(start + info["data_offsets"][0] + index * width)
+                        row = np.frombuffer(handle.read(width), dtype=dtypes[dtype])
+                        if dtype == "BF16":  # bfloat16 is the upper half of a float32
+                            row = (row.astype(np.uint32) << 16).view(np.float32)
+                        found.append(row.astype(np.float32).tolist())
+                    rows[name] = found
+        return rows
+
     def has_tokenizer(self) -> bool:
         """Whether one of :data:`TOKENIZER_FILES` is in the folder."""
         return any((self.path / name).is_file() for name in TOKENIZER_FILES)

@@ -6,9 +6,16 @@ renders the run's own ``rocmft/data/dataset_info.json`` holding exactly the data
 absolute file paths, and points ``dataset_dir`` there:
 
 * a name found in the user's ``dataset_info.json`` keeps its entry (relative file names made absolute);
-* a name that is a plain ``.json``/``.jsonl`` file in the data folder (``alpaca_zh_demo`` or
-  ``alpaca_zh_demo.json``) is registered automatically, its format (alpaca, sharegpt, OpenAI messages,
-  pairwise ranking) read from its first record;
+* a name written the way people name files (LLaMA-Factory's ``get_dataset_list`` takes only dataset_info names and
+  refuses any other with "Undefined dataset ... in dataset_info.json": hiyouga/LlamaFactory#5341 for a path,
+  #735 for ``alpaca_data_en_52k.json``) is used as meant when that is unambiguous: ``alpaca_en_demo.json`` whose
+  stem is registered for that very file (or for no file there), or a path (``/data/my.json``,
+  ``./data/train.jsonl``) to a file dataset_info.json registers once, takes the registered entry, with its columns
+  and tags (:attr:`Registry.aliases`, said as a warning by the ``data.dataset_names`` rule); a name that could be
+  either of two things is refused there (:attr:`Registry.ambiguous`);
+* a plain ``.json``/``.jsonl`` file no entry registers (a name in the data folder, ``alpaca_zh_demo`` or
+  ``alpaca_zh_demo.json``, or a path) is registered automatically, its format (alpaca, sharegpt, OpenAI
+  messages, pairwise ranking, or plain text for pre-training) read from its first record;
 * any other name is reported by the ``data`` check with a did-you-mean and the folder searched.
 
 Format and column conventions: LLaMA-Factory's data/README.md.
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +49,12 @@ class Registry:
         auto: names registered automatically from plain files.
         missing: name -> why it could not be found.
         info_error: why the user's dataset_info.json could not be read, if it exists and is broken.
+        aliases: name as written -> (the registered name whose entry it was given, the dataset_info.json holding
+            it): ``alpaca_en_demo.json`` or a path used as the registered data set it means.
+        ambiguous: name as written -> (the file it names, the registered names it could mean instead, the
+            dataset_info.json holding them): refused by the ``data.dataset_names`` rule.
+        text_only: names registered automatically as plain text (records with one text field, mapped
+            ``{"prompt": <field>}`` as LLaMA-Factory's own pre-training corpora are).
     """
 
     source_dir: Path
@@ -48,6 +62,9 @@ class Registry:
     auto: list[str] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)
     info_error: str | None = None
+    aliases: dict[str, tuple[str, Path]] = field(default_factory=dict)
+    ambiguous: dict[str, tuple[Path, list[str], Path]] = field(default_factory=dict)
+    text_only: list[str] = field(default_factory=list)
 
 
 def split_names(value: Any) -> list[str]:
@@ -177,12 +194,16 @@ def sample_records(path: Path, part: int = SAMPLE_PART, budget_s: float = SAMPLE
     return Sample(sampled, len(offsets), complete)
 
 
-def required_columns(entry: dict[str, Any]) -> list[str]:
+def required_columns(entry: dict[str, Any], stage: str = "sft") -> list[str]:
     """The columns every record of a data set needs, from its dataset_info entry (LLaMA-Factory's data/README.md:
-    alpaca needs the prompt and response columns, or chosen/rejected when ranking; sharegpt the messages column)."""
+    alpaca needs the prompt and response columns, or chosen/rejected when ranking; sharegpt the messages column).
+    For ``stage`` pt the prompt column alone: LLaMA-Factory's pre-training processor reads only the first prompt
+    message (``preprocess_pretrain_dataset``), so a corpus mapped ``{"prompt": "text"}`` has all it needs."""
     columns = entry.get("columns", {})
     if entry.get("formatting", "alpaca") == "alpaca":
         needed = [columns.get("prompt", ALPACA_COLUMNS["prompt"])]
+        if stage == "pt":
+            return needed
         if entry.get("ranking"):
             return [*needed, columns.get("chosen", "chosen"), columns.get("rejected", "rejected")]
         return [*needed, columns.get("response", ALPACA_COLUMNS["response"])]
@@ -244,7 +265,7 @@ def _message_problem(turns: Any, tags: dict[str, str]) -> str | None:
     return None
 
 
-def record_problem(name: str, entry: dict[str, Any], path: Path, sample: Sample) -> str | None:
+def record_problem(name: str, entry: dict[str, Any], path: Path, sample: Sample, stage: str = "sft") -> str | None:
     """The first sampled record of ``path`` that does not fit its dataset_info entry, described with what the
     file has, or None.
 
@@ -253,13 +274,19 @@ def record_problem(name: str, entry: dict[str, Any], path: Path, sample: Sample)
     "tags" (defaults: :data:`SHAREGPT_TAGS`), and roles alternate user/observation and assistant/function after
     an optional first system turn (LLaMA-Factory drops other records with only a warning, "Invalid role tag").
     """
-    needed = required_columns(entry)
+    needed = required_columns(entry, stage)
     for index, record in sample.records:
         absent = [c for c in needed if c not in record]
         if absent:
+            text = text_column(record)
+            fix = (
+                f"; it is plain text (a pre-training corpus): register it in dataset_info.json as "
+                f"{text_only_entry(name, info_file_name(path, path.parent), text)} and train with STAGE=pt"
+                if text is not None
+                else f'; fix the file or the "columns" of {name!r} in dataset_info.json'
+            )
             return (f"data set {name!r}: record {index} of {path.name} lacks {', '.join(absent)} "
-                    f"(has: {', '.join(sorted(record))}); fix the file or the \"columns\" of {name!r} in "
-                    "dataset_info.json.")  # fmt: skip
+                    f"(has: {', '.join(sorted(record))}){fix}.")  # fmt: skip
     if entry.get("formatting") != "sharegpt":
         return None
     tags = {**SHAREGPT_TAGS, **(entry.get("tags") or {})}
@@ -305,6 +332,9 @@ def detect_entry(path: Path) -> dict[str, Any]:
             }  # fmt: skip
     else:
         columns = {role: column for role, column in ALPACA_COLUMNS.items() if column in record}
+        text = text_column(record)
+        if text is not None:
+            columns = {"prompt": text}
     if "chosen" in record and "rejected" in record:
         entry["ranking"] = True
         columns.update({"chosen": "chosen", "rejected": "rejected"})
@@ -329,6 +359,102 @@ def entry_problem(entry: dict[str, Any]) -> str | None:
     return None
 
 
+def text_column(record: dict[str, Any]) -> str | None:
+    """The field of a plain-text (pre-training) record, or None when the record has another format's columns (an
+    alpaca column, messages, chosen/rejected): ``text`` when it holds a string (LLaMA-Factory's own corpora c4_demo
+    and wiki_demo are registered ``"columns": {"prompt": "text"}``; hiyouga/LlamaFactory#1312, #976), else the
+    record's only field when that holds a string."""
+    other = {*ALPACA_COLUMNS.values(), "conversations", "messages", "chosen", "rejected"}
+    if other & set(record):
+        return None
+    if isinstance(record.get("text"), str):
+        return "text"
+    if len(record) == 1 and isinstance(next(iter(record.values())), str):
+        return next(iter(record))
+    return None
+
+
+def text_only_entry(name: str, file_name: str, column: str = "text") -> str:
+    """The exact dataset_info.json entry that registers plain-text records for pre-training (``STAGE=pt``), as
+    LLaMA-Factory's data/dataset_info.json registers c4_demo: ``{"<name>": {"file_name": ..., "columns": {"prompt":
+    "<column>"}}}``. With ``columns`` given, LLaMA-Factory's ``DatasetAttr.join`` leaves every unnamed column None,
+    so no instruction/output column is read (tests/test_data_naming.py proves it with LLaMA-Factory's loader)."""
+    return json.dumps({name: {"file_name": file_name, "columns": {"prompt": column}}})
+
+
+def info_file_name(path: Path, folder: Path) -> str:
+    """``path`` as a dataset_info.json in ``folder`` writes its ``file_name``: relative when it lies in that folder
+    (LLaMA-Factory joins ``dataset_dir`` and ``file_name``), else absolute (os.path.join keeps it)."""
+    try:
+        return str(path.resolve().relative_to(folder.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _read_info(info_path: Path) -> dict[str, Any]:
+    """A dataset_info.json as an object of name: entry. Raises ValueError, OSError: unreadable, not JSON, not an
+    object."""
+    info = loads_json(info_path.read_text(encoding="utf-8"))
+    if not isinstance(info, dict):
+        raise ValueError("expected an object of name: entry")
+    return info
+
+
+def _registered(name: str, raw: Any, info_path: Path, registry: Registry) -> dict[str, Any] | None:
+    """The entry ``raw`` of ``info_path`` for the run, its local file made absolute (relative to that file's
+    folder); None, with the reason in ``registry.missing[name]``, when it is not an entry LLaMA-Factory reads."""
+    if not isinstance(raw, dict):
+        registry.missing[name] = (f"its entry in {info_path} is a JSON {type(raw).__name__}, not an "
+                                  'object such as {"file_name": "data.json"}')  # fmt: skip
+        return None
+    entry = dict(raw)
+    problem = entry_problem(entry)
+    if problem:
+        registry.missing[name] = f"its entry in {info_path}: {problem}"
+        return None
+    if entry.get("file_name") and not any(key in entry for key in HUB_KEYS):
+        entry["file_name"] = str((info_path.parent / entry["file_name"]).resolve())
+    return entry
+
+
+def _entry_file(entry: Any, folder: Path) -> Path | None:
+    """The local file a dataset_info entry reads (resolved against ``folder``), None for a hub or script entry."""
+    if not isinstance(entry, dict) or any(key in entry for key in HUB_KEYS) or "script_url" in entry:
+        return None
+    file_name = entry.get("file_name")
+    return (folder / file_name).resolve() if isinstance(file_name, str) and "\x00" not in file_name else None
+
+
+def _named_file(name: str, source_dir: Path) -> Path | None:
+    """The .json/.jsonl file ``name`` denotes: ``<DATASET_DIR>/<name>`` with or without a suffix, or a path as
+    written (absolute, ``~``, or relative to the working folder: ``./data/train.jsonl``), resolved; None if none
+    exists."""
+    candidates = [source_dir / name] + [source_dir / f"{name}{suffix}" for suffix in DATA_FILE_SUFFIXES]
+    if "/" in name or name.startswith("~"):
+        candidates.append(Path(os.path.expanduser(name)).absolute())  # pathlib's raises for ~user of no user
+    found = next((c for c in candidates if c.is_file() and c.suffix in DATA_FILE_SUFFIXES), None)
+    return found.resolve() if found is not None else None
+
+
+_Info = tuple[Path, dict[str, Any]]  # a dataset_info.json and its entries
+
+
+def _meant(name: str, found: Path | None, infos: list[_Info]) -> tuple[list[str], _Info] | None:
+    """The registered names ``name`` may mean, and the dataset_info.json holding them: the stem of ``name``
+    (``alpaca_en_demo`` for ``alpaca_en_demo.json``) when registered, else the entries whose local file is ``found``
+    (the file a path names), from the data folder's dataset_info.json first, then the file's own folder's."""
+    stem = next((name[: -len(s)] for s in DATA_FILE_SUFFIXES if name.endswith(s)), None)
+    for info_path, info in infos:
+        if stem and stem in info:
+            return [stem], (info_path, info)
+    for info_path, info in infos:
+        same = [key for key, entry in info.items() if found is not None
+                and _entry_file(entry, info_path.parent) == found]  # fmt: skip
+        if same:
+            return same, (info_path, info)
+    return None
+
+
 def build_registry(names: list[str], source_dir: Path) -> Registry:
     """Resolve data set names against ``source_dir`` (see the module docstring)."""
     registry = Registry(source_dir=source_dir)
@@ -336,38 +462,48 @@ def build_registry(names: list[str], source_dir: Path) -> Registry:
     info_path = source_dir / "dataset_info.json"
     if info_path.is_file():
         try:
-            info = loads_json(info_path.read_text(encoding="utf-8"))
-            if not isinstance(info, dict):
-                raise ValueError("expected an object of name: entry")
+            info = _read_info(info_path)
         except (ValueError, OSError) as err:
             registry.info_error = f"{info_path} is not valid: {err}"
-            info = {}
     for name in names:
-        if name in info:
-            if not isinstance(info[name], dict):
-                registry.missing[name] = (f"its entry in {info_path} is a JSON {type(info[name]).__name__}, not an "
-                                          'object such as {"file_name": "data.json"}')  # fmt: skip
-                continue
-            entry = dict(info[name])
-            file_name = entry.get("file_name")
-            problem = entry_problem(entry)
-            if problem:
-                registry.missing[name] = f"its entry in {info_path}: {problem}"
-                continue
-            if file_name and not any(key in entry for key in HUB_KEYS):
-                entry["file_name"] = str((source_dir / file_name).resolve())
+        if name in info and (entry := _registered(name, info[name], info_path, registry)) is not None:
             registry.entries[name] = entry
+        if name in info:
             continue
-        candidates = [source_dir / name] + [source_dir / f"{name}{suffix}" for suffix in DATA_FILE_SUFFIXES]
-        found = next((c for c in candidates if c.is_file() and c.suffix in DATA_FILE_SUFFIXES), None)
+        found = _named_file(name, source_dir)
+        infos = [(info_path, info)]
+        if (
+            found is not None
+            and found.parent != source_dir.resolve()
+            and (found.parent / "dataset_info.json").is_file()
+        ):
+            try:
+                infos.append((found.parent / "dataset_info.json", _read_info(found.parent / "dataset_info.json")))
+            except (ValueError, OSError):
+                pass  # that folder's file is not the run's: the run's own broken one is reported above
+        meant = _meant(name, found, infos)
+        if meant is not None:
+            keys, (holder, held) = meant
+            if len(keys) == 1 and (found is None or _entry_file(held[keys[0]], holder.parent) == found):
+                if (entry := _registered(name, held[keys[0]], holder, registry)) is not None:
+                    registry.entries[name] = entry
+                    registry.aliases[name] = (keys[0], holder)
+                continue
+            registry.ambiguous[name] = (found or source_dir / name, keys, holder)
+            continue
         if found is not None:
             try:
-                registry.entries[name] = detect_entry(found.resolve())
+                registry.entries[name] = detect_entry(found)
                 registry.auto.append(name)
+                columns = registry.entries[name].get("columns", {})
+                if set(columns) == {"prompt"} and columns["prompt"] not in ALPACA_COLUMNS.values():  # text_column
+                    registry.text_only.append(name)
             except (ValueError, OSError) as err:
                 registry.missing[name] = f"{found} cannot be read: {err}"
             continue
-        registry.missing[name] = "not in dataset_info.json and no such .json/.jsonl file"
+        registry.missing[name] = ("no such .json/.jsonl file (a relative path is read from DATASET_DIR and from the "
+                                  f"working folder {Path.cwd()})" if "/" in name or name.startswith("~") else
+                                  "not in dataset_info.json and no such .json/.jsonl file")  # fmt: skip
     return registry
 
 

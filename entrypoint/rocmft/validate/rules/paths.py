@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rocmft.config.provenance import Source, origin
@@ -69,7 +70,7 @@ def _swapped(run: Rendered, model: str, dataset_names: list[str]) -> None:
     """
     source_dir = run.registry.source_dir
     for name in dataset_names:
-        folder = Path(name).expanduser()
+        folder = Path(os.path.expanduser(name))  # pathlib's raises RuntimeError for ~user of no user here
         if (folder / "config.json").is_file() or (source_dir / name / "config.json").is_file():
             raise ConfigError(f"{named(run, 'dataset')}: {name} is a model folder (it has config.json), and "
                               f"{named(run, 'model_name_or_path')}: MODEL_NAME_OR_PATH and DATASET look swapped.",
