@@ -369,6 +369,7 @@ def pytest_collection_modifyitems(config, items):
 # reads (its Node keeps the id in _id): every test was scheduled on its own, one file's tests ran on both workers and
 # session fixtures such as the SIF were built twice (found 2026-12-03). The scheduler below takes the groups from
 # _group instead; it is xdist's LoadScopeScheduling with the scope function replaced, as xdist's LoadGroupScheduling is.
+@pytest.hookimpl(optionalhook=True)  # pytest -p no:xdist has no such hook
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
