@@ -217,5 +217,6 @@ def _load_builtin_checks() -> None:
     from rocmft.checks import host  # noqa: F401, I001  (registers on import: host checks, GPU checks, then the rest)
     from rocmft.checks import gpu  # noqa: F401
     from rocmft.checks import node  # noqa: F401  (RAS, kernel-log faults, GPU families: after the GPU checks)
+    from rocmft.checks import perf  # noqa: F401  (gpu-perf: after the all-reduce probe, so no probe shares the GPUs)
     from rocmft.checks import system  # noqa: F401
     from rocmft.checks import network  # noqa: F401  (after `fabric`: the multi-node preflight, the rendezvous last)
