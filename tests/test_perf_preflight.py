@@ -238,3 +238,58 @@ def test_nodes_without_figures_or_versions_are_not_judged():
             1: {"perf": None, "versions": {**VERSIONS, "driver": "amdgpu 6.8.5"}},
         }
     ) == {0: [], 1: []}
+
+
+def test_net_rendezvous_on_node_0_warns_with_the_exclude_line_and_fails_on_request(monkeypatch, capsys):
+    """The check node 0 runs: every node arrived and the all-reduce completed (INJECTED rendezvous result, in the
+    shape rocmft.facts.network.rendezvous returns on node 0), but NODE_RANK 1 is at half the others' speed."""
+    from rocmft.checks.network import net_rendezvous
+
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "PET_", "KUBERNETES_", "OMPI_", "PMI_")) or name in ("RANK", "WORLD_SIZE"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("NNODES", "2")
+    monkeypatch.setenv("NODE_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    met = {"ok": True, "stage": "done", "error": None, "seconds": 1.2, "nodes": [node(0), node(1, gemm=0.5)]}
+
+    def check(on_slow: str):
+        knobs = SimpleNamespace(net_timeout_s=5.0, expected_nics=None, on_slow_node=on_slow)
+        plan = SimpleNamespace(settings=SimpleNamespace(rocmft=knobs, environ=os.environ))
+        probes = Probes(injected={"rendezvous": met, "net-names": {"self": {"node_name": "gpu07"}}})
+        return net_rendezvous(CheckSubject(plan=plan, probes=probes))
+
+    outcome = check("warn")
+    assert outcome.status == WARN and outcome.value == "2 nodes, all-reduce in 1.2 s, 1 to exclude"
+    assert outcome.message.startswith("network preflight: NODE_RANK 1 slow; exclude them: sbatch --exclude=gpu08: ")
+    assert "NODE_RANK 1: slow: GEMM" in outcome.message and "--exclude" in outcome.remedy
+    assert "network preflight: NODE_RANK 1 slow" in capsys.readouterr().out  # node 0 prints the line
+    assert outcome.data["list"]["nodes"][1]["versions"] == VERSIONS
+    assert check("fail").status == FAIL
+
+
+def test_rocmft_check_fails_naming_the_slow_gpu_with_on_slow_node_fail(run_rocmft, tmp_path, tiny_model, demo_data):
+    """End to end, as a user runs it: `rocmft check` on an INJECTED healthy 2-GPU MI300X machine
+    (tests/test_rules_checks_cli.py's probes) whose GPU 1 runs at 40% of the expected GEMM figure: by default a
+    warning (exit 0); with ROCMFT_ON_SLOW_NODE=fail exit 3 naming gpu-perf and the GPU, only checks.json written."""
+    import json
+
+    from rocmft.errors import ExitCode
+    from test_rules_checks_cli import HEALTHY
+
+    slow = {"backend": "rocm", "torch": "2.11.0+rocm7.1", "gpus": [perf_gpu(0, MI300X), perf_gpu(1, MI300X, gemm=0.4)]}
+    (tmp_path / "probes.json").write_text(json.dumps({**HEALTHY, "perf": slow}))
+    env = {"ROCMFT_TEST_PROBES": str(tmp_path / "probes.json"), "ROCMFT_PRECISION": "fp32",
+           "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+           "CUTOFF_LEN": "128"}  # fmt: skip
+    warned = run_rocmft("check", env={**env, "OUTPUT_DIR": str(tmp_path / "warn")})
+    assert warned.returncode == ExitCode.OK, warned.stdout[-3000:]
+    report = json.loads((tmp_path / "warn" / "rocmft" / "checks.json").read_text())
+    row = next(c for c in report["checks"] if c["id"] == "gpu-perf")
+    assert row["status"] == "warn" and row["message"].startswith("GPU 1 (AMD Instinct MI300X): GEMM")
+    failed = run_rocmft("check", env={**env, "OUTPUT_DIR": str(tmp_path / "fail"), "ROCMFT_ON_SLOW_NODE": "fail"})
+    assert failed.returncode == ExitCode.CHECK_FAILED, failed.stdout[-3000:]
+    assert "Health checks failed: gpu-perf" in failed.stdout
+    files = sorted(str(p.relative_to(tmp_path / "fail")) for p in (tmp_path / "fail").rglob("*") if p.is_file())
+    assert files == ["rocmft/checks.json"], files
