@@ -140,6 +140,25 @@ def test_injected_gpus_without_injected_speed_are_not_measured_here():
     assert outcome.status == SKIP and "were injected" in outcome.message
 
 
+def test_in_task_mode_local_rank_0_measures_the_gpus_the_tasks_share(monkeypatch):
+    """Slurm's one task per GPU, each task seeing all 4 GPUs: measured by all four tasks at once, each would find the
+    GPUs slow; local rank 0 measures them, the others skip. A task bound to its one GPU measures it."""
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "PET_", "KUBERNETES_")) or name in ("NNODES", "NODE_RANK", "RANK", "WORLD_SIZE"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
+    monkeypatch.setenv("SLURM_STEP_NUM_NODES", "1")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "4")
+    monkeypatch.setenv("SLURM_LOCALID", "2")
+    four = [perf_gpu(i) for i in range(4)]
+    outcome = gpu_perf(subject(*four))
+    assert outcome.status == SKIP and "local rank 0 measures them" in outcome.message
+    assert gpu_perf(subject(perf_gpu(0))).status == PASS  # bound to one GPU: its own
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    assert gpu_perf(subject(*four)).status == PASS
+
+
 # ---- the node's versions ----------------------------------------------------------------------------------------
 def test_the_driver_version_is_read_from_sysfs(tmp_path):
     """A SYNTHETIC sysfs tree: the amdgpu DKMS module's version file, else the inbox driver and the kernel."""

@@ -112,6 +112,25 @@ _SLOW_REMEDY = (
 )
 
 
+def _shared_gpus(subject) -> str | None:
+    """Why this process leaves the measurement to another, or None: in task mode (Slurm's one task per GPU) the
+    node's tasks run their checks at once, and where each sees several GPUs they would measure the same GPUs
+    together and find each other slow; then the node's local rank 0 measures them all (a task bound to its one GPU
+    measures that one)."""
+    from rocmft.errors import ConfigError
+    from rocmft.facts.scheduler import job_layout
+
+    try:
+        layout = job_layout(subject.plan.settings.environ)
+    except ConfigError:  # the net-* and gpu-runtime checks report a bad layout
+        return None
+    gpus = len(devices_probe(subject).get("gpus") or [])
+    if layout.mode == "task" and (layout.local_world_size or 1) > 1 and gpus > 1 and layout.local_rank:
+        return (f"Slurm started {layout.local_world_size} tasks on this node, each seeing its {gpus} GPUs: local "
+                "rank 0 measures them (measured by every task at once, each would find them slow).")  # fmt: skip
+    return None
+
+
 @check("gpu-perf", "GPU bf16 GEMM TFLOPS and memory bandwidth against the model's figures", timeout_s=200,
        needs=("gpu-runtime", "gpu-compute"))  # fmt: skip
 def gpu_perf(subject) -> Outcome:
@@ -119,7 +138,11 @@ def gpu_perf(subject) -> Outcome:
     SLOW_SHARE (70%) of the model's expected figure, or below PEER_SHARE (90%) of the node's median GPU of the same
     model, **warns** naming the GPU's index and name, measured against expected (**fails** with
     ROCMFT_ON_SLOW_NODE=fail). A model not in rocmft.facts.perf.MODELS is measured and named, without a verdict. A
-    probe that failed or timed out warns (fails with ROCMFT_ON_SLOW_NODE=fail)."""
+    probe that failed or timed out warns (fails with ROCMFT_ON_SLOW_NODE=fail). In task mode, where a node's tasks
+    share its GPUs, local rank 0 measures them and the others skip."""
+    shared = _shared_gpus(subject)
+    if shared:
+        return Outcome(SKIP, "local rank 0 measures", shared)
     result = perf_result(subject)
     strict = FAIL if on_slow(subject) == "fail" else WARN
     if "skipped" in result:
