@@ -22,6 +22,7 @@ The faults, each from a public report:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from types import SimpleNamespace
 
@@ -75,6 +76,72 @@ def test_every_row_names_its_source_and_only_measured_rows_say_so():
         assert model.source.startswith("https://") and 0 < model.gemm_share < 1 and 0 < model.copy_share < 1
         assert model.expected_tflops < model.peak_tflops and model.expected_gbps < model.peak_gbps
     assert all(model.measured is None for model in facts.MODELS if "AMD" in model.label)
+
+
+class StandInTorch:
+    """A stand-in for torch with two "GPUs" on which a matmul takes ``gemm_ms`` and a copy ``copy_ms`` of GPU time,
+    as its CUDA events report it (each event records how many kernels ran before it): the measurement's arithmetic
+    and control flow without a GPU. GPU 1 raises out of memory when ``oom`` is set."""
+
+    bfloat16 = "bfloat16"
+    __version__ = "2.11.0+stand-in"
+
+    def __init__(self, gemm_ms: float, copy_ms: float, oom: bool = False) -> None:
+        self.kernels, self.gemm_ms, self.copy_ms, self.oom, self.current = [], gemm_ms, copy_ms, oom, 0
+        outer = self
+
+        class Tensor:
+            def copy_(self, source):
+                outer.kernels.append(outer.copy_ms)
+
+        class Event:
+            def __init__(self, enable_timing: bool) -> None:
+                self.mark = 0
+
+            def record(self) -> None:
+                self.mark = len(outer.kernels)
+
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_time(self, end) -> float:
+                return sum(outer.kernels[self.mark : end.mark])
+
+        def device(index):
+            outer.current = index
+            return contextlib.nullcontext()
+
+        def allocate(*shape, device, dtype):
+            if self.oom and device == "cuda:1":
+                raise RuntimeError("CUDA out of memory (stand-in)")
+            return Tensor()
+
+        properties = SimpleNamespace(name="NVIDIA H200", major=9, minor=0)
+        self.version = SimpleNamespace(hip=None)
+        self.cuda = SimpleNamespace(
+            is_available=lambda: True, device_count=lambda: 2, synchronize=lambda *a: None, device=device, Event=Event,
+            get_device_properties=lambda index: properties, get_device_name=lambda index: properties.name,
+            empty_cache=lambda: None,
+        )  # fmt: skip
+        self.randn = self.empty = self.ones = allocate
+        self.empty_like = lambda tensor: Tensor()
+        self.matmul = lambda a, b, out: self.kernels.append(self.gemm_ms)
+
+
+def test_the_measurement_times_gpu_work_with_events_and_reports_tflops_and_gbps(monkeypatch):
+    """With a stand-in torch whose matmul takes 2 ms and whose copy takes 0.25 ms of (event) time: 2·8192³ / 2 ms and
+    2 · 512 MiB / 0.25 ms, each GPU within its budget, a GPU that raised recorded with its error."""
+    import sys
+    import time
+
+    monkeypatch.setitem(sys.modules, "torch", StandInTorch(gemm_ms=2.0, copy_ms=0.25, oom=True))
+    started = time.monotonic()
+    result = facts.measure(budget_s=0.2)
+    assert time.monotonic() - started < 2 * 0.2 + 1
+    first, second = result["gpus"]
+    assert first["gemm_tflops"] == round(2 * facts.GEMM_N**3 / 2e-3 / 1e12, 1) and first["gemm_timed"] >= 3
+    assert first["copy_gbps"] == round(2 * facts.COPY_MIB * 2**20 / 0.25e-3 / 1e9, 1) and first["arch"] == "sm_90"
+    assert second == {"index": 1, "name": "NVIDIA H200", "error": "RuntimeError: CUDA out of memory (stand-in)"}
 
 
 # ---- gpu-perf on one node ---------------------------------------------------------------------------------------

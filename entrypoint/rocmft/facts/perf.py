@@ -173,7 +173,7 @@ def _one_gpu(torch, index: int, budget_s: float) -> dict[str, Any]:
     took (the tensors are freed before the next GPU)."""
     started = time.monotonic()
     props = torch.cuda.get_device_properties(index)
-    arch = getattr(props, "gcnArchName", "") or f"sm_{props.major}{props.minor}"
+    arch = props.gcnArchName if torch.version.hip else f"sm_{props.major}{props.minor}"  # as the device probe
     record: dict[str, Any] = {"index": index, "name": props.name, "arch": arch}
     with torch.cuda.device(index):
         tflops, gemms = _gemm_tflops(torch, f"cuda:{index}", budget_s * GEMM_SHARE)
