@@ -3,11 +3,11 @@
     PYTHONPATH=entrypoint python bench/preflight.py [--repeat N] [--budget-s S]
 
 Runs ``python -m rocmft.facts.probe perf`` (the child process ``rocmft check`` runs: each visible GPU's bf16 GEMM
-TFLOPS and device-memory copy bandwidth, about 2 s per GPU) N times (default 3, to see the spread between runs),
+TFLOPS and device-memory copy bandwidth, about 1 s per GPU) N times (default 3, to see the spread between runs),
 prints each result as one JSON line, then the gpu-perf check's verdict on the last one, and for each GPU model found
 its table row (rocmft.facts.perf.MODELS) with the measured share of peak: the figures to write into the row's
 ``gemm_share``/``copy_share`` and ``measured`` after a calibration run. ``--budget-s`` measures in-process instead,
-with another per-GPU budget (to see whether 2 s is long enough for a steady figure). Exit 0 when gpu-perf passes,
+with another per-GPU budget (to see whether 1 s is long enough for a steady figure). Exit 0 when gpu-perf passes,
 1 otherwise (warn, fail, skip).
 """
 

@@ -24,7 +24,7 @@ from rocmft.facts import perf as facts
 
 # A GPU below this share of its model's expected figure (peak · the model's achievable share) is slow. The expected
 # figure is already what a healthy GPU reaches; 0.7 leaves 30% for the spread between boards and power limits of
-# one model and for a 2-second measurement, and still catches what halves a GPU's speed (a power cap or clocks
+# one model and for a one-second measurement, and still catches what halves a GPU's speed (a power cap or clocks
 # stuck low, a BLAS library fallback, a memory fault). Smaller slowdowns are the comparison's below.
 SLOW_SHARE = 0.7
 # A GPU below this share of its node's median GPU of the same model, or a node whose slowest GPU is below this share
@@ -139,7 +139,7 @@ def _shared_gpus(subject) -> str | None:
 @check("gpu-perf", "GPU bf16 GEMM TFLOPS and memory bandwidth against the model's figures", timeout_s=200,
        needs=("gpu-runtime", "gpu-compute"))  # fmt: skip
 def gpu_perf(subject) -> Outcome:
-    """Per visible GPU, a bf16 GEMM's TFLOPS and a device-memory copy's bandwidth (about 2 s per GPU): below
+    """Per visible GPU, a bf16 GEMM's TFLOPS and a device-memory copy's bandwidth (about 1 s per GPU): below
     SLOW_SHARE (70%) of the model's expected figure, or below PEER_SHARE (90%) of the node's median GPU of the same
     model, **warns** naming the GPU's index and name, measured against expected (**fails** with
     ROCMFT_ON_SLOW_NODE=fail). A model not in rocmft.facts.perf.MODELS is measured and named, without a verdict. A

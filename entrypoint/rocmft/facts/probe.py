@@ -19,7 +19,7 @@ a bitsandbytes 4-bit (NF4) matmul against its dequantized reference, a flash-att
 PyTorch's SDPA.
 
 ``python -m rocmft.facts.probe perf``: each visible GPU's bf16 GEMM TFLOPS and device-memory copy bandwidth, about
-2 s per GPU (rocmft.facts.perf.measure).
+1 s per GPU (rocmft.facts.perf.measure).
 
 :class:`rocmft.facts.device.ProbeProcess` starts one in the background (the entrypoint starts the GPU probes
 first thing, so they run while LLaMA-Factory is imported) and :func:`rocmft.facts.device.run_probe` runs one to
