@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
-from rocmft.checks.perf import node_record, on_slow
+from rocmft.checks.perf import judge_nodes, node_record, on_slow
 from rocmft.errors import ConfigError
 from rocmft.values import whole_number
 
@@ -345,8 +345,6 @@ def node_list(nodes: list[dict[str, Any]], slurm_hosts: list[str] | None = None)
     or "", "bad_ranks": [int], "slow_ranks", "drift_ranks": [int], "exclude_hosts": the failing and warned hosts}``.
     """
     import hostlist
-
-    from rocmft.checks.perf import judge_nodes
 
     slurm_hosts = slurm_hosts or []
     warned = judge_nodes({node["node_rank"]: node["info"] for node in nodes if node.get("info")})
