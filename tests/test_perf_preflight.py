@@ -64,6 +64,7 @@ def subject(*gpus: dict, on_slow: str = "warn", perf: dict | None = None, **prob
     ("NVIDIA H200", "sm_90", "NVIDIA H200"),
     ("", "gfx950:sramecc+:xnack-", "AMD Instinct MI350X"),  # ROCm/mori#464: an empty name on MI350X
     ("AMD Instinct MI300A", "gfx942", None),
+    ("NVIDIA GH200 480GB", "sm_90", None),  # an H100 with other memory, not an H200
 ])  # fmt: skip
 def test_a_gpu_is_matched_to_its_row_by_torchs_name(name, arch, label):
     found = facts.model_of(name, arch)

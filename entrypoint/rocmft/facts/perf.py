@@ -83,11 +83,11 @@ class Model:
 # * RDNA 3 (Radeon): the datasheet's FP16 figure is the WMMA matrix rate; RDNA 3 has the same WMMA for bf16
 #   (V_WMMA_F32_16X16X16_BF16 beside _F16, RDNA 3 ISA guide), assumed at the same rate; half of it and 80% of the
 #   bandwidth, as for CDNA.
-# * Hopper (H200): cuBLAS's large bf16 GEMMs reach about 70% of the dense peak, copies about 80% of the bandwidth;
-#   to be replaced by the figures bench/preflight.py measures on an H200.
+# * Hopper (H200): assumed 70% of the dense bf16 peak for cuBLAS's large GEMMs and 80% of the bandwidth for copies,
+#   not yet measured by rocmft: to be replaced by the shares bench/preflight.py measures on an H200.
 _CDNA = "Primus' node smoke test floors an MI300X at 600 TFLOPS (46% of peak) and finds ≈ 4500–5000 GB/s healthy"
 _RDNA = "the FP16 figure is the WMMA rate, assumed for bf16's WMMA too; shares as for CDNA (not measured on RDNA 3)"
-_HOPPER = "cuBLAS's large bf16 GEMMs reach about 70% of the dense peak; calibrate with bench/preflight.py"
+_HOPPER = "assumed: 70% of the dense peak for large bf16 GEMMs, 80% for copies; calibrate with bench/preflight.py"
 _AMD = "https://www.amd.com/en/products/"
 MODELS: tuple[Model, ...] = (
     Model("AMD Instinct MI210", r"MI210", 181.0, 1638.4, _AMD + "accelerators/instinct/mi200/mi210.html",
@@ -108,10 +108,11 @@ MODELS: tuple[Model, ...] = (
           0.5, 0.8, _RDNA),
     Model("AMD Radeon RX 7900 XTX", r"7900 XTX", 122.8, 960.0, _AMD + "graphics/desktops/radeon/7000-series/"
           "amd-radeon-rx-7900xtx.html", 0.5, 0.8, _RDNA),
-    # the datasheet gives 1,979 (SXM) and 1,671 (NVL) bf16 TFLOPS "with sparsity": dense is half
-    Model("NVIDIA H200 NVL", r"H200 NVL", 835.5, 4800.0, "https://www.nvidia.com/en-us/data-center/h200/",
+    # the datasheet gives 1,979 (SXM) and 1,671 (NVL) bf16 TFLOPS "with sparsity": dense is half. The word H200:
+    # not GH200 (an H100 with other memory)
+    Model("NVIDIA H200 NVL", r"\bH200 NVL", 835.5, 4800.0, "https://www.nvidia.com/en-us/data-center/h200/",
           0.7, 0.8, _HOPPER),
-    Model("NVIDIA H200", r"H200", 989.5, 4800.0, "https://www.nvidia.com/en-us/data-center/h200/", 0.7, 0.8,
+    Model("NVIDIA H200", r"\bH200\b", 989.5, 4800.0, "https://www.nvidia.com/en-us/data-center/h200/", 0.7, 0.8,
           _HOPPER),
 )  # fmt: skip
 # MI350X and MI355X report an empty device name on some ROCm releases (ROCm/mori#464: "torch.cuda.
