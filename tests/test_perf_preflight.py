@@ -42,7 +42,7 @@ def perf_gpu(index: int, model=H200, gemm: float = 1.0, copy: float = 1.0, name:
     """One GPU of the perf probe, INJECTED: ``gemm`` and ``copy`` are shares of the model's expected figures."""
     return {"index": index, "name": name or model.label, "arch": "sm_90", "gemm_n": facts.GEMM_N, "gemm_timed": 40,
             "gemm_tflops": round(model.expected_tflops * gemm, 1), "copy_mib": facts.COPY_MIB, "copy_timed": 200,
-            "copy_gbps": round(model.expected_gbps * copy, 1), "seconds": 2.0}  # fmt: skip
+            "copy_gbps": round(model.expected_gbps * copy, 1), "seconds": facts.GPU_BUDGET_S}  # fmt: skip
 
 
 def subject(*gpus: dict, on_slow: str = "warn", perf: dict | None = None, **probes) -> CheckSubject:
