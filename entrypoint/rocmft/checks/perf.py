@@ -111,7 +111,8 @@ def _shown(verdict: dict[str, Any]) -> str:
 
 
 _SLOW_REMEDY = (
-    "Tell the operator the GPU and the figures above (a power cap or clocks stuck low: `amd-smi metric --power "
+    "If gpu-memory named a process on that GPU, it shares the GPU: stop it first. Otherwise tell the operator the GPU "
+    "and the figures above (a power cap or clocks stuck low: `amd-smi metric --power "
     "--clock`, `rocm-smi --showperflevel`; nvidia-smi -q -d PERFORMANCE,CLOCK); run without it (HIP_VISIBLE_DEVICES/"
     "CUDA_VISIBLE_DEVICES) or on another node. A data-parallel run goes at the pace of its slowest GPU."
 )
