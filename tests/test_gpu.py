@@ -158,3 +158,37 @@ def test_allocator_lint_agrees_with_torch_on_the_gpu(value):
     except ConfigError:
         rocmft_accepts = False
     assert rocmft_accepts == torch_accepts, (value, child.stderr[-1500:])
+
+
+def test_perf_probe_measures_every_gpu_and_a_healthy_one_passes_gpu_perf():
+    """The performance preflight for real: ``python -m rocmft.facts.probe perf`` (the child `rocmft check` runs)
+    gives each visible GPU a positive bf16 GEMM TFLOPS and copy bandwidth within its time bound, below the model's
+    datasheet peak, and gpu-perf passes a healthy GPU. Prints the figures (the lead's calibration of the table's
+    H200 row; bench/preflight.py prints more)."""
+    from types import SimpleNamespace
+
+    from rocmft.checks import CheckSubject
+    from rocmft.checks.perf import gpu_perf
+    from rocmft.facts import perf
+    from rocmft.facts.device import run_probe
+    from rocmft.facts.probes import Probes
+
+    count = torch.cuda.device_count()
+    result = run_probe(["perf"], perf.PERF_TIMEOUT_BASE_S + perf.PERF_TIMEOUT_PER_GPU_S * count)
+    print(json.dumps(result))
+    assert len(result["gpus"]) == count, result
+    for gpu in result["gpus"]:
+        assert "error" not in gpu and gpu["gemm_tflops"] > 0 and gpu["copy_gbps"] > 0, gpu
+        assert gpu["seconds"] < 2 * perf.GPU_BUDGET_S + 3, gpu  # the budget, plus the first GEMM's setup
+        model = perf.model_of(gpu["name"], gpu["arch"])
+        if model:
+            assert gpu["gemm_tflops"] < model.peak_tflops and gpu["copy_gbps"] < model.peak_gbps, (gpu, model)
+    devices = {"gpus": [{"index": g["index"], "name": g["name"]} for g in result["gpus"]]}
+    settings = SimpleNamespace(rocmft=SimpleNamespace(on_slow_node="fail"), environ={})
+    outcome = gpu_perf(CheckSubject(plan=SimpleNamespace(settings=settings),
+                                    probes=Probes(injected={"devices": devices, "perf": result})))  # fmt: skip
+    print(outcome.status, outcome.value, outcome.message)
+    if all(perf.model_of(g["name"], g["arch"]) for g in result["gpus"]):
+        assert outcome.status == "pass", outcome.message
+    else:  # a model without a row in the table: measured and named, no verdict against a table
+        assert outcome.status in ("pass", "skip") and "No expected figures" in outcome.message, outcome.message

@@ -99,6 +99,11 @@ def test_two_local_nodes_meet_and_node_0_lists_both(tmp_path):
     assert {row["checks"]["net-names"] for row in listing["nodes"]} == {PASS}
     assert listing["bad_hosts"] == "" and "network preflight: all 2 nodes pass" in printed
     assert not (tmp_path / "node1" / NODES_FILE).exists()  # node 0 alone writes the list
+    # each node's versions reach node 0 through the store (the same here: no drift); no GPU measured, no figures
+    from rocmft import __version__
+
+    assert [(row["versions"]["rocmft"], row["perf"], row["warnings"]) for row in listing["nodes"]] == [
+        (__version__, None, [])] * 2  # fmt: skip
 
 
 def test_the_port_is_free_for_torchruns_rendezvous_right_after(tmp_path):

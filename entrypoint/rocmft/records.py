@@ -38,6 +38,8 @@ from rocmft.records_probe import (
     GemmRecord,
     GpuRecord,
     LibProbe,
+    PerfGpu,
+    PerfProbe,
     probe_line,
     read_probe_line,
 )
@@ -76,6 +78,8 @@ __all__ = [
     "NonFinite",
     "ParseRequest",
     "ParseResult",
+    "PerfGpu",
+    "PerfProbe",
     "PrecisionRecord",
     "Restart",
     "RunPolicy",

@@ -117,7 +117,37 @@ class LibProbe(TypedDict, total=False):
     error: str
 
 
-PROBES = ("devices", "allreduce", "libs")
+class PerfGpu(TypedDict, total=False):
+    """One GPU of ``perf`` (rocmft.facts.perf.measure): ``gemm_tflops`` of a ``gemm_n``³ bf16 matmul (mean of
+    ``gemm_timed`` calls), ``copy_gbps`` of a ``copy_mib`` MiB device-to-device copy counted as read plus write
+    (mean of ``copy_timed``), ``seconds`` both took; or ``error`` where it raised."""
+
+    index: int
+    name: str
+    arch: str
+    gemm_n: int
+    gemm_timed: int
+    gemm_tflops: float
+    copy_mib: int
+    copy_timed: int
+    copy_gbps: float
+    seconds: float
+    error: str
+
+
+class PerfProbe(TypedDict, total=False):
+    """``perf``: the ``backend``, torch's version and each visible GPU's figures; or ``{"skipped"}`` (a test
+    injected the GPUs but not their speed), or ``{"error", "timed_out"}``."""
+
+    backend: str
+    torch: str
+    gpus: list[PerfGpu]
+    skipped: str
+    error: str
+    timed_out: bool
+
+
+PROBES = ("devices", "allreduce", "libs", "perf")
 
 
 def probe_line(probe: str, result: Mapping[str, Any]) -> str:
@@ -148,6 +178,8 @@ __all__ = [
     "GemmRecord",
     "GpuRecord",
     "LibProbe",
+    "PerfGpu",
+    "PerfProbe",
     "probe_line",
     "read_probe_line",
 ]

@@ -218,5 +218,6 @@ def _load_builtin_checks() -> None:
     from rocmft.checks import gpu  # noqa: F401
     from rocmft.checks import node  # noqa: F401  (RAS, kernel-log faults, GPU families: after the GPU checks)
     from rocmft.checks import compat  # noqa: F401  (driver, ROCm builds, known-bad versions: before `libraries`)
+    from rocmft.checks import perf  # noqa: F401  (gpu-perf: after the all-reduce probe, so no probe shares the GPUs)
     from rocmft.checks import system  # noqa: F401
     from rocmft.checks import network  # noqa: F401  (after `fabric`: the multi-node preflight, the rendezvous last)

@@ -3,10 +3,11 @@
 ``net-names`` (MASTER_ADDR and this node's name resolve), ``net-rdma`` (RDMA devices, ports, /dev/infiniband, the
 RoCE v2 GID for NCCL_IB_GID_INDEX, the NIC count against ROCMFT_EXPECTED_NICS), ``net-limits`` (``ulimit -l`` and
 ``ulimit -n``), then ``net-rendezvous``: every node meets at node 0's store on MASTER_ADDR:MASTER_PORT and
-all-reduces one number over gloo (:mod:`rocmft.facts.network`), each node sending its own checks' statuses; node 0
-returns the per-node pass/fail list (in its ``data``, in ``rocmft/network-nodes.json``, and one printed line with
-the hosts to exclude). One node: all skip. The Slingshot side of the fabric is the ``fabric`` check
-(rocmft.checks.system).
+all-reduces one number over gloo (:mod:`rocmft.facts.network`), each node sending its own checks' statuses, its GPUs'
+figures and its versions (rocmft.checks.perf.node_record); node 0 returns the per-node pass/warn/fail list, with
+the slow nodes and those on other versions than its own marked (rocmft.checks.perf.judge_nodes), in its ``data``,
+in ``rocmft/network-nodes.json``, and one printed line with the hosts to exclude. One node: all skip. The Slingshot
+side of the fabric is the ``fabric`` check (rocmft.checks.system).
 
 Facts come from the run's probe provider (``subject.probes``, rocmft.facts.probes): injected when a test put
 synthetic trees' facts there (``rdma``, ``limits``), else read once.
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
+from rocmft.checks.perf import judge_nodes, node_record, on_slow
 from rocmft.errors import ConfigError
 from rocmft.values import whole_number
 
@@ -334,13 +336,18 @@ def node_list(nodes: list[dict[str, Any]], slurm_hosts: list[str] | None = None)
     raised an error of its own (an error that is a timeout is a consequence of another node's and names nobody;
     when every node timed out, the data path is blocked everywhere and no node is singled out).
 
+    A node that did not fail **warns** when node 0 finds it slow or on other versions than node 0's
+    (rocmft.checks.perf.judge_nodes, from the figures and versions each node sent).
+
     Returns ``{"nodes": [{"node_rank", "host" (its name; for a node that never arrived the Slurm node list's entry,
-    else None), "address", "status": "pass"/"fail", "reasons": [...], "checks": {id: status}}], "bad_hosts": a
-    python-hostlist expression of the failing hosts (``"n[01,03]"``) or "", "bad_ranks": [int]}``.
+    else None), "address", "status": "pass"/"warn"/"fail", "reasons": [...], "warnings": [...], "checks": {id:
+    status}, "perf", "versions"}], "bad_hosts": a python-hostlist expression of the failing hosts (``"n[01,03]"``)
+    or "", "bad_ranks": [int], "slow_ranks", "drift_ranks": [int], "exclude_hosts": the failing and warned hosts}``.
     """
     import hostlist
 
     slurm_hosts = slurm_hosts or []
+    warned = judge_nodes({node["node_rank"]: node["info"] for node in nodes if node.get("info")})
     rows = []
     for node in nodes:
         info = node.get("info") or {}
@@ -355,14 +362,23 @@ def node_list(nodes: list[dict[str, Any]], slurm_hosts: list[str] | None = None)
         reduce = node.get("allreduce")
         if reduce not in (None, "ok") and "timeout" not in reduce.lower() and "timed out" not in reduce.lower():
             reasons.append(f"all-reduce: {reduce}")
+        warnings = warned.get(r, [])
+        checks = {k: v.get("status") for k, v in (info.get("checks") or {}).items()}
         rows.append({"node_rank": r, "host": host, "address": info.get("address"),
-                     "status": FAIL if reasons else PASS, "reasons": reasons,
-                     "checks": {k: v.get("status") for k, v in (info.get("checks") or {}).items()},
-                     "allreduce": reduce})  # fmt: skip
+                     "status": FAIL if reasons else WARN if warnings else PASS, "reasons": reasons,
+                     "warnings": warnings, "checks": checks, "allreduce": reduce, "perf": info.get("perf"),
+                     "versions": info.get("versions")})  # fmt: skip
+
+    def hosts(chosen: list[dict[str, Any]]) -> str:
+        named = [row["host"] for row in chosen if row["host"]]
+        return hostlist.collect_hostlist(list(dict.fromkeys(named))) if named else ""
+
     bad = [row for row in rows if row["status"] == FAIL]
-    named = [row["host"] for row in bad if row["host"]]
-    return {"nodes": rows, "bad_ranks": [row["node_rank"] for row in bad],
-            "bad_hosts": hostlist.collect_hostlist(list(dict.fromkeys(named))) if named else ""}  # fmt: skip
+    kinds = {kind: [row["node_rank"] for row in rows if row["status"] == WARN
+                    and any(w.startswith(prefix) for w in row["warnings"])]
+             for kind, prefix in (("slow_ranks", "slow"), ("drift_ranks", "versions"))}  # fmt: skip
+    return {"nodes": rows, "bad_ranks": [row["node_rank"] for row in bad], "bad_hosts": hosts(bad), **kinds,
+            "exclude_hosts": hosts([row for row in rows if row["status"] != PASS])}  # fmt: skip
 
 
 def _write_nodes(subject, listing: dict[str, Any]) -> str | None:
@@ -383,13 +399,15 @@ def _write_nodes(subject, listing: dict[str, Any]) -> str | None:
 
 
 def exclude_line(listing: dict[str, Any], total: int) -> str:
-    """The line node 0 prints: every node passed, or the failing hosts as a Slurm exclude list."""
-    if not listing["bad_ranks"]:
+    """The line node 0 prints: every node passed, or the failing, slow and other-version hosts as a Slurm exclude
+    list (``exclude_hosts``; ``bad_hosts`` in a list written before it)."""
+    named = [(listing[key], words) for key, words in (("bad_ranks", f" of {total} fail"), ("slow_ranks", " slow"),
+             ("drift_ranks", " on other versions than node 0")) if listing.get(key)]  # fmt: skip
+    if not named:
         return f"network preflight: all {total} nodes pass"
-    ranks = ", ".join(map(str, listing["bad_ranks"]))
-    hosts = listing["bad_hosts"]
+    hosts = listing.get("exclude_hosts", listing["bad_hosts"])
     tail = f"; exclude them: sbatch --exclude={hosts}" if hosts else " (host names unknown)"
-    return f"network preflight: NODE_RANK {ranks} of {total} fail{tail}"
+    return "network preflight: " + "; ".join(f"NODE_RANK {', '.join(map(str, r))}{w}" for r, w in named) + tail
 
 
 def _timeout_s(subject) -> float:
@@ -404,8 +422,9 @@ def net_rendezvous(subject) -> Outcome:
     all-reduce (hard-killed at :func:`rocmft.facts.network.rendezvous_bound_s`). **Fail** naming what did not work:
     the port did not answer (refused / timed out, from nodes other than 0), NODE_RANKs that never arrived (node 0),
     the all-reduce did not complete although the port answered (hiyouga/LlamaFactory#9350), or a node whose own
-    network checks failed (node 0's list). Node 0 writes the per-node list (:func:`node_list`) to
-    ``rocmft/network-nodes.json`` and prints :func:`exclude_line`."""
+    network checks failed (node 0's list); **warn** (**fail** with ROCMFT_ON_SLOW_NODE=fail) on node 0 when every
+    node passed but some are slow or on other versions than node 0's. Node 0 writes the per-node list
+    (:func:`node_list`) to ``rocmft/network-nodes.json`` and prints :func:`exclude_line`."""
     layout, outcome = _multi_node_layout(subject)
     if outcome is not None:
         return outcome
@@ -419,8 +438,16 @@ def net_rendezvous(subject) -> Outcome:
     listing = _publish_list(subject, layout, result, data)
     if result.get("ok") and not (listing and listing["bad_ranks"]):
         where = _endpoint(layout.master_addr, layout.master_port)
-        return Outcome(PASS, f"{layout.nnodes} nodes, all-reduce in {result.get('seconds', 0):.1f} s",
-                       f"every node reached {where} and the gloo all-reduce completed", data=data)  # fmt: skip
+        value = f"{layout.nnodes} nodes, all-reduce in {result.get('seconds', 0):.1f} s"
+        warned = [row for row in (listing or {}).get("nodes", []) if row["status"] == WARN]
+        if warned:
+            return Outcome(FAIL if on_slow(subject) == "fail" else WARN, f"{value}, {len(warned)} to exclude",
+                           exclude_line(listing, layout.nnodes) + ": " + "; ".join(
+                               f"NODE_RANK {row['node_rank']}: {'; '.join(row['warnings'])}" for row in warned),
+                           "Resubmit with that --exclude, or tell the operator (a slow node slows every step of a "
+                           "data-parallel run; nodes on other versions can fail or hang in a collective); "
+                           "ROCMFT_ON_SLOW_NODE=fail stops here instead of warning.", data=data)  # fmt: skip
+        return Outcome(PASS, value, f"every node reached {where} and the gloo all-reduce completed", data=data)
     return _rendezvous_failure(layout, result, listing, environ, timeout_s, data)
 
 
@@ -435,7 +462,7 @@ def _meet(subject, layout, timeout_s: float) -> tuple[dict[str, Any], dict[str, 
 
     me = subject.probes.known("net-names", {}).get("self") or {}
     info = {"node_name": me.get("node_name"), "hostname": me.get("hostname"), "address": me.get("address"),
-            "checks": _local_statuses(subject)}  # fmt: skip
+            "checks": _local_statuses(subject), **node_record(subject)}  # fmt: skip
     launch_env = subject.launch_environment
     environ = {**subject.plan.settings.environ, **{k: v for k, v in launch_env.items() if k in ("GLOO_SOCKET_IFNAME",)}}
     spec = {"nnodes": layout.nnodes, "node_rank": layout.node_rank, "master_addr": layout.master_addr,

@@ -158,6 +158,13 @@ class RocmftSettings(BaseSettings):
         "refuses such a GPU (check gpu-arch) naming the value. Never applied to a GPU the image was built for, nor "
         "when HSA_OVERRIDE_GFX_VERSION is set already. AMD does not guarantee results on an overridden card.",
     )
+    on_slow_node: Literal["warn", "fail"] = Field(
+        "warn",
+        description="The performance preflight: a GPU below 70% of its model's expected bf16 GEMM TFLOPS or memory "
+        "bandwidth, or 10% below the node's other GPUs (`gpu-perf`), and on several nodes a node 10% slower than the "
+        "others or on other versions than node 0 (rocmft, torch, ROCm, driver, image: node 0's per-node list, with "
+        "the `--exclude=` line): `warn` and go on, or `fail` (exit 3), for a job script that resubmits without them.",
+    )
     on_nan: Literal["stop", "fp32"] = Field(
         "stop",
         description="When the loss or gradient norm turns NaN/Inf or the loss spikes: `stop` (exit 5), or `fp32`: "

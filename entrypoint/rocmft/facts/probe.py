@@ -18,6 +18,9 @@ CUDA), one process per GPU; JSON with the bus bandwidth, computed as NCCL's test
 a bitsandbytes 4-bit (NF4) matmul against its dequantized reference, a flash-attention 2 forward against
 PyTorch's SDPA.
 
+``python -m rocmft.facts.probe perf``: each visible GPU's bf16 GEMM TFLOPS and device-memory copy bandwidth, about
+1 s per GPU (rocmft.facts.perf.measure).
+
 :class:`rocmft.facts.device.ProbeProcess` starts one in the background (the entrypoint starts the GPU probes
 first thing, so they run while LLaMA-Factory is imported) and :func:`rocmft.facts.device.run_probe` runs one to
 the end; both with a hard timeout. This module is the child's side only.
@@ -287,6 +290,10 @@ def main(argv: list[str]) -> int:
         print(probe_line(argv[0], _allreduce(argv[1], int(argv[2]))))
     elif argv[0] == "libs":
         print(probe_line(argv[0], _libs(argv[1:])))
+    elif argv[0] == "perf":
+        from rocmft.facts.perf import measure
+
+        print(probe_line(argv[0], measure()))
     else:
         print(f"unknown probe {argv[0]}", file=sys.stderr)
         return 2
