@@ -21,12 +21,6 @@ from rocmft.render import processes_per_node
 # Share of a GPU's memory in use before training that suggests a leaked or foreign process (a fresh GPU shows
 # well under 1%; ROCm/CUDA contexts of the probe itself are a few hundred MiB).
 MEMORY_IN_USE_WARN = 0.10
-# /dev/shm: NCCL/RCCL's shared-memory transport between local ranks and PyTorch's DataLoader workers both live
-# there; Docker's 64 MiB default makes them fail ("Bus error", NCCL "unhandled system error"). NCCL's docs ask for
-# --shm-size=1g or --ipc=host per container; rocmft asks 1 GiB per local process that communicates plus
-# 256 MiB per data-loader worker (a judgement for prefetch_factor 2 of padded batches).
-SHM_PER_RANK = 1 << 30
-SHM_PER_WORKER = 256 << 20
 # gfx targets that run code built for another target when HSA_OVERRIDE_GFX_VERSION says so (same ISA
 # generation; ROCm's documented workaround for unsupported consumer cards). Anything else is refused.
 GFX_OVERRIDES = {
@@ -317,32 +311,39 @@ def gpu_compute(subject) -> Outcome:
 
 @check("shm", "shared memory (/dev/shm) size", timeout_s=10)
 def shm(subject) -> Outcome:
-    """/dev/shm holds at least 1 GiB per communicating local process plus 256 MiB per data-loader worker."""
-    import psutil
+    """/dev/shm holds 1 GiB per communicating local process plus 256 MiB per data-loader worker
+    (rocmft.render.loader, which also planned fewer workers when the user did not choose their number). A refusal
+    names the flag that grows /dev/shm and, when the user set the workers and fewer would fit, the number that fits."""
+    from rocmft.container import shm_gib, shm_size
+    from rocmft.facts.host import shm_bytes
+    from rocmft.render.loader import SHM_PER_WORKER, WORKERS, communicating_processes, shm_need, shown, workers_that_fit
 
     if not Path("/dev/shm").is_dir():
         return Outcome(SKIP, "no /dev/shm", "This system has no /dev/shm.")
-    size = subject.probes.known("shm_bytes") or psutil.disk_usage("/dev/shm").total
-    from rocmft.facts.scheduler import job_layout
+    size = subject.probes.get("shm_bytes", shm_bytes)
+    plan = subject.plan
+    ranks = communicating_processes(plan.settings, plan.device, plan.launcher, plan.layout)
+    per_process = int(plan.arguments.get(WORKERS) or 0)
+    workers = per_process * max(ranks, 1)
+    need = shm_need(ranks, per_process)
+    value = f"{shown(size)}, need {shown(need)}"
+    if size >= need:
+        return Outcome(PASS, value, f"{ranks} communicating process(es), {workers} loader worker(s)")
+    message = (
+        f"/dev/shm holds {shown(size)}, too little for {ranks} communicating local process(es) (1 GiB each) "
+        f"and {workers} loader worker(s) ({shown(SHM_PER_WORKER)} each): {shown(need)}."
+    )
+    grow = f"Give the container {shm_gib(need)} GiB of /dev/shm: {shm_size(shm_gib(need))}."
+    fit = workers_that_fit(size, ranks)
+    source = getattr(plan, "sources", {}).get(WORKERS)
+    if fit is not None and per_process > fit and source is not None and source.user_chosen:
+        from rocmft.config.provenance import named_in
 
-    # the processes of this node that communicate: torchrun's, or the scheduler's tasks on this node
-    launched = {
-        "torchrun": processes_per_node(subject.plan),
-        "task": job_layout(subject.plan.settings.environ).local_world_size or 1,
-    }
-    ranks = launched.get(subject.plan.launcher, 0)
-    workers = int(subject.plan.arguments.get("dataloader_num_workers") or 0) * max(ranks, 1)
-    need = ranks * SHM_PER_RANK + workers * SHM_PER_WORKER
-    value = f"{size / 2**30:.2f} GiB, need {need / 2**30:.2f} GiB"
-    if size < need:
-        message = f"/dev/shm is too small for {ranks} local process(es) and {workers} loader worker(s)."
-        return Outcome(
-            FAIL,
-            value,
-            message,
-            "compose: ipc: host (compose.yaml) or shm_size: 16gb; docker run: --ipc=host or --shm-size=16g.",
-        )
-    return Outcome(PASS, value, f"{ranks} communicating process(es), {workers} loader worker(s)")
+        yours = named_in(WORKERS, plan.arguments, plan.sources, plan.settings.given)
+        return Outcome(FAIL, value, message + f" The loader workers are yours: {yours}.",
+                       f"Set DATALOADER_NUM_WORKERS={fit} (what this /dev/shm holds), or " + grow[0].lower() + grow[1:],
+                       {"workers_that_fit": fit, "shm_gib": shm_gib(need)})  # fmt: skip
+    return Outcome(FAIL, value, message, grow, {"workers_that_fit": fit, "shm_gib": shm_gib(need)})
 
 
 HANG_CAUSES = (
