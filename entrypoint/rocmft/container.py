@@ -65,11 +65,14 @@ AS_YOU = 'docker run --user "$(id -u):$(id -g)"; compose: HOST_UID and HOST_GID 
 
 
 def mount(host: str, inside: str, read_only: bool = False) -> str:
-    """The flags that mount the host's ``host`` at ``inside`` (read-only when ``read_only``)."""
+    """The flags that mount the host's ``host`` at ``inside`` (read-only when ``read_only``). A ``./`` path is the
+    compose file's folder to Compose and ``$PWD/`` to ``docker run`` (Docker Engines before 23.0 read a relative
+    ``-v`` source as a volume name)."""
     suffix = ":ro" if read_only else ""
+    docker = "$PWD/" + host[2:] if host.startswith("./") else host
     return (
-        f'docker run -v "{host}:{inside}{suffix}"; compose: volumes: ["{host}:{inside}{suffix}"]; '
-        f"Apptainer: --bind {host}:{inside}{suffix}"
+        f'docker run -v "{docker}:{inside}{suffix}"; compose: volumes: ["{host}:{inside}{suffix}"]; '
+        f"Apptainer: --bind {docker}:{inside}{suffix}"
     )
 
 

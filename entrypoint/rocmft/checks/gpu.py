@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
+from rocmft.container import GPU_DEVICES, IPC_HOST, render_group
 from rocmft.facts.device import ALLREDUCE_MIB, ALLREDUCE_TIMEOUT_S
 from rocmft.render import processes_per_node
 
@@ -70,8 +71,7 @@ def gpu_devices(subject) -> Outcome:
         missing = " and ".join(n for n, ok in (("/dev/kfd", has_kfd), ("/dev/dri/renderD*", bool(renders))) if not ok)
         return Outcome(
             FAIL, "missing", f"{missing} not present in the container: no GPU was passed in.",
-            "compose: devices [/dev/kfd, /dev/dri] (compose.yaml has them; do not use compose.cpu.yaml on a GPU "
-            "node); docker run: --device /dev/kfd --device /dev/dri.",
+            f"Pass the GPUs in: {GPU_DEVICES}.",
         )  # fmt: skip
     denied = [node for node in nodes if not node["access"]]
     if denied:
@@ -80,7 +80,7 @@ def gpu_devices(subject) -> Outcome:
         return Outcome(
             FAIL, f"{len(denied)} not accessible",
             f"uid {os.getuid()} (groups: {groups}) cannot open {detail}.",
-            f"Add the owning group: RENDER_GID={gid} in .env (compose group_add), or docker run --group-add {gid}.",
+            f"Add the owning group: {render_group(gid)}.",
         )  # fmt: skip
     return Outcome(PASS, f"kfd + {len(renders)} render nodes", f"groups: {groups}")
 
@@ -111,7 +111,8 @@ def gpu_runtime(subject) -> Outcome:
     probe = devices_probe(subject)
     if "error" in probe:
         return Outcome(FAIL, "probe failed", f"The GPU probe failed: {probe['error']}.",
-                       "Run `rocmft env` for details; check the driver (dmesg) and the device nodes.")  # fmt: skip
+                       "Run `rocmft env` for details; check the driver on the host (`sudo dmesg | grep -i amdgpu`) "
+                       f"and that the container has the GPU device nodes: {GPU_DEVICES}.")  # fmt: skip
     record = image_record(subject) or {}
     gpus, visible = probe.get("gpus", []), probe.get("visible", {})
     shown = ", ".join(f"{k}={v}" for k, v in visible.items()) or "no *_VISIBLE_DEVICES set"
@@ -125,7 +126,7 @@ def gpu_runtime(subject) -> Outcome:
         ):
             return Outcome(
                 FAIL, "0 GPUs", f"No GPU is visible ({shown}), but this run needs {wanted}.",
-                "Pass the GPUs into the container (compose.yaml devices) and check HIP_VISIBLE_DEVICES.",
+                f"Pass the GPUs in: {GPU_DEVICES}; and check that HIP_VISIBLE_DEVICES leaves some.",
             )  # fmt: skip
         return Outcome(SKIP, "no GPU", "No GPU visible: training runs on the CPU.")
     if wanted > len(gpus):
@@ -349,7 +350,7 @@ def shm(subject) -> Outcome:
 HANG_CAUSES = (
     "IOMMU not in pass-through mode (kernel: iommu=pt; amd_iommu=on iommu=pt on AMD hosts); "
     "peer-to-peer access between the GPUs blocked (PCIe ACS, a VM without P2P; test with NCCL_P2P_DISABLE=1, "
-    "slower but it avoids P2P); /dev/shm too small (ipc: host); a firewall on the loopback rendezvous port; "
+    f"slower but it avoids P2P); /dev/shm too small ({IPC_HOST}); a firewall on the loopback rendezvous port; "
     "NCCL_DEBUG=INFO shows where it stops."
 )
 
