@@ -159,3 +159,16 @@ def test_a_users_ds_config_with_nvme_and_no_path_gives_the_mount_flag(base, tmp_
     ds.write_text('{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}')
     fixes = _fixes({**base, "DEEPSPEED": str(ds)}, tmp_path)
     has_all(fixes, ['docker run -v "/mnt/nvme/rocmft:/nvme"'])
+
+
+def test_render_into_an_unwritable_output_dir_gives_the_user_and_volume_flags(run_rocmft, tmp_path, tiny_model,
+                                                                              demo_data):  # fmt: skip
+    """`rocmft render` as a process (its refusal is made in the command, after the staging folder could not be):
+    OUTPUT_DIR under a file, for real."""
+    (tmp_path / "a-file").write_text("")
+    env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+           "CUTOFF_LEN": "128", "OUTPUT_DIR": str(tmp_path / "a-file" / "out")}  # fmt: skip
+    result = run_rocmft("render", env=env)
+    assert result.returncode == 2, result.stdout[-3000:]
+    has_all(result.stdout, ["cannot be created or written", 'docker run -v "$PWD/saves:/saves"',
+                            'docker run --user "$(id -u):$(id -g)"'])  # fmt: skip

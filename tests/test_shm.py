@@ -116,7 +116,7 @@ def test_workers_the_user_set_are_kept_and_refused_with_the_number_that_fits(ren
     assert "dataloader_num_workers" not in {c.name for c in plan.perf.choices}
     outcome = shm_outcome(plan, DOCKER_DEFAULT_SHM)
     assert outcome.status == FAIL
-    assert named in outcome.message and "/dev/shm holds 64 MiB" in outcome.message
+    assert named in outcome.message and "/dev/shm is too small: it holds 64 MiB" in outcome.message
     assert outcome.remedy.startswith("Set DATALOADER_NUM_WORKERS=0 (what this /dev/shm holds)")
     assert "docker run --shm-size=1g" in outcome.remedy and "compose: shm_size: 1gb" in outcome.remedy
 

@@ -331,8 +331,8 @@ def shm(subject) -> Outcome:
     if size >= need:
         return Outcome(PASS, value, f"{ranks} communicating process(es), {workers} loader worker(s)")
     message = (
-        f"/dev/shm holds {shown(size)}, too little for {ranks} communicating local process(es) (1 GiB each) "
-        f"and {workers} loader worker(s) ({shown(SHM_PER_WORKER)} each): {shown(need)}."
+        f"/dev/shm is too small: it holds {shown(size)}; {ranks} communicating local process(es) (1 GiB each) "
+        f"and {workers} loader worker(s) ({shown(SHM_PER_WORKER)} each) need {shown(need)}."
     )
     grow = f"Give the container {shm_gib(need)} GiB of /dev/shm: {shm_size(shm_gib(need))}."
     fit = workers_that_fit(size, ranks)
