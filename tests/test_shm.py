@@ -34,13 +34,14 @@ def render_shm(tmp_path, cache_dir, tiny_model, demo_data):
     """render(environ, shm_bytes) -> the staged Plan, for the tiny model on the demo data and one injected GPU."""
     from tests.conftest import _clean_environment
 
-    def run(environ: dict[str, str], shm_bytes: int | None, device: DeviceFacts = ONE_GPU):
+    def run(environ: dict[str, str], shm_bytes: int | None, device: DeviceFacts = ONE_GPU, model: bool = True):
         from rocmft.config.settings import load_settings
         from rocmft.validate.rules import render_checked
 
-        base = {"ROCMFT_CACHE_DIR": str(cache_dir), "OUTPUT_DIR": str(tmp_path / "out"),
-                "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
-                "CUTOFF_LEN": "128"}  # fmt: skip
+        base = {"ROCMFT_CACHE_DIR": str(cache_dir), "OUTPUT_DIR": str(tmp_path / "out")}
+        if model:  # else the built-in default (templates/demo.yaml)
+            base.update({"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo",
+                         "DATASET_DIR": str(demo_data), "CUTOFF_LEN": "128"})  # fmt: skip
         settings = load_settings({**_clean_environment(), **base, **environ})
         staging = tmp_path / "staging"
 
@@ -79,6 +80,15 @@ def test_the_default_workers_give_way_to_dockers_default_shm_and_say_so(render_s
     # recorded as the planner's other choices are: the manifest's plan keeps it
     recorded = {c.name: c for c in plan.perf.choices}["dataloader_num_workers"]
     assert recorded.planned and recorded.value == 0
+
+
+def test_the_builtin_default_passes_under_dockers_default_shm(render_shm):
+    """Injected: one GPU and 64 MiB. The built-in default (no model given: templates/demo.yaml) loads its data in the
+    main process already; it passes with nothing to plan."""
+    plan = render_shm({}, DOCKER_DEFAULT_SHM, model=False)
+    assert plan.demo and plan.arguments["dataloader_num_workers"] == 0
+    assert shm_outcome(plan, DOCKER_DEFAULT_SHM).status == PASS
+    assert "dataloader_num_workers" not in {c.name for c in plan.perf.choices}
 
 
 def test_a_shm_that_holds_some_workers_keeps_as_many_as_fit(render_shm):
