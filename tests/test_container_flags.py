@@ -81,6 +81,16 @@ def test_an_unreadable_kernel_log_gives_the_flags_that_let_the_container_read_it
     has_all(outcome.remedy, ["docker run --device=/dev/kmsg --cap-add=SYSLOG", "cap_add: [SYSLOG]"])
 
 
+def test_a_hub_cache_where_locks_do_not_lock_gives_the_mount_flag():
+    from tests.test_caches import INJECTED_CLUSTER, plan_with
+
+    # injected: a mount table with HF_HOME on NFS
+    outcome = host.hf_cache_locks(plan_with({"HF_HOME": "/home/me/hf", "HF_HUB_CACHE": "/home/me/hf/hub"},
+                                            INJECTED_CLUSTER))  # fmt: skip
+    assert outcome.status == WARN
+    has_all(outcome.remedy, ['docker run -v "/local/disk/hf:/cache/huggingface"', "Apptainer: --bind /local/disk/hf"])
+
+
 def _host_subject(tmp_path: Path, **arguments) -> CheckSubject:
     stand_in = SimpleNamespace(output_dir=tmp_path / "a-file" / "out", sources={}, arguments=arguments,
                                settings=SimpleNamespace(environ={}))  # fmt: skip

@@ -388,7 +388,8 @@ def hf_cache_locks(subject) -> Outcome:
         f"{', '.join(f'{n}={paths[n]}' for n in shared)} lies on {first.fstype} ({first.mountpoint}), where file "
         "locks do not lock (huggingface/huggingface_hub PR #4228): processes or nodes that download into this cache "
         "at once can leave truncated or mixed files.",
-        "Point HF_HOME at a node-local folder (e.g. HF_HOME=$TMPDIR/hf, or bind one there in Apptainer), or fill "
+        "Point HF_HOME at a node-local folder (e.g. HF_HOME=$TMPDIR/hf; or mount one: "
+        f"{mount('/local/disk/hf', '/cache/huggingface')} with HF_HOME=/cache/huggingface), or fill "
         "the cache once from a single process (hf download ...) and run with HF_HUB_OFFLINE=1, so that no process "
         "writes to it during training.",
         data=data,
