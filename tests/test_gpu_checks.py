@@ -214,7 +214,7 @@ def test_device_nodes_fail_with_the_fix_when_no_gpu_was_passed_in():
     if Path("/dev/kfd").exists():
         pytest.skip("this machine has /dev/kfd")
     outcome = checks.gpu_devices(plan())
-    assert outcome.status == FAIL and "/dev/kfd" in outcome.message and "--device /dev/kfd" in outcome.remedy
+    assert outcome.status == FAIL and "/dev/kfd" in outcome.message and "--device=/dev/kfd" in outcome.remedy
     assert checks.gpu_devices(plan(image=None)).status == SKIP
 
 
@@ -229,7 +229,7 @@ def test_the_missing_device_remedy_prints_literally_in_the_table(capsys):
     assert "[/dev/kfd, /dev/dri]" in outcome.remedy
     print_table([CheckResult(**vars(outcome), id="gpu-devices")], None)
     printed = " ".join(capsys.readouterr().out.split())
-    assert "devices [/dev/kfd," in printed and "fail" in printed
+    assert "devices: [/dev/kfd," in printed and "fail" in printed
 
 
 def test_device_facts_come_from_the_probe():

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
+from rocmft.container import GPU_DEVICES, IPC_HOST, render_group
 from rocmft.facts.device import ALLREDUCE_MIB, ALLREDUCE_TIMEOUT_S
 from rocmft.facts.gfx import (
     OVERRIDE,
@@ -30,12 +31,6 @@ from rocmft.render import processes_per_node
 # Share of a GPU's memory in use before training that suggests a leaked or foreign process (a fresh GPU shows
 # well under 1%; ROCm/CUDA contexts of the probe itself are a few hundred MiB).
 MEMORY_IN_USE_WARN = 0.10
-# /dev/shm: NCCL/RCCL's shared-memory transport between local ranks and PyTorch's DataLoader workers both live
-# there; Docker's 64 MiB default makes them fail ("Bus error", NCCL "unhandled system error"). NCCL's docs ask for
-# --shm-size=1g or --ipc=host per container; rocmft asks 1 GiB per local process that communicates plus
-# 256 MiB per data-loader worker (a judgement for prefetch_factor 2 of padded batches).
-SHM_PER_RANK = 1 << 30
-SHM_PER_WORKER = 256 << 20
 # kept under its old name for rocmft.checks.node: the consumer cards with a well-known safe override
 GFX_OVERRIDES = SAFE_OVERRIDES
 
@@ -75,8 +70,7 @@ def gpu_devices(subject) -> Outcome:
         missing = " and ".join(n for n, ok in (("/dev/kfd", has_kfd), ("/dev/dri/renderD*", bool(renders))) if not ok)
         return Outcome(
             FAIL, "missing", f"{missing} not present in the container: no GPU was passed in.",
-            "compose: devices [/dev/kfd, /dev/dri] (compose.yaml has them; do not use compose.cpu.yaml on a GPU "
-            "node); docker run: --device /dev/kfd --device /dev/dri.",
+            f"Pass the GPUs in: {GPU_DEVICES}.",
         )  # fmt: skip
     denied = [node for node in nodes if not node["access"]]
     if denied:
@@ -85,7 +79,7 @@ def gpu_devices(subject) -> Outcome:
         return Outcome(
             FAIL, f"{len(denied)} not accessible",
             f"uid {os.getuid()} (groups: {groups}) cannot open {detail}.",
-            f"Add the owning group: RENDER_GID={gid} in .env (compose group_add), or docker run --group-add {gid}.",
+            f"Add the owning group: {render_group(gid)}.",
         )  # fmt: skip
     return Outcome(PASS, f"kfd + {len(renders)} render nodes", f"groups: {groups}")
 
@@ -116,7 +110,8 @@ def gpu_runtime(subject) -> Outcome:
     probe = devices_probe(subject)
     if "error" in probe:
         return Outcome(FAIL, "probe failed", f"The GPU probe failed: {probe['error']}.",
-                       "Run `rocmft env` for details; check the driver (dmesg) and the device nodes.")  # fmt: skip
+                       "Run `rocmft env` for details; check the driver on the host (`sudo dmesg | grep -i amdgpu`) "
+                       f"and that the container has the GPU device nodes: {GPU_DEVICES}.")  # fmt: skip
     record = image_record(subject) or {}
     gpus, visible = probe.get("gpus", []), probe.get("visible", {})
     shown = ", ".join(f"{k}={v}" for k, v in visible.items()) or "no *_VISIBLE_DEVICES set"
@@ -130,7 +125,7 @@ def gpu_runtime(subject) -> Outcome:
         ):
             return Outcome(
                 FAIL, "0 GPUs", f"No GPU is visible ({shown}), but this run needs {wanted}.",
-                "Pass the GPUs into the container (compose.yaml devices) and check HIP_VISIBLE_DEVICES.",
+                f"Pass the GPUs in: {GPU_DEVICES}; and check that HIP_VISIBLE_DEVICES leaves some.",
             )  # fmt: skip
         return Outcome(SKIP, "no GPU", "No GPU visible: training runs on the CPU.")
     if wanted > len(gpus):
@@ -370,38 +365,45 @@ def gpu_compute(subject) -> Outcome:
 
 @check("shm", "shared memory (/dev/shm) size", timeout_s=10)
 def shm(subject) -> Outcome:
-    """/dev/shm holds at least 1 GiB per communicating local process plus 256 MiB per data-loader worker."""
-    import psutil
+    """/dev/shm holds 1 GiB per communicating local process plus 256 MiB per data-loader worker
+    (rocmft.render.loader, which also planned fewer workers when the user did not choose their number). A refusal
+    names the flag that grows /dev/shm and, when the user set the workers and fewer would fit, the number that fits."""
+    from rocmft.container import shm_gib, shm_size
+    from rocmft.facts.host import shm_bytes
+    from rocmft.render.loader import SHM_PER_WORKER, WORKERS, communicating_processes, shm_need, shown, workers_that_fit
 
     if not Path("/dev/shm").is_dir():
         return Outcome(SKIP, "no /dev/shm", "This system has no /dev/shm.")
-    size = subject.probes.known("shm_bytes") or psutil.disk_usage("/dev/shm").total
-    from rocmft.facts.scheduler import job_layout
+    size = subject.probes.get("shm_bytes", shm_bytes)
+    plan = subject.plan
+    ranks = communicating_processes(plan.settings, plan.device, plan.launcher, plan.layout)
+    per_process = int(plan.arguments.get(WORKERS) or 0)
+    workers = per_process * max(ranks, 1)
+    need = shm_need(ranks, per_process)
+    value = f"{shown(size)}, need {shown(need)}"
+    if size >= need:
+        return Outcome(PASS, value, f"{ranks} communicating process(es), {workers} loader worker(s)")
+    message = (
+        f"/dev/shm is too small: it holds {shown(size)}; {ranks} communicating local process(es) (1 GiB each) "
+        f"and {workers} loader worker(s) ({shown(SHM_PER_WORKER)} each) need {shown(need)}."
+    )
+    grow = f"Give the container {shm_gib(need)} GiB of /dev/shm: {shm_size(shm_gib(need))}."
+    fit = workers_that_fit(size, ranks)
+    source = getattr(plan, "sources", {}).get(WORKERS)
+    if fit is not None and per_process > fit and source is not None and source.user_chosen:
+        from rocmft.config.provenance import named_in
 
-    # the processes of this node that communicate: torchrun's, or the scheduler's tasks on this node
-    launched = {
-        "torchrun": processes_per_node(subject.plan),
-        "task": job_layout(subject.plan.settings.environ).local_world_size or 1,
-    }
-    ranks = launched.get(subject.plan.launcher, 0)
-    workers = int(subject.plan.arguments.get("dataloader_num_workers") or 0) * max(ranks, 1)
-    need = ranks * SHM_PER_RANK + workers * SHM_PER_WORKER
-    value = f"{size / 2**30:.2f} GiB, need {need / 2**30:.2f} GiB"
-    if size < need:
-        message = f"/dev/shm is too small for {ranks} local process(es) and {workers} loader worker(s)."
-        return Outcome(
-            FAIL,
-            value,
-            message,
-            "compose: ipc: host (compose.yaml) or shm_size: 16gb; docker run: --ipc=host or --shm-size=16g.",
-        )
-    return Outcome(PASS, value, f"{ranks} communicating process(es), {workers} loader worker(s)")
+        yours = named_in(WORKERS, plan.arguments, plan.sources, plan.settings.given)
+        return Outcome(FAIL, value, message + f" The loader workers are yours: {yours}.",
+                       f"Set DATALOADER_NUM_WORKERS={fit} (what this /dev/shm holds), or " + grow[0].lower() + grow[1:],
+                       {"workers_that_fit": fit, "shm_gib": shm_gib(need)})  # fmt: skip
+    return Outcome(FAIL, value, message, grow, {"workers_that_fit": fit, "shm_gib": shm_gib(need)})
 
 
 HANG_CAUSES = (
     "IOMMU not in pass-through mode (kernel: iommu=pt; amd_iommu=on iommu=pt on AMD hosts); "
     "peer-to-peer access between the GPUs blocked (PCIe ACS, a VM without P2P; test with NCCL_P2P_DISABLE=1, "
-    "slower but it avoids P2P); /dev/shm too small (ipc: host); a firewall on the loopback rendezvous port; "
+    f"slower but it avoids P2P); /dev/shm too small ({IPC_HOST}); a firewall on the loopback rendezvous port; "
     "NCCL_DEBUG=INFO shows where it stops."
 )
 

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
+from rocmft.container import AS_YOU, mount
 from rocmft.facts.modeldir import TOKENIZER_FILES, ModelDir, looks_like_path
 from rocmft.render.datasets import available_names, record_problem, sample_records, sample_token_lengths
 from rocmft.values import truthy
@@ -43,8 +44,8 @@ def output_writable(subject) -> Outcome:
         return Outcome(
             FAIL, f"{type(err).__name__}: {err.strerror or err}",
             f"OUTPUT_DIR {target} is not writable by uid {uid} gid {gid} ({subject.plan.sources.get('output_dir')}).",
-            "Mount the output volume read-write and owned by this user (compose: set UID/GID to your "
-            "`id -u`/`id -g`), or set OUTPUT_DIR to a writable folder.",
+            f"Run as the owner of the mounted folder: {AS_YOU}; mount it read-write: "
+            f"{mount('./saves', '/saves')}; or set OUTPUT_DIR to a writable folder.",
         )  # fmt: skip
     if _inside_container_layer(target):
         return Outcome(
@@ -195,7 +196,8 @@ def model(subject) -> Outcome:
     if looks_like_path(name, nested=True):
         return Outcome(
             FAIL, "no such folder", f"MODEL_NAME_OR_PATH={name} looks like a path but is not a folder here.",
-            "Mount the model folder into the container (compose: a volume) and use the path inside it.",
+            f"Mount the model folder at that path: {mount('<the model folder on the host>', name, read_only=True)} "
+            "(compose.yaml mounts ./models at /models).",
         )  # fmt: skip
     from huggingface_hub import try_to_load_from_cache
 
@@ -386,7 +388,8 @@ def hf_cache_locks(subject) -> Outcome:
         f"{', '.join(f'{n}={paths[n]}' for n in shared)} lies on {first.fstype} ({first.mountpoint}), where file "
         "locks do not lock (huggingface/huggingface_hub PR #4228): processes or nodes that download into this cache "
         "at once can leave truncated or mixed files.",
-        "Point HF_HOME at a node-local folder (e.g. HF_HOME=$TMPDIR/hf, or bind one there in Apptainer), or fill "
+        "Point HF_HOME at a node-local folder (e.g. HF_HOME=$TMPDIR/hf; or mount one: "
+        f"{mount('/local/disk/hf', '/cache/huggingface')} with HF_HOME=/cache/huggingface), or fill "
         "the cache once from a single process (hf download ...) and run with HF_HUB_OFFLINE=1, so that no process "
         "writes to it during training.",
         data=data,

@@ -13,6 +13,7 @@ from typing import Any
 
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
 from rocmft.checks.gpu import GFX_OVERRIDES, current_override, image_record
+from rocmft.container import KERNEL_LOG
 from rocmft.facts import amdgpu
 from rocmft.facts.gfx import visible_devices
 
@@ -107,7 +108,7 @@ def gpu_faults(subject) -> Outcome:
             WARN, "kernel log not readable", f"Could not read the kernel log ({log['error']}): recent GPU faults "
             "were not looked for (containers usually may not: kernel.dmesg_restrict=1 needs CAP_SYSLOG).",
             "Look on the host: `sudo dmesg -T | grep -iE 'amdgpu.*(page fault|timeout|reset)'` or "
-            "`journalctl -k --since -24h | grep amdgpu`.",
+            f"`journalctl -k --since -24h | grep amdgpu`; or let the container read it: {KERNEL_LOG}.",
         )  # fmt: skip
     now = subject.probes.known("kmsg_now") or amdgpu.seconds_since_boot()
     faults = amdgpu.parse_kmsg(log["records"])

@@ -157,6 +157,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     ``keep_validator``: `rocmft train` may reuse the parser's process as its worker (rocmft.validate.take_kept)."""
     from rocmft import testhooks
     from rocmft.facts.device import facts_from_probe, probe_devices_raw, start_probes
+    from rocmft.facts.host import shm_bytes
     from rocmft.facts.probes import Probes
     from rocmft.validate import start_validator, validate
 
@@ -178,9 +179,10 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     timings["device probe"] = time.monotonic() - started
 
     started = time.monotonic()
-    plan = render_checked(settings, device, workspace.make_staging)
     # the run's one probe provider; the probe results a test injected (empty in production) win over measuring
     probes = Probes(seeded={"devices": devices}, injected=testhooks.injected_probes())
+    # /dev/shm's size: render plans the loader workers it holds, the shm check measures against the same figure
+    plan = render_checked(settings, device, workspace.make_staging, probes.get("shm_bytes", shm_bytes))
     launch = prepare_launch(plan, probes)  # NNODES/NODE_RANK/WORLD_SIZE agree, NUMA binding, communication settings
     probes = _with_gfx_override(settings.environ, launch, probes, testhooks.injected_probes())
     timings["render"] = time.monotonic() - started
@@ -261,10 +263,13 @@ def _run_checks(prepared: Prepared, workspace: Workspace, timings: dict[str, flo
 
 
 def _say_plan(perf) -> None:
-    """One line per planner decision (rocmft.render.planner), or why it planned nothing."""
-    if perf is None or not perf.active:
+    """One line per planner decision (rocmft.render.planner), or why it planned nothing; a plan that is not the
+    GPU's (no GPU, the built-in default) may still hold the loader workers /dev/shm holds (rocmft.render.loader)."""
+    if perf is None or not perf.choices:
         say(f"plan: nothing planned ({perf.note if perf else 'no planner'})", all_ranks=True)
         return
+    if not perf.active:
+        say(f"plan: {perf.note}", all_ranks=True)
     for choice in perf.choices:
         say(f"plan: {choice.name}={choice.value} ({'' if choice.planned else 'kept: '}{choice.reason})", all_ranks=True)
 

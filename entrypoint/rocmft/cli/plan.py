@@ -24,8 +24,11 @@ def run(args) -> int:
     from rich.table import Table
     from rich.text import Text
 
+    from rocmft import testhooks
     from rocmft.config.settings import load_settings
     from rocmft.facts.device import facts_from_probe, probe_devices_raw, start_probes
+    from rocmft.facts.host import shm_bytes
+    from rocmft.facts.probes import Probes
     from rocmft.validate.rules import render_checked
 
     given = command_line(args)
@@ -34,7 +37,8 @@ def run(args) -> int:
     device = facts_from_probe(probe_devices_raw())
     staging = Path(tempfile.mkdtemp(prefix="rocmft-plan-"))
     try:
-        plan = render_checked(settings, device, lambda _output_dir: staging)
+        shm = Probes(injected=testhooks.injected_probes()).get("shm_bytes", shm_bytes)  # as `rocmft train` reads it
+        plan = render_checked(settings, device, lambda _output_dir: staging, shm)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     perf = plan.perf

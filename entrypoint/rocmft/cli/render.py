@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rocmft.cli.common import Workspace, _prepare, add_config_arguments, command_line
 from rocmft.console import say
+from rocmft.container import AS_YOU, mount
 from rocmft.errors import ConfigError, ExitCode
 
 
@@ -23,7 +24,8 @@ def run(args) -> int:
             raise ConfigError(
                 f"OUTPUT_DIR {plan.output_dir} cannot be created or written ({workspace.unwritable}; "
                 f"{plan.sources.get('output_dir')}).",
-                "Set OUTPUT_DIR to a folder this user can write (a read-write volume in the container).",
+                f"Set OUTPUT_DIR to a folder this user can write: a read-write volume ({mount('./saves', '/saves')}) "
+                f"owned by the user rocmft runs as ({AS_YOU}).",
             )
         workspace.promote(plan.run_dir)
     except BaseException:

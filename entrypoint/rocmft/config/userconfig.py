@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from rocmft.config.envargs import _adapter, _did_you_mean, _process_variable_hint, _rocmft_setting_hint, replacement
 from rocmft.config.lfargs import lf_arguments, stack_versions
+from rocmft.container import mount
 from rocmft.errors import ConfigError
 from rocmft.nesting import TOO_DEEP, TooDeep, check_depth
 
@@ -38,8 +39,8 @@ def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, A
         raise ConfigError(
             f"{where}: {what}.",
             f"Check the path (a relative one is read from {Path.cwd()}); in a container, mount the YAML and give "
-            "its path inside." if on_command_line else
-            "Mount the YAML into the container and point ROCMFT_CONFIG at it.",
+            f"its path inside: {mount('<your YAML on the host>', str(path), read_only=True)}." if on_command_line else
+            f"Mount the YAML at that path: {mount('<your YAML on the host>', str(path), read_only=True)}.",
         )  # fmt: skip
     try:
         loaded = check_depth(OmegaConf.to_container(OmegaConf.load(path), resolve=True))

@@ -26,4 +26,12 @@ def host_facts() -> dict[str, Any]:
     return facts
 
 
-__all__ = ["host_facts"]
+def shm_bytes() -> int | None:
+    """The size of /dev/shm in bytes (psutil's statvfs of the mount: a container's own tmpfs, 64 MiB under Docker's
+    default), or None where there is no /dev/shm."""
+    import psutil
+
+    return psutil.disk_usage("/dev/shm").total if Path("/dev/shm").is_dir() else None
+
+
+__all__ = ["host_facts", "shm_bytes"]

@@ -24,8 +24,8 @@ class Probes:
     Args:
         seeded: facts already measured (the device probe's result as ``"devices"``).
         injected: facts a test put in place of measuring (rocmft.testhooks.injected_probes); they win over
-            ``seeded`` and are never measured. Test-only inputs that no probe measures (``node_root``, ``shm_bytes``,
-            ``kmsg_now``, ``hf_cache``) are read with :meth:`known`.
+            ``seeded`` and are never measured. Test-only inputs that no probe measures (``node_root``, ``kmsg_now``,
+            ``hf_cache``) are read with :meth:`known`.
 
     Safe to share between the checks' threads: a fact asked for twice at once may be measured twice, and the first
     value kept wins (the checks run one at a time; only a timed-out check's thread can still be measuring).

@@ -42,6 +42,7 @@ from rocmft.nesting import loads_json
 from rocmft.records import MANIFEST_FILE, read_manifest
 from rocmft.render import planner
 from rocmft.render.datasets import Registry, build_registry, split_names
+from rocmft.render.loader import WORKERS, communicating_processes, plan_workers
 from rocmft.render.precision import Precision, resolve_precision
 from rocmft.render.resume import ResumeChoice, checkpoints, choose
 
@@ -386,7 +387,8 @@ def _final_sources(layered: dict[str, Any], sources: dict[str, Source], fixed: _
     return sources
 
 
-def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging) -> Rendered:
+def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging,
+           shm_bytes: int | None = None) -> Rendered:  # fmt: skip
     """Render the run: what rocmft decides over the layered arguments, the planner's defaults, ROCMFT_RESUME's
     choice, the train.yaml text and the arguments parsed back from it. Writes nothing but the (empty) staging
     folder; :func:`write` writes the files once the ``rendered`` rules have passed
@@ -398,6 +400,8 @@ def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging
         layers: the layered arguments (:func:`rocmft.config.layers.layer`).
         make_staging: ``callable(output_dir) -> Path`` creating the staging folder (the caller owns its
             clean-up, see :mod:`rocmft.cli`).
+        shm_bytes: the size of /dev/shm (rocmft.facts.host.shm_bytes, through the run's probe provider); None:
+            not known, and no loader workers are planned for it (rocmft.render.loader).
 
     Raises:
         ConfigError: precision conflicts, a bad template, a template that dropped a given argument.
@@ -415,6 +419,8 @@ def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging
     world = world_size(settings, device, fixed.launcher, layout)
     # the planner replaces template defaults (never the user's values) with ones chosen for the GPU
     perf = _plan_performance(settings, arguments, device, precision, fixed.ds_config, world, demo, registry)
+    ranks = communicating_processes(settings, device, fixed.launcher, layout)
+    plan_workers(perf, arguments, sources.get(WORKERS), shm_bytes, ranks)  # what /dev/shm holds, when not yours
     layered, sources, changed = planner.apply(perf, layered, sources)
     if changed:
         text, arguments = _train_yaml(env, layered, fixed, rendered_at)

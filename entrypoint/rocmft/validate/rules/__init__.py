@@ -263,7 +263,7 @@ class Inputs:
         return ModelDir(str(self.arguments.get("model_name_or_path") or ""))
 
 
-def render_checked(settings: Settings, device: DeviceFacts, make_staging):
+def render_checked(settings: Settings, device: DeviceFacts, make_staging, shm_bytes: int | None = None):
     """Settings to a staged :class:`rocmft.render.Plan`, each phase's rules where they have always run: layer the
     arguments, the ``inputs`` rules, render, the ``rendered`` rules, write the files. (The ``launch`` rules run in
     :func:`rocmft.launch.prepare_launch`.)
@@ -272,6 +272,7 @@ def render_checked(settings: Settings, device: DeviceFacts, make_staging):
         settings: the read settings.
         device: the probed device.
         make_staging: ``callable(output_dir) -> Path`` creating the staging folder (the caller owns its clean-up).
+        shm_bytes: the size of /dev/shm, for the loader workers render plans (rocmft.render.loader); None: unknown.
 
     Raises:
         ConfigError: a rule, or rendering (a bad template, a template that dropped a given argument, ...);
@@ -284,7 +285,7 @@ def render_checked(settings: Settings, device: DeviceFacts, make_staging):
     # a refusal of the inputs phase ends the run here (rendering needs what it refuses): the rendered phase's
     # findings are reported once the inputs pass
     apply("inputs", Inputs(settings=settings, arguments=layers.arguments, device=device, sources=layers.sources))
-    rendered = render(settings, device, layers, make_staging)
+    rendered = render(settings, device, layers, make_staging, shm_bytes)
     apply("rendered", rendered)
     return write(rendered)
 

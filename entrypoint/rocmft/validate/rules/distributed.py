@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmft.config.provenance import environment_variable, origin
+from rocmft.container import mount
 from rocmft.errors import ConfigError
 from rocmft.facts.scheduler import job_layout
 from rocmft.nesting import loads_json
@@ -296,7 +297,7 @@ def ds_offload(ds: dict[str, Any], path: Path) -> None:
             f"DEEPSPEED={path}: " + "; ".join(problems) + ".",
             "Use ZeRO stage 3 for parameter offload (ROCMFT_DISTRIBUTED=deepspeed with ROCMFT_ZERO_STAGE=3 and "
             "ROCMFT_OFFLOAD=optimizer+params renders it), or remove the offload block; for nvme, set nvme_path to "
-            "a folder on a fast local disk mounted into the container.",
+            f"a folder on a fast local disk mounted into the container ({mount('/mnt/nvme/rocmft', '/nvme')}).",
         )
 
 

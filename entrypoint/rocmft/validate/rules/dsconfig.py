@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rocmft.container import mount
 from rocmft.errors import ConfigError
 from rocmft.findings import ERROR, Finding, noting
 from rocmft.nesting import loads_json
@@ -99,13 +100,14 @@ def offload_settings(run: Inputs) -> None:
         )
     if rocmft.nvme_path is None:
         raise ConfigError(f"{knob('offload_device')} needs a folder for DeepSpeed's swap files: ROCMFT_NVME_PATH is "
-                          "not set.", "Set ROCMFT_NVME_PATH to a writable folder on a fast local disk, mounted into "
-                          "the container.")  # fmt: skip
+                          "not set.", "Set ROCMFT_NVME_PATH=/nvme with a writable folder on a fast local disk "
+                          f"mounted there: {mount('/mnt/nvme/rocmft', '/nvme')}.")  # fmt: skip
     problem = _writable(Path(rocmft.nvme_path).expanduser())
     if problem:
         raise ConfigError(f"{knob('nvme_path')} {problem}; DeepSpeed writes its NVMe swap files there.",
-                          "Point ROCMFT_NVME_PATH at a writable folder on a fast local disk (mount it into the "
-                          "container), or set ROCMFT_OFFLOAD_DEVICE=cpu.")  # fmt: skip
+                          "Point ROCMFT_NVME_PATH at a writable folder on a fast local disk, mounted at that path: "
+                          f"{mount('<a folder on the NVMe disk>', str(rocmft.nvme_path))}; or set "
+                          "ROCMFT_OFFLOAD_DEVICE=cpu.")  # fmt: skip
 
 
 class _Pairs(dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rocmft.config.provenance import origin
+from rocmft.container import mount
 from rocmft.errors import ConfigError
 from rocmft.render import Rendered
 from rocmft.validate.rules import independent, rule
@@ -51,8 +52,8 @@ def text_hygiene(run: Rendered) -> None:
     if windows:
         raise ConfigError(f"Windows paths: {', '.join(windows)}; inside the container only Linux paths of mounted "
                           "folders exist.",
-                          "Mount the folder into the container (compose: volumes, e.g. ./models:/models) and use the "
-                          "path inside it (/models/<name>), with forward slashes.")  # fmt: skip
+                          f"Mount the folder into the container ({mount('C:/models', '/models', read_only=True)}) "
+                          "and use the path inside it (/models/<name>), with forward slashes.")  # fmt: skip
 
 
 @rule("rendered", 40, masks=True)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from rocmft.config.provenance import Source, origin
+from rocmft.container import mount
 from rocmft.errors import ConfigError
 from rocmft.facts.modeldir import looks_like_path
 from rocmft.render import Rendered
@@ -55,7 +56,7 @@ def folders(run: Rendered) -> None:
             with independent():
                 raise ConfigError(
                     f"{named(run, name)}: {', '.join(missing)} does not exist here.",
-                    "Mount the folder into the container and use the path inside it, or remove the "
+                    f"Mount it at that path: {mount('<the folder on the host>', missing[0])}; or remove the "
                     f"variable{' (ROCMFT_RESUME=auto resumes from OUTPUT_DIR by itself)' if 'resume' in name else ''}.",
                 )
     _swapped(run, model, dataset_names)
