@@ -129,6 +129,46 @@ def test_full_node_settings_apply_only_when_every_gpu_of_the_node_runs():
     assert found["NCCL_MIN_NCHANNELS"] == {"value": "112", "source": "arch profile, full node"}
 
 
+def test_every_automatic_change_is_said_in_one_block_that_is_the_manifests(launch_plan, tmp_path, capsys):
+    """Node 0 of a two-node job in an Apptainer container with ROCMFT_COLLECTIVES=safe, on the injected 8 x MI300X
+    probe: the block rocmft prints before the checks (rocmft.changes.say_changes, called by the commands on
+    LaunchSpec.changes) is the manifest's launch.changes line for line, and holds every variable the launch adds
+    and every value the planner set: none is added unsaid."""
+    from rocmft.changes import Change, change_lines, say_changes
+    from rocmft.launch import LaunchSpec
+    from rocmft.outputs.manifest import RunOutcome, now, write_manifest
+
+    plan, record = launch_plan(
+        {"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_COLLECTIVES": "safe", "TMPDIR": str(tmp_path / "local")},
+        {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+         "APPTAINER_CONTAINER": "/scratch/rocmft.sif"},
+    )  # fmt: skip
+    spec = LaunchSpec.from_record(record)
+    capsys.readouterr()
+    say_changes(spec.changes)
+    printed = [line.removeprefix("[rocmft] ") for line in capsys.readouterr().out.splitlines()]
+    path = write_manifest(tmp_path / "manifest.json", plan, probes={}, launch=spec, checks=None,
+                          outcome=RunOutcome("running", None, now()))  # fmt: skip
+    recorded = [Change.from_dict(c) for c in json.loads(path.read_text())["launch"]["changes"]]
+    assert printed == change_lines(recorded), printed
+    said = {line.strip().partition("=")[0] for line in printed[1:]}
+    assert set(record["environment"]) <= said, set(record["environment"]) - said
+    assert {name.upper() for name in plan.perf.planned_arguments()} <= said
+    assert {"NCCL_SOCKET_IFNAME", "MIOPEN_USER_DB_PATH", "FORCE_TORCHRUN", "NCCL_P2P_DISABLE"} <= said
+    assert "  NCCL_PROTO=Simple: RCCL's Simple protocol only" in "\n".join(printed)
+    assert all(line.endswith(")") and ": " in line for line in printed[1:])  # <VARIABLE>=<value>: <why> (<source>)
+
+
+def test_a_secret_named_variable_is_never_shown_or_recorded():
+    from rocmft.launch.changes import Added
+
+    added = Added()
+    added.add("WANDB_API_KEY", "k-123456", "a plug-in's credential", "a test")
+    assert added.values == {"WANDB_API_KEY": "k-123456"}  # the worker still gets it
+    assert "k-123456" not in added.changes["WANDB_API_KEY"].line()
+    assert added.changes["WANDB_API_KEY"].as_dict()["value"] == "<redacted>"
+
+
 def quantized_copy(tiny_model: Path, tmp_path: Path) -> Path:
     folder = tmp_path / "tiny-gptq"
     shutil.copytree(tiny_model, folder)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rocmft.changes import say_changes
 from rocmft.console import say
 from rocmft.errors import ChecksFailed, ConfigError
 from rocmft.fsutil import make_private_dir_public
@@ -185,6 +186,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     timings["render"] = time.monotonic() - started
     say(f"precision: {plan.precision.policy} ({plan.precision.reason})", all_ranks=True)
     _say_plan(plan.perf)
+    say_changes(launch.changes)  # the one block of what rocmft set: the manifest's launch.changes
 
     started = time.monotonic()
     validation = validate(plan, keep=keep_validator)
@@ -241,12 +243,14 @@ def _run_checks(prepared: Prepared, workspace: Workspace, timings: dict[str, flo
 
 
 def _say_plan(perf) -> None:
-    """One line per planner decision (rocmft.render.planner), or why it planned nothing."""
+    """Why the planner planned nothing, or one line per value it kept (rocmft.render.planner); the values it set
+    are automatic changes, said in the block of rocmft.changes.say_changes."""
     if perf is None or not perf.active:
         say(f"plan: nothing planned ({perf.note if perf else 'no planner'})", all_ranks=True)
         return
     for choice in perf.choices:
-        say(f"plan: {choice.name}={choice.value} ({'' if choice.planned else 'kept: '}{choice.reason})", all_ranks=True)
+        if not choice.planned:
+            say(f"plan: {choice.name}={choice.value} (kept: {choice.reason})", all_ranks=True)
 
 
 CURRENT_RUN = "rocmft-current-run"  # in the temp folder: which run `rocmft status` looks at by default

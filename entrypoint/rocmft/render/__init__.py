@@ -52,6 +52,9 @@ TEMPLATE_SOURCE = Source(Kind.TEMPLATE)
 # sharding with auto-wrap of the model's own decoder-layer class (_no_split_modules), PyTorch docs'
 # recommended prefetch, and the rank-0 loading that keeps host memory at one copy of the weights.
 FSDP_OPTIONS = "full_shard auto_wrap"
+# ROCMFT_ON_HANG=retry: the process group's timeout (DDP_TIMEOUT, s) when the user gave none: transformers' own
+# TrainingArguments default (LLaMA-Factory's 180000000 would never end a hang, so nothing would retry)
+HANG_TIMEOUT_S = 1800
 FSDP_CONFIG = {
     "backward_prefetch": "backward_pre",
     "forward_prefetch": False,
@@ -334,6 +337,11 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
         fixed["fsdp"] = FSDP_OPTIONS
         fixed["fsdp_config"] = {**FSDP_CONFIG, **(layered.get("fsdp_config") or {})}
         fixed_sources["fsdp"] = fixed_sources["fsdp_config"] = Source(Kind.ROCMFT, "ROCMFT_DISTRIBUTED=fsdp")
+    if rocmft.on_hang == "retry" and not (sources.get("ddp_timeout") and sources["ddp_timeout"].user_chosen):
+        fixed["ddp_timeout"] = HANG_TIMEOUT_S  # a hang must end for the retry to start
+        fixed_sources["ddp_timeout"] = Source(
+            Kind.ROCMFT, "ROCMFT_ON_HANG=retry: a hung collective ends after transformers' default 1800 s, not "
+            "LLaMA-Factory's 180000000 s")  # fmt: skip
     torchrun = (rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1
                 or asked_processes(settings, layout) > 1)  # fmt: skip
     # a scheduler that started one process per GPU (Slurm's task layout) is the launch: no torchrun on top
