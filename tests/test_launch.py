@@ -159,6 +159,39 @@ def test_every_automatic_change_is_said_in_one_block_that_is_the_manifests(launc
     assert all(line.endswith(")") and ": " in line for line in printed[1:])  # <VARIABLE>=<value>: <why> (<source>)
 
 
+def test_the_hang_restarts_settings_add_rccls_fallbacks_with_their_source_and_keep_the_users(render_env):
+    """What `rocmft train` gives the attempt after a hang (rocmft.cli.train.restart_overrides, as ROCMFT_ON_HANG=retry
+    makes it): ROCMFT_COLLECTIVES=safe and the checkpoint as overrides, never the user's; the launch adds the
+    fallbacks the user did not set (NCCL_PROTO is theirs), each said with the restart as its source; and the
+    timeout's words are found in the two backends' real messages."""
+    from rocmft.changes import change_lines
+    from rocmft.cli.train import restart_overrides
+    from rocmft.records import Restart
+    from rocmft.worker.peers import collective_timeout
+
+    restart = Restart("collectives hang", 4, None, "fp32", "fp32", "default", "safe")
+    plan = render_env({"DATASET": "identity", "NCCL_PROTO": "LL128"}, overrides=restart_overrides(restart))
+    assert plan.settings.rocmft.collectives == "safe" and "collectives" not in plan.settings.explicit_rocmft
+    launch = prepare_launch(plan)
+    assert launch.environment["NCCL_P2P_DISABLE"] == "1" and launch.environment["HSA_ENABLE_SDMA"] == "0"
+    assert "NCCL_PROTO" not in launch.environment  # the user's LL128 stays
+    lines = "\n".join(change_lines(launch.changes))
+    assert ("  ROCMFT_COLLECTIVES=safe: RCCL's safe fallbacks (the NCCL_/HSA_ lines below) (the restart after a "
+            "collectives hang at step 4)") in lines  # fmt: skip
+    assert "(ROCMFT_COLLECTIVES=safe, the restart after a collectives hang at step 4)" in lines
+    assert "ROCMFT_RESUME=never" in lines  # no checkpoint: from step 0
+    gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv " \
+           "operation to complete"  # fmt: skip
+    # gloo's as torch 2.11 printed it here (two ranks, a 3 s timeout); the watchdog's as in GAIR-NLP/DeepResearcher#16
+    nccl = (
+        "[rank3]:[E416 20:40:12.98] ProcessGroupNCCL.cpp:607] [Rank 3] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=8, OpType=ALLTOALL, Timeout(ms)=600000) ran for 600000 milliseconds"
+    )
+    assert collective_timeout(gloo) == "Timed out waiting 3000ms for recv operation to complete"
+    assert collective_timeout(nccl).startswith("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=8")
+    assert collective_timeout("RuntimeError: CUDA out of memory") is None
+
+
 def test_a_secret_named_variable_is_never_shown_or_recorded():
     from rocmft.launch.changes import Added
 

@@ -167,7 +167,7 @@ class RocmftSettings(BaseSettings):
         "default",
         description="`safe`: the workers get RCCL's known safe fallbacks, each unless you set it: NCCL_P2P_DISABLE=1 "
         "(no direct GPU peer-to-peer), HSA_ENABLE_SDMA=0 (copies by shader, not the SDMA engines), NCCL_PROTO=Simple "
-        "(no LL/LL128 protocols): slower collectives, but they avoid the hangs of docs/rules.md's row 53. "
+        "(no LL/LL128 protocols): slower collectives, but they avoid the hangs docs/rules.md cites for them. "
         "ROCMFT_ON_HANG=retry sets it for its restart.",
     )
     resume: str = Field(
