@@ -6,9 +6,10 @@ recorded in the manifest's ``launch.changes``):
 * **variables the launch adds** to the workers' environment: every one goes through :meth:`Added.add` (the value and
   its change together, so no variable is added unsaid), and the arch profile's runtime defaults that
   container-entry.sh exported (:func:`profile_changes`);
-* **training arguments rocmft set** rather than the user (:func:`argument_changes`): the planner's choices, the
-  precision policy's flags, the resume decision, a value derived for ROCMFT_ON_HANG, and the settings a restart
-  overrode (rocmft.config.settings.Settings.overridden).
+* **training arguments rocmft set** rather than the user (:func:`argument_changes`): every value whose source
+  (rocmft.config.provenance.Source) is the planner, a restart, or rocmft itself and not the user's (the precision
+  policy's flag, the resume decision, a value derived for ROCMFT_ON_HANG), but :data:`PLUMBING`; and the settings a
+  restart overrode (rocmft.config.settings.Settings.overridden).
 
 ROCMFT_COLLECTIVES=safe's variables (:data:`SAFE_COLLECTIVES`) are decided here too: RCCL's known fallbacks for hangs.
 """
@@ -38,9 +39,10 @@ SAFE_COLLECTIVES: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 
 LAUNCH = "rocmft.launch"
-# why each rocmft-set training argument is an automatic change; the others rocmft sets (output_dir, dataset_dir,
-# deepspeed, fsdp...) are where the user's own settings put things, not a decision taken for them
-DECIDED_ARGUMENTS = ("bf16", "fp16", "resume_from_checkpoint", "overwrite_output_dir", "ddp_timeout")
+# The training arguments rocmft sets (Kind.ROCMFT) that are not decisions taken for the user but where the user's own
+# settings put things (the run's folder, its data set registry, the rendered DeepSpeed/FSDP config): not changes.
+# Every other value rocmft sets is one (the precision policy's flag, the resume decision, ROCMFT_ON_HANG's timeout).
+PLUMBING = ("output_dir", "dataset_dir", "deepspeed", "fsdp", "fsdp_config")
 # why a restart overrides each of rocmft's settings (rocmft.cli.train.restart_overrides)
 OVERRIDE_WHY = {
     "precision": "train in real fp32 from here, to rule out mixed precision",
@@ -77,16 +79,17 @@ def cache_why(reason: str) -> str:
     return f"{marker}: {what}, kept node-local (shared file systems break it)" if detail else reason
 
 
-def safe_collectives(plan: Plan, added: Added) -> None:
-    """ROCMFT_COLLECTIVES=safe: add :data:`SAFE_COLLECTIVES` (a variable the user set is kept) to ``added``, with
-    the source of the setting (the user's, or the restart after a collectives hang)."""
+def safe_collectives(plan: Plan, environ: Mapping[str, str], added: Added) -> None:
+    """ROCMFT_COLLECTIVES=safe: add :data:`SAFE_COLLECTIVES` to ``added``, but none that ``environ`` (the launch's
+    starting environment) sets already, with the source of the setting (the user's, or the restart after a
+    collectives hang)."""
     settings = plan.settings
     if settings.rocmft.collectives != "safe":
         return
     overridden = settings.overridden.get("collectives")
     source = f"ROCMFT_COLLECTIVES=safe, {overridden}" if overridden else "ROCMFT_COLLECTIVES=safe"
     for name, (value, why) in SAFE_COLLECTIVES.items():
-        if name not in settings.environ:
+        if name not in environ:
             added.add(name, value, why, source)
 
 
@@ -109,8 +112,9 @@ def argument_changes(plan: Plan) -> list[Change]:
         if source.kind is Kind.PLAN:
             changes.append(Change(name.upper(), _text(value), source.detail, "rocmft plan"))
         elif source.kind is Kind.RESTART or (
-            source.kind is Kind.ROCMFT and name in DECIDED_ARGUMENTS and not source.user_chosen and value
-        ):
+            source.kind is Kind.ROCMFT and name not in PLUMBING and not source.user_chosen and value is not None
+            and value is not False  # a flag rocmft leaves off (fp16 under bf16) changes nothing
+        ):  # fmt: skip
             changes.append(Change(name.upper(), _text(value), source.detail, "rocmft"))
     return changes
 
@@ -119,5 +123,5 @@ def _text(value: Any) -> str:
     return spelled(value)
 
 
-__all__ = ["DECIDED_ARGUMENTS", "SAFE_COLLECTIVES", "Added", "argument_changes", "cache_why", "profile_changes",
+__all__ = ["PLUMBING", "SAFE_COLLECTIVES", "Added", "argument_changes", "cache_why", "profile_changes",
            "safe_collectives"]  # fmt: skip

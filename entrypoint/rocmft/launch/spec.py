@@ -189,7 +189,7 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         elif plan.settings.rocmft.numa_bind == "on":
             raise ConfigError("ROCMFT_NUMA_BIND=on, but the GPUs' PCI addresses are unknown (no GPU, or an old "
                               "torch).", "Set ROCMFT_NUMA_BIND=auto or off.")  # fmt: skip
-    safe_collectives(plan, added)  # ROCMFT_COLLECTIVES=safe (a retry after a hang sets it)
+    safe_collectives(plan, environ, added)  # ROCMFT_COLLECTIVES=safe (a retry after a hang sets it)
     communication = communication_environment(environ, added.values, reasons=reasons)
     return LaunchSpec(
         command=tuple(worker_command(plan, numa.torchrun_args() if numa else [], environ)),
