@@ -192,6 +192,32 @@ def test_the_hang_restarts_settings_add_rccls_fallbacks_with_their_source_and_ke
     assert collective_timeout("RuntimeError: CUDA out of memory") is None
 
 
+@pytest.mark.parametrize("on_hang", ["retry", "stop"])
+def test_a_watchdog_line_in_train_log_alone_calls_for_the_retry(render_env, capsys, on_hang):
+    """On a GPU torch's watchdog aborts the rank that timed out, which writes no record: its line in train.log is
+    what rocmft train reads (the words as in NVIDIA/nccl#1610). `retry` restarts from step 0 (no checkpoint)
+    with ROCMFT_COLLECTIVES=safe; `stop` says why it does not."""
+    from rocmft.cli.train import _hang_restart
+
+    plan = render_env({"DATASET": "identity", "ROCMFT_ON_HANG": on_hang})
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    (plan.run_dir / "train.log").write_text(
+        "step 7 ...\n[rank1]:[E218 04:54:22.86 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=216, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800045 ms\n"
+    )
+    restart = _hang_restart(plan, None, [])
+    if on_hang == "stop":
+        assert restart is None
+        assert "a collective timed out; no automatic retry (ROCMFT_ON_HANG=stop;" in capsys.readouterr().out
+        return
+    assert restart.as_dict() == {"cause": "collectives hang", "at_step": None, "from_checkpoint": None,
+                                 "precision": {"from": "fp32", "to": "fp32"},
+                                 "collectives": {"from": "default", "to": "safe"}}  # fmt: skip
+    said = capsys.readouterr().out
+    assert "restarting once from step 0 (no complete checkpoint) with ROCMFT_COLLECTIVES=safe" in said
+    assert plan.arguments["ddp_timeout"] == 1800  # the retry needs the hang to end
+
+
 def test_a_secret_named_variable_is_never_shown_or_recorded():
     from rocmft.launch.changes import Added
 

@@ -164,9 +164,7 @@ def _hang_restart(plan, worker: WorkerResult | None, restarts: list[Restart]) ->
 
     worker = worker or WorkerResult()
     log = plan.run_dir / LOG_FILE
-    seen = worker.status == RunStatus.COLLECTIVES_HANG.value or (
-        log.is_file() and collective_timeout(log.read_text(errors="replace"))
-    )
+    seen = worker.status == RunStatus.COLLECTIVES_HANG.value or (log.is_file() and collective_timeout(_tail(log)))
     if not seen:
         return None
     from rocmft.facts.scheduler import job_layout
@@ -193,6 +191,13 @@ def _hang_restart(plan, worker: WorkerResult | None, restarts: list[Restart]) ->
     say(f"ROCMFT_ON_HANG=retry: a collective timed out; restarting once from {where} with ROCMFT_COLLECTIVES=safe "
         "(RCCL's safe fallbacks, listed with the automatic changes)", all_ranks=True)  # fmt: skip
     return restart
+
+
+def _tail(path, size: int = 2**20) -> str:
+    """The last ``size`` bytes of the file ``path`` as text (a watchdog's line is near the end of a long log)."""
+    with path.open("rb") as handle:
+        handle.seek(max(0, path.stat().st_size - size))
+        return handle.read().decode("utf-8", errors="replace")
 
 
 def _fp32_restart(plan, worker: WorkerResult | None, restarts: list[Restart]) -> Restart | None:
