@@ -74,9 +74,10 @@ def change_lines(changes: Iterable[Change]) -> list[str]:
 
 
 def say_changes(changes: Iterable[Change]) -> None:
-    """Print :func:`change_lines` (every rank's process prints its own node's: nodes may differ)."""
+    """Print :func:`change_lines`, once per node (rocmft.console.is_first_rank: each node's entrypoint, or a
+    node's first Slurm task; nodes may differ, the tasks of one node do not)."""
     for text in change_lines(changes):
-        say(text, all_ranks=True)
+        say(text)
 
 
 __all__ = ["HEADER", "NONE_LINE", "REDACTED", "Change", "change_lines", "say_changes"]
