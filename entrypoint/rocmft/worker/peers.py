@@ -50,8 +50,9 @@ PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken 
 # ProcessGroupNCCL watchdog, RCCL's on ROCm ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=...,
 # OpType=ALLREDUCE, ...) ran for 600045 milliseconds before timing out": NVIDIA/nccl#1610, huggingface/open-r1#620;
 # it then aborts the process, so it is found in the log, not in an exception), and gloo's tcp transport
-# ("[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete", torch
-# 2.11, measured with two ranks; "... for send operation ...": facebookresearch/detectron2#5121).
+# ("[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete" and, in
+# tests/test_resilience.py's hang, "unbound_buffer.cc:129] ... for send operation ...", torch 2.11 with two ranks;
+# facebookresearch/detectron2#5121 reports the send one).
 COLLECTIVE_TIMEOUTS = (
     re.compile(r"Watchdog caught collective operation timeout[^\n]*"),
     re.compile(r"Timed out waiting \d+ms for (?:send|recv) operation to complete"),
