@@ -85,15 +85,16 @@ def _clean_environment() -> dict[str, str]:
 def render_env(tmp_path, cache_dir, tiny_model):
     """render(environ) -> Plan, with OUTPUT_DIR and the cache in tmp_path, the tiny model unless overridden. The
     settings read the test's process environment (cleaned of rocmft's and the arguments' variables; a test sets
-    the rest with monkeypatch) under ``environ``, as `rocmft render` reads its own."""
+    the rest with monkeypatch) under ``environ``, as `rocmft render` reads its own; ``overrides``: a restart's
+    (rocmft.config.settings.load_settings)."""
 
-    def run(environ: dict[str, str], model: bool = True, device=None):
+    def run(environ: dict[str, str], model: bool = True, device=None, overrides=None):
         base = {"ROCMFT_CACHE_DIR": str(cache_dir), "OUTPUT_DIR": str(tmp_path / "out")}
         if model:
             base["MODEL_NAME_OR_PATH"] = str(tiny_model)
         from rocmft.config.settings import load_settings
 
-        settings = load_settings({**_clean_environment(), **base, **environ})
+        settings = load_settings({**_clean_environment(), **base, **environ}, overrides=overrides)
 
         def make_staging(output_dir: Path) -> Path:
             staging = tmp_path / "staging"

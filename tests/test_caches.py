@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from rocmft.changes import change_lines
 from rocmft.checks import PASS, WARN, CheckSubject
 from rocmft.checks.host import hf_cache_locks
-from rocmft.facts.caches import NODE_LOCAL_CACHES, cache_environment, cache_note, mount_of, node_local_caches
+from rocmft.facts.caches import NODE_LOCAL_CACHES, cache_environment, mount_of, node_local_caches
 from rocmft.facts.probes import Probes
 from rocmft.launch import prepare_launch
 
@@ -21,7 +22,6 @@ CACHE_VARIABLES = {"MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR", "TRITON_CAC
 
 def test_outside_a_cluster_nothing_moves():
     assert node_local_caches({"HOME": "/home/me", "HF_HOME": "/cache/huggingface"}, uid=1000) == {}
-    assert cache_note({"PYTHONUNBUFFERED": "1"}) is None
 
 
 def test_a_slurm_job_moves_every_cache_under_its_tmpdir_per_user():
@@ -55,11 +55,13 @@ def test_the_launch_adds_and_records_them_and_says_so(render_env, monkeypatch, t
     for name in CACHE_VARIABLES:  # torch's inductor sets TORCHINDUCTOR_CACHE_DIR in os.environ when first asked
         monkeypatch.delenv(name, raising=False)  # (by an earlier test in this process): the run's start has none
     plan = render_env({"DATASET": "identity"})
-    environment = prepare_launch(plan).environment
+    launch = prepare_launch(plan)
+    environment = launch.environment
     root = tmp_path / "node-local" / f"rocmft-{os.getuid()}"
     assert environment["TRITON_CACHE_DIR"] == str(root / "triton")
     assert {name for name in environment if name in NODE_LOCAL_CACHES} == CACHE_VARIABLES
-    assert f"TRITON_CACHE_DIR={root / 'triton'}" in (cache_note(environment) or "")
+    said = [line for line in change_lines(launch.changes) if f"TRITON_CACHE_DIR={root / 'triton'}: " in line]
+    assert said and said[0].endswith("(node-local caches, rocmft.facts.caches)"), said
 
 
 # ---- the file system a path lies on, and the hf-cache-locks check ----------------------------------------------

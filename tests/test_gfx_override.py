@@ -84,15 +84,18 @@ def test_opted_in_rocmft_sets_the_override_for_the_launch_and_says_so(tmp_path, 
     assert spec.gfx_override(stand_in, {}, strix, devices(gpu(arch="gfx1151")), image) is None
 
     launch = spec.build_launch_spec(
-        SimpleNamespace(settings=SimpleNamespace(rocmft=SimpleNamespace(gfx_override="auto", numa_bind="auto")),
-                        layout=None, launcher="python", run_dir=tmp_path / "run", device=SimpleNamespace(count=1)),
+        SimpleNamespace(settings=SimpleNamespace(rocmft=SimpleNamespace(gfx_override="auto", numa_bind="auto",
+                                                                         collectives="default"), overridden={}),
+                        layout=None, launcher="python", run_dir=tmp_path / "run", sources={}, arguments={},
+                        device=SimpleNamespace(count=1, archs=["gfx1101"])),
         {}, root, devices=probe, image=GFX1100_IMAGE)  # fmt: skip
     assert launch.environment["HSA_OVERRIDE_GFX_VERSION"] == "11.0.0"
     assert launch.as_record()["communication"]["HSA_OVERRIDE_GFX_VERSION"]["source"] == f"rocmft: {why}"
     kept = _with_gfx_override({}, launch, Probes(injected={"devices": probe}), {"devices": probe})
     assert kept.known("devices") is probe  # an injected probe is not measured again
-    assert capsys.readouterr().out.splitlines() == [
-        f"[rocmft] HSA_OVERRIDE_GFX_VERSION=11.0.0 set for the checks and the training (rocmft: {why})"
+    assert capsys.readouterr().out == ""  # said once, in the block of automatic changes (below, and as a process)
+    assert [c.line() for c in launch.changes if c.variable == "HSA_OVERRIDE_GFX_VERSION"] == [
+        f"HSA_OVERRIDE_GFX_VERSION=11.0.0: {why} (ROCMFT_GFX_OVERRIDE=auto, rocmft.launch.spec.gfx_override)"
     ]
     subject = plan(image=GFX1100_IMAGE, probe=probe, node_root=str(root))
     outcome = checks.gpu_arch(with_launch(subject, HSA_OVERRIDE_GFX_VERSION="11.0.0"))
@@ -189,12 +192,12 @@ def test_rocmft_check_refuses_the_card_then_runs_it_opted_in(run_rocmft, tmp_pat
     report = json.loads((tmp_path / "off" / "rocmft" / "checks.json").read_text())
     arch = next(c for c in report["checks"] if c["id"] == "gpu-arch")
     assert arch["status"] == "fail" and "ROCMFT_GFX_OVERRIDE=auto" in arch["remedy"]
-    assert "HSA_OVERRIDE_GFX_VERSION=11.0.0 set for" not in refused.stdout
+    assert "HSA_OVERRIDE_GFX_VERSION=11.0.0:" not in refused.stdout
 
     opted = run_rocmft("check", env={**env, "OUTPUT_DIR": str(tmp_path / "on"), "ROCMFT_GFX_OVERRIDE": "auto"})
     assert opted.returncode == ExitCode.OK, opted.stdout[-3000:]
-    line = ("[rocmft] HSA_OVERRIDE_GFX_VERSION=11.0.0 set for the checks and the training (rocmft: "
-            "ROCMFT_GFX_OVERRIDE=auto: gfx1101 run the image's gfx1100 code)")  # fmt: skip
+    line = ("[rocmft]   HSA_OVERRIDE_GFX_VERSION=11.0.0: ROCMFT_GFX_OVERRIDE=auto: gfx1101 run the image's gfx1100 "
+            "code (ROCMFT_GFX_OVERRIDE=auto, rocmft.launch.spec.gfx_override)")  # fmt: skip
     assert opted.stdout.count(line) == 1, opted.stdout[-3000:]
     report = json.loads((tmp_path / "on" / "rocmft" / "checks.json").read_text())
     arch = next(c for c in report["checks"] if c["id"] == "gpu-arch")

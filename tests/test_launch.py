@@ -129,6 +129,105 @@ def test_full_node_settings_apply_only_when_every_gpu_of_the_node_runs():
     assert found["NCCL_MIN_NCHANNELS"] == {"value": "112", "source": "arch profile, full node"}
 
 
+def test_every_automatic_change_is_said_in_one_block_that_is_the_manifests(launch_plan, tmp_path, capsys):
+    """Node 0 of a two-node job in an Apptainer container with ROCMFT_COLLECTIVES=safe, on the injected 8 x MI300X
+    probe: the block rocmft prints before the checks (rocmft.changes.say_changes, called by the commands on
+    LaunchSpec.changes) is the manifest's launch.changes line for line, and holds every variable the launch adds
+    and every value the planner set: none is added unsaid."""
+    from rocmft.changes import Change, change_lines, say_changes
+    from rocmft.launch import LaunchSpec
+    from rocmft.outputs.manifest import RunOutcome, now, write_manifest
+
+    plan, record = launch_plan(
+        {"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_COLLECTIVES": "safe", "TMPDIR": str(tmp_path / "local")},
+        {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+         "APPTAINER_CONTAINER": "/scratch/rocmft.sif"},
+    )  # fmt: skip
+    spec = LaunchSpec.from_record(record)
+    capsys.readouterr()
+    say_changes(spec.changes)
+    printed = [line.removeprefix("[rocmft] ") for line in capsys.readouterr().out.splitlines()]
+    path = write_manifest(tmp_path / "manifest.json", plan, probes={}, launch=spec, checks=None,
+                          outcome=RunOutcome("running", None, now()))  # fmt: skip
+    recorded = [Change.from_dict(c) for c in json.loads(path.read_text())["launch"]["changes"]]
+    assert printed == change_lines(recorded), printed
+    said = {line.strip().partition("=")[0] for line in printed[1:]}
+    assert set(record["environment"]) <= said, set(record["environment"]) - said
+    assert {name.upper() for name in plan.perf.planned_arguments()} <= said
+    assert {"NCCL_SOCKET_IFNAME", "MIOPEN_USER_DB_PATH", "FORCE_TORCHRUN", "NCCL_P2P_DISABLE"} <= said
+    assert "  NCCL_PROTO=Simple: RCCL's Simple protocol only" in "\n".join(printed)
+    assert all(line.endswith(")") and ": " in line for line in printed[1:])  # <VARIABLE>=<value>: <why> (<source>)
+
+
+def test_the_hang_restarts_settings_add_rccls_fallbacks_with_their_source_and_keep_the_users(render_env):
+    """What `rocmft train` gives the attempt after a hang (rocmft.cli.train.restart_overrides, as ROCMFT_ON_HANG=retry
+    makes it): ROCMFT_COLLECTIVES=safe and the checkpoint as overrides, never the user's; the launch adds the
+    fallbacks the user did not set (NCCL_PROTO is theirs), each said with the restart as its source; and the
+    timeout's words are found in the two backends' real messages."""
+    from rocmft.changes import change_lines
+    from rocmft.cli.train import restart_overrides
+    from rocmft.records import Restart
+    from rocmft.worker.peers import collective_timeout
+
+    restart = Restart("collectives hang", 4, None, "fp32", "fp32", "default", "safe")
+    plan = render_env({"DATASET": "identity", "NCCL_PROTO": "LL128"}, overrides=restart_overrides(restart))
+    assert plan.settings.rocmft.collectives == "safe" and "collectives" not in plan.settings.explicit_rocmft
+    launch = prepare_launch(plan)
+    assert launch.environment["NCCL_P2P_DISABLE"] == "1" and launch.environment["HSA_ENABLE_SDMA"] == "0"
+    assert "NCCL_PROTO" not in launch.environment  # the user's LL128 stays
+    lines = "\n".join(change_lines(launch.changes))
+    assert ("  ROCMFT_COLLECTIVES=safe: RCCL's safe fallbacks (the NCCL_/HSA_ lines below) (the restart after a "
+            "collectives hang at step 4)") in lines  # fmt: skip
+    assert "(ROCMFT_COLLECTIVES=safe, the restart after a collectives hang at step 4)" in lines
+    assert "ROCMFT_RESUME=never" in lines  # no checkpoint: from step 0
+    gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv " \
+           "operation to complete"  # fmt: skip
+    # gloo's as torch 2.11 printed it here (two ranks, a 3 s timeout); the watchdog's as in GAIR-NLP/DeepResearcher#16
+    nccl = (
+        "[rank3]:[E416 20:40:12.98] ProcessGroupNCCL.cpp:607] [Rank 3] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=8, OpType=ALLTOALL, Timeout(ms)=600000) ran for 600000 milliseconds"
+    )
+    assert collective_timeout(gloo) == "Timed out waiting 3000ms for recv operation to complete"
+    assert collective_timeout(nccl).startswith("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=8")
+    assert collective_timeout("RuntimeError: CUDA out of memory") is None
+
+
+@pytest.mark.parametrize("on_hang", ["retry", "stop"])
+def test_a_watchdog_line_in_train_log_alone_calls_for_the_retry(render_env, capsys, on_hang):
+    """On a GPU torch's watchdog aborts the rank that timed out, which writes no record: its line in train.log is
+    what rocmft train reads (the words as in NVIDIA/nccl#1610). `retry` restarts from step 0 (no checkpoint)
+    with ROCMFT_COLLECTIVES=safe; `stop` says why it does not."""
+    from rocmft.cli.train import _hang_restart
+
+    plan = render_env({"DATASET": "identity", "ROCMFT_ON_HANG": on_hang})
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    (plan.run_dir / "train.log").write_text(
+        "step 7 ...\n[rank1]:[E218 04:54:22.86 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=216, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800045 ms\n"
+    )
+    restart = _hang_restart(plan, None, [])
+    if on_hang == "stop":
+        assert restart is None
+        assert "a collective timed out; no automatic retry (ROCMFT_ON_HANG=stop;" in capsys.readouterr().out
+        return
+    assert restart.as_dict() == {"cause": "collectives hang", "at_step": None, "from_checkpoint": None,
+                                 "precision": {"from": "fp32", "to": "fp32"},
+                                 "collectives": {"from": "default", "to": "safe"}}  # fmt: skip
+    said = capsys.readouterr().out
+    assert "restarting once from step 0 (no complete checkpoint) with ROCMFT_COLLECTIVES=safe" in said
+    assert plan.arguments["ddp_timeout"] == 1800  # the retry needs the hang to end
+
+
+def test_a_secret_named_variable_is_never_shown_or_recorded():
+    from rocmft.launch.changes import Added
+
+    added = Added()
+    added.add("WANDB_API_KEY", "k-123456", "a plug-in's credential", "a test")
+    assert added.values == {"WANDB_API_KEY": "k-123456"}  # the worker still gets it
+    assert "k-123456" not in added.changes["WANDB_API_KEY"].line()
+    assert added.changes["WANDB_API_KEY"].as_dict()["value"] == "<redacted>"
+
+
 def quantized_copy(tiny_model: Path, tmp_path: Path) -> Path:
     folder = tmp_path / "tiny-gptq"
     shutil.copytree(tiny_model, folder)

@@ -1,8 +1,10 @@
 """Resilience on the CPU with real training runs of the tiny model: graceful stop and resume, an incomplete
-checkpoint skipped, and the non-finite-loss restart in real fp32 (ROCMFT_ON_NAN=fp32)."""
+checkpoint skipped, the non-finite-loss restart in real fp32 (ROCMFT_ON_NAN=fp32), and the restart with RCCL's safe
+fallbacks after a collectives hang (ROCMFT_ON_HANG=retry)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 
@@ -203,6 +205,50 @@ def test_non_finite_loss_with_on_nan_fp32_restarts_in_real_fp32(run_rocmft, tmp_
     with safe_open(output / "model.safetensors", "pt") as weights:
         assert {str(weights.get_tensor(name).dtype) for name in weights.keys()} == {"torch.float32"}  # noqa: SIM118
     assert len(logged_losses(output)) >= 1
+
+
+def test_a_collectives_hang_with_on_hang_retry_restarts_once_with_rccls_safe_fallbacks(
+    run_rocmft, tmp_path, tiny_model, demo_data
+):
+    """Two ranks through torchrun on the CPU (gloo). At step 4 rank 1 stops taking part in collectives (the injected
+    hang_at_step test fault: a rank stuck in a hung RCCL transfer, as in ROCm/vllm#390 and vllm-project/vllm#40980,
+    where NCCL_P2P_DISABLE=1 and NCCL_PROTO=Simple ended the hang), and rank 0's gradient all-reduce times out for
+    real after DDP_TIMEOUT. With ROCMFT_ON_HANG=retry rocmft restarts once from checkpoint-3 with
+    ROCMFT_COLLECTIVES=safe (which the fault spares, as the fallbacks would), says so, finishes, and records the
+    restart; the second attempt's block of automatic changes, fallbacks included, is its manifest's launch.changes."""
+    from rocmft.changes import Change, change_lines
+    from rocmft.worker.peers import collective_timeout
+
+    output = tmp_path / "hang"
+    env = {
+        "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+        "CUTOFF_LEN": "64", "MAX_STEPS": "6", "SAVE_STEPS": "3", "SAVE_STRATEGY": "steps", "OUTPUT_DIR": str(output),
+        "ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2", "ROCMFT_SKIP_CHECKS": "gpu-runtime",
+        "PREPROCESSING_NUM_WORKERS": "1", "OMP_NUM_THREADS": "1", "DDP_TIMEOUT": "30",
+        "ROCMFT_FAULT_HANG_AT_STEP": "4", "ROCMFT_ON_HANG": "retry",
+    }  # fmt: skip
+    result = run_rocmft("train", env=env)
+    text = result.stdout
+    assert result.returncode == ExitCode.OK, text[-3000:]
+    assert "TEST FAULT: rank 1 stops taking part in collectives at step 4" in text
+    assert (collective_timeout(text) or "").startswith("Timed out waiting 30000ms for "), text[-3000:]  # gloo's
+    assert (f"ROCMFT_ON_HANG=retry: a collective timed out; restarting once from {output / 'checkpoint-3'} with "
+            "ROCMFT_COLLECTIVES=safe") in text  # fmt: skip
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    assert manifest["restarts"] == [{"cause": "collectives hang", "at_step": 4,
+                                     "from_checkpoint": str(output / "checkpoint-3"),
+                                     "precision": {"from": "fp32", "to": "fp32"},
+                                     "collectives": {"from": "default", "to": "safe"}}]  # fmt: skip
+    assert {k: manifest["launch"]["environment"].get(k) for k in ("NCCL_P2P_DISABLE", "HSA_ENABLE_SDMA",
+            "NCCL_PROTO")} == {"NCCL_P2P_DISABLE": "1", "HSA_ENABLE_SDMA": "0", "NCCL_PROTO": "Simple"}  # fmt: skip
+    header, *rest = text[text.rindex("[rocmft] automatic changes to the launch") :].splitlines()
+    ours = [line for line in rest if line.startswith("[rocmft] ")]  # another process's line may come between
+    said = [header, *itertools.takewhile(lambda line: line.startswith("[rocmft]   "), ours)]
+    recorded = change_lines(Change.from_dict(c) for c in manifest["launch"]["changes"])
+    assert [line.removeprefix("[rocmft] ") for line in said] == recorded
+    assert "  ROCMFT_COLLECTIVES=safe: RCCL's safe fallbacks (the NCCL_/HSA_ lines below) (the restart after a " \
+           "collectives hang at step 4)" in recorded  # fmt: skip
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 6
 
 
 @pytest.fixture

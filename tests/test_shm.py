@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from rocmft.changes import say_changes
 from rocmft.checks import FAIL, PASS, CheckSubject
 from rocmft.checks import gpu as checks
 from rocmft.config.provenance import Kind
 from rocmft.errors import ExitCode
 from rocmft.facts.device import DeviceFacts
 from rocmft.facts.probes import Probes
+from rocmft.launch.changes import argument_changes
 
 DOCKER_DEFAULT_SHM = 64 << 20  # Docker's default /dev/shm (docker run reference, --shm-size)
 # one injected GPU, shaped as the device probe's facts (an MI300X's 192 GiB)
@@ -62,8 +64,6 @@ def shm_outcome(plan, shm_bytes: int):
 def test_the_default_workers_give_way_to_dockers_default_shm_and_say_so(render_shm, capsys):
     """Injected: one GPU and a 64 MiB /dev/shm. The template's 2 workers (512 MiB) do not fit: the run plans 0,
     the check passes, the console line names the setting, its value, /dev/shm's size and the flags."""
-    from rocmft.cli.common import _say_plan
-
     plan = render_shm({}, DOCKER_DEFAULT_SHM)
     assert plan.arguments["dataloader_num_workers"] == 0
     assert OmegaConf.load(plan.files["train.yaml"])["dataloader_num_workers"] == 0
@@ -71,9 +71,9 @@ def test_the_default_workers_give_way_to_dockers_default_shm_and_say_so(render_s
     outcome = shm_outcome(plan, DOCKER_DEFAULT_SHM)
     assert outcome.status == PASS, outcome
     assert "0 loader worker(s)" in outcome.message
-    _say_plan(plan.perf)
-    line = next(x for x in capsys.readouterr().out.splitlines() if "dataloader_num_workers" in x)
-    assert line.startswith("[rocmft] plan: dataloader_num_workers=0 (")
+    say_changes(argument_changes(plan))  # the block of automatic changes `_prepare` prints (rocmft.changes)
+    line = next(x for x in capsys.readouterr().out.splitlines() if "DATALOADER_NUM_WORKERS=0" in x)
+    assert line.startswith("[rocmft]   DATALOADER_NUM_WORKERS=0: ") and line.endswith(" (rocmft plan)"), line
     for words in ("/dev/shm holds 64 MiB", "default 2 loader workers", "--shm-size=1g", "shm_size: 1gb",
                   "DATALOADER_NUM_WORKERS"):  # fmt: skip
         assert words in line, (words, line)
@@ -110,9 +110,10 @@ def test_without_a_gpu_the_workers_are_planned_all_the_same(render_shm, capsys):
     assert plan.arguments["dataloader_num_workers"] == 0 and not plan.perf.active
     assert shm_outcome(plan, DOCKER_DEFAULT_SHM).status == PASS
     _say_plan(plan.perf)
+    say_changes(argument_changes(plan))
     out = capsys.readouterr().out
     assert "only dataloader_num_workers is planned, for /dev/shm" in out
-    assert "[rocmft] plan: dataloader_num_workers=0 (" in out
+    assert "[rocmft]   DATALOADER_NUM_WORKERS=0: /dev/shm holds 64 MiB" in out, out
 
 
 @pytest.mark.parametrize(("environ", "named"), [

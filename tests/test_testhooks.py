@@ -21,7 +21,8 @@ from test_rules_checks_cli import HEALTHY
 
 PACKAGE = REPO / "entrypoint" / "rocmft"
 FAULT_VALUES = {"ROCMFT_FAULT_NAN_AT_STEP": "6", "ROCMFT_FAULT_KILL_IN_SAVE_AT_STEP": "10",
-                "ROCMFT_FAULT_SLOW_FINAL_SAVE_S": "2.5", "ROCMFT_FAULT_GRAD_SPIKE_AT_STEP": "8"}  # fmt: skip
+                "ROCMFT_FAULT_SLOW_FINAL_SAVE_S": "2.5", "ROCMFT_FAULT_GRAD_SPIKE_AT_STEP": "8",
+                "ROCMFT_FAULT_HANG_AT_STEP": "4"}  # fmt: skip
 
 
 def _console_script() -> tuple[str, ...]:
@@ -84,7 +85,7 @@ def test_the_launcher_carries_the_faults_into_run_json_and_production_writes_non
     policy = json.loads((tmp_path / "faulty" / "rocmft" / "run.json").read_text())
     assert {k: policy[k] for k in policy if k.startswith("fault_")} == {
         "fault_nan_at_step": 6, "fault_kill_in_save_at_step": 10, "fault_slow_final_save_s": 2.5,
-        "fault_grad_spike_at_step": 8}  # fmt: skip
+        "fault_grad_spike_at_step": 8, "fault_hang_at_step": 4}  # fmt: skip
     plain = run_rocmft("render", env={"OUTPUT_DIR": str(tmp_path / "plain")})
     assert plain.returncode == ExitCode.OK, plain.stdout[-3000:]
     policy = json.loads((tmp_path / "plain" / "rocmft" / "run.json").read_text())

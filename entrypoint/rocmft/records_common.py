@@ -18,8 +18,8 @@ class RunStatus(str, enum.Enum):
     stopped a diverging one (``non_finite.cause``, the restart's ``cause``). The value is the word written.
 
     The manifest says one of RUNNING, FINISHED, NON_FINITE_LOSS (exit 5, a loss spike included), INTERRUPTED,
-    FAILED (:func:`run_status`). The worker also says LOSS_SPIKE, and ``"stopping (<why>)"`` /
-    ``"interrupted (<why>)"`` (:func:`with_reason`).
+    FAILED (:func:`run_status`). The worker also says LOSS_SPIKE, COLLECTIVES_HANG (exit 4), and
+    ``"stopping (<why>)"`` / ``"interrupted (<why>)"`` (:func:`with_reason`).
     """
 
     RUNNING = "running"
@@ -27,6 +27,7 @@ class RunStatus(str, enum.Enum):
     NON_FINITE_LOSS = "non-finite loss"  # the loss or the gradient norm is NaN/Inf
     LOSS_SPIKE = "loss spike"  # the loss jumped above ROCMFT_LOSS_SPIKE_FACTOR x its recent median
     GRAD_NORM_SPIKE = "grad-norm spike"  # ROCMFT_GRAD_NORM_SPIKE_FACTOR / ROCMFT_GRAD_NORM_LIMIT, with ..._SPIKE=stop
+    COLLECTIVES_HANG = "collectives hang"  # a collective timed out (rocmft.worker.peers.collective_timeout)
     STOPPING = "stopping"
     INTERRUPTED = "interrupted"
     FAILED = "failed"

@@ -30,27 +30,34 @@ SCHEMA_VERSION = 1  # the manifest's layout; a manifest without the key is versi
 
 @dataclass(frozen=True)
 class Restart:
-    """One automatic restart of a `rocmft train` (ROCMFT_ON_NAN=fp32): its ``cause`` (a RunStatus word), the
-    optimizer step the divergence was seen at, the checkpoint it resumes from (None: step 0), and the precision
-    policy before and after."""
+    """One automatic restart of a `rocmft train` (ROCMFT_ON_NAN=fp32, ROCMFT_ON_HANG=retry): its ``cause`` (a
+    RunStatus word), the optimizer step the divergence or the hang was seen at, the checkpoint it resumes from
+    (None: step 0), the precision policy before and after, and for a hang ROCMFT_COLLECTIVES before and after
+    (``collectives_to`` None: unchanged)."""
 
     cause: str
     at_step: int | None
     from_checkpoint: str | None
     precision_from: str
     precision_to: str = "fp32"
+    collectives_from: str = "default"
+    collectives_to: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The manifest's ``restarts`` entry: ``{cause, at_step, from_checkpoint, precision: {from, to}}``."""
-        return {"cause": self.cause, "at_step": self.at_step, "from_checkpoint": self.from_checkpoint,
-                "precision": {"from": self.precision_from, "to": self.precision_to}}  # fmt: skip
+        """The manifest's ``restarts`` entry: ``{cause, at_step, from_checkpoint, precision: {from, to}}``, and
+        ``collectives: {from, to}`` when the restart changed ROCMFT_COLLECTIVES."""
+        entry = {"cause": self.cause, "at_step": self.at_step, "from_checkpoint": self.from_checkpoint,
+                 "precision": {"from": self.precision_from, "to": self.precision_to}}  # fmt: skip
+        if self.collectives_to is not None:
+            entry["collectives"] = {"from": self.collectives_from, "to": self.collectives_to}
+        return entry
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Restart:
         """The restart of an :meth:`as_dict` object. Raises KeyError, TypeError or AttributeError on another shape."""
-        precision = data["precision"]
+        precision, collectives = data["precision"], data.get("collectives") or {}
         return cls(data["cause"], data.get("at_step"), data.get("from_checkpoint"), precision["from"],
-                   precision.get("to", "fp32"))  # fmt: skip
+                   precision.get("to", "fp32"), collectives.get("from", "default"), collectives.get("to"))  # fmt: skip
 
 
 # The JSON types each key may hold (bool is not a number here). Every object may be null: for the keys of

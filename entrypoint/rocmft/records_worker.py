@@ -222,12 +222,13 @@ class RunPolicy:
         precision: the resolved precision; ``precision["policy"] == "fp32"`` makes the worker force float32 weights.
         distributed: ROCMFT_DISTRIBUTED; launcher: ``python`` or ``torchrun``.
         fault_nan_at_step, fault_kill_in_save_at_step, fault_slow_final_save_s,
-        fault_grad_spike_at_step: the test-only fault injections (rocmft.testhooks, installed by the tests'
-            launcher only; steps, seconds), None when off, as always in production.
+        fault_grad_spike_at_step, fault_hang_at_step: the test-only fault injections (rocmft.testhooks, installed
+            by the tests' launcher only; steps, seconds), None when off, as always in production.
         loss_spike_factor: ROCMFT_LOSS_SPIKE_FACTOR (0 or None: no spike watchdog).
         grad_norm_spike_factor, grad_norm_limit, on_grad_norm_spike: the gradient-norm watchdog's
             ROCMFT_GRAD_NORM_SPIKE_FACTOR, ROCMFT_GRAD_NORM_LIMIT (0 or None: off) and ROCMFT_ON_GRAD_NORM_SPIKE.
         peer_timeout_s: ROCMFT_PEER_TIMEOUT_S, the lost-node watch of multi-node runs (rocmft.worker.peers).
+        collectives: ROCMFT_COLLECTIVES (``safe``: the launch added RCCL's fallbacks; the hang fault spares it).
         demo: whether this is the built-in demo run.
         packed_attention, sample_tokens: the planner's ``varlen`` for neat-packed rows (rocmft.worker.attention)
             and the mean sample length it planned with (tokens); None when not planned.
@@ -241,11 +242,13 @@ class RunPolicy:
     fault_kill_in_save_at_step: int | None = None
     fault_slow_final_save_s: float | None = None
     fault_grad_spike_at_step: int | None = None
+    fault_hang_at_step: int | None = None
     loss_spike_factor: float | None = None
     grad_norm_spike_factor: float | None = None
     grad_norm_limit: float | None = None
     on_grad_norm_spike: str = "warn"
     peer_timeout_s: float | None = None
+    collectives: str = "default"
     demo: bool = False
     packed_attention: str | None = None
     sample_tokens: float | None = None
@@ -264,9 +267,10 @@ class RunPolicy:
                 "fault_kill_in_save_at_step": self.fault_kill_in_save_at_step,
                 "fault_slow_final_save_s": self.fault_slow_final_save_s,
                 "fault_grad_spike_at_step": self.fault_grad_spike_at_step,
+                "fault_hang_at_step": self.fault_hang_at_step,
                 "loss_spike_factor": self.loss_spike_factor, "grad_norm_spike_factor": self.grad_norm_spike_factor,
                 "grad_norm_limit": self.grad_norm_limit, "on_grad_norm_spike": self.on_grad_norm_spike,
-                "peer_timeout_s": self.peer_timeout_s,
+                "peer_timeout_s": self.peer_timeout_s, "collectives": self.collectives,
                 "demo": self.demo,
                 "packed_attention": self.packed_attention, "sample_tokens": self.sample_tokens}  # fmt: skip
 

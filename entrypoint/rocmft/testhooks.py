@@ -22,6 +22,7 @@ FAULTS: dict[str, type] = {
     "kill_in_save_at_step": int,
     "slow_final_save_s": float,
     "grad_spike_at_step": int,
+    "hang_at_step": int,
 }
 # The variables the tests' launcher reads; here only to word production's refusal of them (rocmft.config.settings).
 VARIABLES = ("ROCMFT_TEST_PROBES", *(f"ROCMFT_FAULT_{name.upper()}" for name in FAULTS))

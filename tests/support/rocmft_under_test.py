@@ -14,6 +14,8 @@ ordinary entry point, :func:`rocmft.cli.main`:
   weights, before the optimizer state and trainer_state.json), as a pre-emption mid-save would.
 * ``ROCMFT_FAULT_SLOW_FINAL_SAVE_S``: the rank that writes the model waits N seconds before writing the final model.
 * ``ROCMFT_FAULT_GRAD_SPIKE_AT_STEP``: multiply the gradients of optimizer step N by 1000 (no NaN).
+* ``ROCMFT_FAULT_HANG_AT_STEP``: at optimizer step N the last rank stops taking part in collectives, so the others'
+  all-reduce times out for real after DDP_TIMEOUT (not under ROCMFT_COLLECTIVES=safe); proves ROCMFT_ON_HANG=retry.
 
 The faults reach the worker (a separate process, started by torchrun or directly) in run.json's ``fault_*``, written
 by this process. This file lives in tests/, which neither the wheel nor the image ships; the production ``rocmft``

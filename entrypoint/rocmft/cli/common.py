@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rocmft.changes import say_changes
 from rocmft.console import say
 from rocmft.errors import ChecksFailed, ConfigError
 from rocmft.fsutil import make_private_dir_public
@@ -188,6 +189,7 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     timings["render"] = time.monotonic() - started
     say(f"precision: {plan.precision.policy} ({plan.precision.reason})", all_ranks=True)
     _say_plan(plan.perf)
+    say_changes(launch.changes)  # the one block of what rocmft set: the manifest's launch.changes
 
     started = time.monotonic()
     validation = validate(plan, keep=keep_validator)
@@ -202,17 +204,15 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
 
 def _with_gfx_override(environ, launch: LaunchSpec, probes: Probes, injected) -> Probes:
     """When rocmft sets HSA_OVERRIDE_GFX_VERSION for the launch (ROCMFT_GFX_OVERRIDE=auto,
-    rocmft.launch.spec.gfx_override), say so on the console and probe the devices again under it, so that the checks
-    judge the GPUs as the training will run them (the first probe started before the settings were read). Returns
-    the probe provider the checks use."""
+    rocmft.launch.spec.gfx_override), probe the devices again under it, so that the checks judge the GPUs as the
+    training will run them (the first probe started before the settings were read; the change itself is said in the
+    block of rocmft.changes.say_changes). Returns the probe provider the checks use."""
     from rocmft.facts.device import PROBE_TIMEOUT_S, run_probe
     from rocmft.facts.probes import Probes
 
     added = launch.communication.get("HSA_OVERRIDE_GFX_VERSION")
     if not added or "HSA_OVERRIDE_GFX_VERSION" not in launch.environment:
         return probes
-    say(f"HSA_OVERRIDE_GFX_VERSION={added['value']} set for the checks and the training ({added['source']})",
-        all_ranks=True)  # fmt: skip
     if "devices" in injected:
         return probes  # a test's injected probe stands for the device
     env = {**environ, "HSA_OVERRIDE_GFX_VERSION": added["value"]}
@@ -263,15 +263,17 @@ def _run_checks(prepared: Prepared, workspace: Workspace, timings: dict[str, flo
 
 
 def _say_plan(perf) -> None:
-    """One line per planner decision (rocmft.render.planner), or why it planned nothing; a plan that is not the
-    GPU's (no GPU, the built-in default) may still hold the loader workers /dev/shm holds (rocmft.render.loader)."""
+    """Why the planner planned nothing, or one line per value it kept (rocmft.render.planner); the values it set
+    (the loader workers /dev/shm holds among them, rocmft.render.loader) are automatic changes, said in the block of
+    rocmft.changes.say_changes."""
     if perf is None or not perf.choices:
         say(f"plan: nothing planned ({perf.note if perf else 'no planner'})", all_ranks=True)
         return
     if not perf.active:
         say(f"plan: {perf.note}", all_ranks=True)
     for choice in perf.choices:
-        say(f"plan: {choice.name}={choice.value} ({'' if choice.planned else 'kept: '}{choice.reason})", all_ranks=True)
+        if not choice.planned:
+            say(f"plan: {choice.name}={choice.value} (kept: {choice.reason})", all_ranks=True)
 
 
 CURRENT_RUN = "rocmft-current-run"  # in the temp folder: which run `rocmft status` looks at by default

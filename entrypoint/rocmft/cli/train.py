@@ -33,7 +33,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     """Render, validate, check, train; the worker's exit code (rocmft.errors.ExitCode), after at most one
-    automatic restart in real fp32 on a non-finite loss (ROCMFT_ON_NAN=fp32).
+    automatic restart in real fp32 on a non-finite loss (ROCMFT_ON_NAN=fp32) and one with RCCL's safe fallbacks
+    after a collectives hang (ROCMFT_ON_HANG=retry).
 
     Each attempt is the whole flow again with the restarts so far and rocmft's settings they decide (precision
     fp32, the checkpoint to resume from) as overrides of that attempt's settings, each with its source (the
@@ -55,13 +56,14 @@ def run(args) -> int:
 
 
 def restart_overrides(restart: Restart) -> dict[str, tuple[str, Source]]:
-    """rocmft's settings a restart decides, with its source: precision fp32, resume from its checkpoint
-    (``never``: step 0), both ``the restart after a <cause> at step N``."""
+    """rocmft's settings a restart decides, with its source ``the restart after a <cause> at step N``: resume from
+    its checkpoint (``never``: step 0), and precision fp32 (a non-finite loss) or ROCMFT_COLLECTIVES=safe (a hang)."""
     from rocmft.config.provenance import Kind, Source
 
     at = f" at step {restart.at_step}" if restart.at_step is not None else ""
     source = Source(Kind.RESTART, f"after a {restart.cause}{at}")
-    return {"precision": (restart.precision_to, source), "resume": (restart.from_checkpoint or "never", source)}
+    changed = ("collectives", restart.collectives_to) if restart.collectives_to else ("precision", restart.precision_to)
+    return {changed[0]: (changed[1], source), "resume": (restart.from_checkpoint or "never", source)}
 
 
 def _attempt(restarts: list[Restart], given: CommandLine,
@@ -107,10 +109,8 @@ def _attempt(restarts: list[Restart], given: CommandLine,
     write_manifest(manifest_path, plan, probes=prepared.probes.snapshot(), launch=prepared.launch,
                    checks=checks_summary, outcome=ended)  # fmt: skip
     _write_summary(plan)
-    restart = _fp32_restart(plan, worker, restarts) if code == ExitCode.NON_FINITE_LOSS else None
+    restart = _restart_after(plan, code, worker, restarts)
     if restart is not None:
-        where = restart.from_checkpoint or "step 0 (no checkpoint before the NaN)"
-        say(f"ROCMFT_ON_NAN=fp32: restarting in real fp32 from {where}", all_ranks=True)
         return code, restart
     if code == ExitCode.OK:
         losses = [entry.loss for entry in worker.losses] if worker else []
@@ -134,6 +134,70 @@ def _write_summary(plan) -> None:
         say(f"run summary in {write_summary(plan.output_dir)}", all_ranks=True)
     except Exception as err:  # matplotlib, a full disk: the run's outcome stands
         warn(f"the run summary could not be written ({type(err).__name__}: {err})", all_ranks=True)
+
+
+def _restart_after(plan, code: int, worker: WorkerResult | None, restarts: list[Restart]) -> Restart | None:
+    """The automatic restart this attempt's end calls for, said on the console (None: none): in fp32 after a
+    non-finite loss (:func:`_fp32_restart`), with RCCL's safe fallbacks after a hang (:func:`_hang_restart`)."""
+    if code == ExitCode.NON_FINITE_LOSS:
+        restart = _fp32_restart(plan, worker, restarts)
+        if restart is not None:
+            where = restart.from_checkpoint or "step 0 (no checkpoint before the NaN)"
+            say(f"ROCMFT_ON_NAN=fp32: restarting in real fp32 from {where}", all_ranks=True)
+        return restart
+    if code == ExitCode.TRAINING_FAILED:
+        return _hang_restart(plan, worker, restarts)
+    return None
+
+
+def _hang_restart(plan, worker: WorkerResult | None, restarts: list[Restart]) -> Restart | None:
+    """ROCMFT_ON_HANG=retry: after a collective timed out (the worker's record says ``collectives hang``, or
+    train.log holds torch's watchdog line: rocmft.worker.peers.collective_timeout), restart once from the newest
+    complete checkpoint with ROCMFT_COLLECTIVES=safe (rocmft.launch.changes.SAFE_COLLECTIVES). None, with the
+    reason on the console when a hang was seen: no hang, ROCMFT_ON_HANG=stop, a job of several nodes (each node's
+    rocmft would decide alone; every node must restart with the same settings), the fallbacks already on, or a
+    hang restart already made."""
+    from rocmft.launch import LOG_FILE
+    from rocmft.records import Restart
+    from rocmft.render.resume import newest_complete
+    from rocmft.worker.peers import collective_timeout
+
+    worker = worker or WorkerResult()
+    log = plan.run_dir / LOG_FILE
+    seen = worker.status == RunStatus.COLLECTIVES_HANG.value or (log.is_file() and collective_timeout(_tail(log)))
+    if not seen:
+        return None
+    from rocmft.facts.scheduler import job_layout
+
+    settings = plan.settings.rocmft
+    at_step = (worker.last_step or 0) + 1 if worker.status == RunStatus.COLLECTIVES_HANG.value else None
+    reasons = (
+        (settings.on_hang != "retry", "ROCMFT_ON_HANG=stop; ROCMFT_ON_HANG=retry would restart with RCCL's fallbacks"),
+        (any(r.cause == RunStatus.COLLECTIVES_HANG.value for r in restarts), "it restarted once already"),
+        (settings.collectives == "safe", "ROCMFT_COLLECTIVES=safe was already on"),
+        ((plan.layout or job_layout(plan.settings.environ)).nnodes > 1,
+         "a job of several nodes: run every node again with ROCMFT_COLLECTIVES=safe"),
+    )  # fmt: skip
+    why_not = next((why for applies, why in reasons if applies), None)
+    if why_not is not None:
+        say(f"a collective timed out; no automatic retry ({why_not})", all_ranks=True)
+        return None
+    checkpoint = newest_complete(plan.output_dir).checkpoint
+    restart = Restart(cause=RunStatus.COLLECTIVES_HANG.value, at_step=at_step,
+                      from_checkpoint=str(checkpoint) if checkpoint else None, precision_from=plan.precision.policy,
+                      precision_to=plan.precision.policy, collectives_from=settings.collectives,
+                      collectives_to="safe")  # fmt: skip
+    where = restart.from_checkpoint or "step 0 (no complete checkpoint)"
+    say(f"ROCMFT_ON_HANG=retry: a collective timed out; restarting once from {where} with ROCMFT_COLLECTIVES=safe "
+        "(RCCL's safe fallbacks, listed with the automatic changes)", all_ranks=True)  # fmt: skip
+    return restart
+
+
+def _tail(path, size: int = 2**20) -> str:
+    """The last ``size`` bytes of the file ``path`` as text (a watchdog's line is near the end of a long log)."""
+    with path.open("rb") as handle:
+        handle.seek(max(0, path.stat().st_size - size))
+        return handle.read().decode("utf-8", errors="replace")
 
 
 def _fp32_restart(plan, worker: WorkerResult | None, restarts: list[Restart]) -> Restart | None:

@@ -170,6 +170,21 @@ class RocmftSettings(BaseSettings):
         description="When the loss or gradient norm turns NaN/Inf or the loss spikes: `stop` (exit 5), or `fp32`: "
         "restart once per cause, from the last checkpoint saved before it, in real fp32 (recorded in the manifest).",
     )
+    on_hang: Literal["stop", "retry"] = Field(
+        "stop",
+        description="When a collective times out during training (torch's RCCL/NCCL watchdog or gloo's timeout, "
+        "after DDP_TIMEOUT seconds): `stop` (exit 4), or `retry`: restart once, from the newest complete "
+        "checkpoint, with ROCMFT_COLLECTIVES=safe (said on the console, recorded in the manifest's restarts). With "
+        "`retry` and no DDP_TIMEOUT of yours, DDP_TIMEOUT is 1800 (transformers' default) instead of "
+        "LLaMA-Factory's 180000000, which would never end a hang: set it higher if tokenizing takes longer.",
+    )
+    collectives: Literal["default", "safe"] = Field(
+        "default",
+        description="`safe`: the workers get RCCL's known safe fallbacks, each unless you set it: NCCL_P2P_DISABLE=1 "
+        "(no direct GPU peer-to-peer), HSA_ENABLE_SDMA=0 (copies by shader, not the SDMA engines), NCCL_PROTO=Simple "
+        "(no LL/LL128 protocols): slower collectives, but they avoid the hangs docs/rules.md cites for them. "
+        "ROCMFT_ON_HANG=retry sets it for its restart.",
+    )
     resume: str = Field(
         "auto",
         description="Resume from a checkpoint in OUTPUT_DIR: `auto` (the newest complete one, refused with the "

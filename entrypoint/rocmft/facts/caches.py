@@ -7,7 +7,8 @@ therefore points each of them at a node-local folder, unless the user set it. El
 nothing changes: the libraries' own defaults are local there.
 
 Evidence for each variable is in :data:`NODE_LOCAL_CACHES`; the decision is :func:`node_local_caches`, hooked into
-the launch by rocmft.launch.spec (``spec.environment``, recorded in the manifest) and printed by rocmft.launch.run.
+the launch by rocmft.launch.spec (``spec.environment``, each with its change: said before the checks and recorded
+in the manifest's ``launch.changes``, rocmft.changes).
 """
 
 from __future__ import annotations
@@ -109,16 +110,6 @@ def cache_environment(environ: Mapping[str, str], uid: int | None = None) -> dic
     return {name: choice.value for name, choice in node_local_caches(environ, uid).items()}
 
 
-def cache_note(added: Mapping[str, str]) -> str | None:
-    """The launch's line about the caches it moved, from its added environment (``spec.environment``), or None
-    when it moved none: ``node-local caches (shared file systems break them; rocmft.facts.caches): NAME=value, ...``.
-    """
-    moved = [f"{name}={value}" for name, value in added.items() if name in NODE_LOCAL_CACHES]
-    if not moved:
-        return None
-    return f"node-local caches (shared file systems break them; rocmft.facts.caches): {', '.join(moved)}"
-
-
 # File system types (as Linux names them in /proc/self/mounts, which psutil reads) whose flock/fcntl locks do not
 # exclude other clients, or fail: huggingface/huggingface_hub PR #4228 (Lustre, GPFS and many NFS mounts return
 # success from flock(2) without locking; it detects Lustre, GPFS, NFS, SMB and CIFS), huggingface_hub issue #2038
@@ -170,4 +161,4 @@ def mount_of(path: str | os.PathLike[str], partitions: list[Any] | None = None) 
 
 
 __all__ = ["CLUSTER_MARKERS", "NETWORK_FILESYSTEMS", "NODE_LOCAL_CACHES", "CacheChoice", "Mount", "cache_environment",
-           "cache_note", "mount_of", "node_local_caches", "node_local_root", "on_cluster"]  # fmt: skip
+           "mount_of", "node_local_caches", "node_local_root", "on_cluster"]  # fmt: skip

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from rocmft.console import say
 from rocmft.errors import ExitCode
-from rocmft.facts.caches import cache_note
 from rocmft.launch.spec import LaunchSpec
 
 LOG_FILE = "train.log"
@@ -129,12 +128,10 @@ def run_spec(spec: LaunchSpec, run_dir: Path, launcher: str, secrets: Mapping[st
 
 
 def _say_launch(spec: LaunchSpec, command: list[str], launcher: str) -> None:
-    """The launch's lines: the job, the command, the cache note, and for a distributed launcher the NUMA binding,
-    the network notes and the communication settings."""
+    """The launch's lines: the job, the command, and for a distributed launcher the NUMA binding, the network notes
+    and the communication settings (what rocmft changed was said before the checks: rocmft.changes)."""
     say(f"job: {spec.job.get('description', 'one node')}", all_ranks=True)
     say(f"launching: {' '.join(command)}", all_ranks=True)
-    if note := cache_note(spec.environment):
-        say(note, all_ranks=True)
     if launcher != "python":
         say(f"NUMA binding: {spec.numa['reason']}", all_ranks=True)
         for note in spec.network_notes:

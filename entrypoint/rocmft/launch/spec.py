@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocmft.changes import Change
 from rocmft.errors import ConfigError
-from rocmft.facts.caches import cache_environment
+from rocmft.facts.caches import node_local_caches
 from rocmft.facts.image import ARCH_PROFILE, read_profile
 from rocmft.facts.scheduler import JobLayout, job_layout
+from rocmft.launch.changes import LAUNCH, Added, argument_changes, cache_why, profile_changes, safe_collectives
 from rocmft.proc import free_port
 from rocmft.render import Plan, processes_per_node
 
@@ -43,6 +45,10 @@ class LaunchSpec:
             (:func:`communication_environment`).
         job: the job layout's record (rocmft.facts.scheduler.JobLayout.as_record): engine, launch mode, nodes,
             this process's place, the rendezvous, each with its source.
+        changes: every automatic change of this launch (rocmft.changes.Change; rocmft.launch.changes): each
+            variable of :attr:`environment`, the arch profile's runtime defaults, the training arguments and
+            settings rocmft set. The console's block (rocmft.changes.say_changes) and the manifest's
+            ``launch.changes`` are this one tuple.
     """
 
     command: tuple[str, ...]
@@ -51,9 +57,10 @@ class LaunchSpec:
     network_notes: tuple[str, ...] = ()
     communication: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     job: Mapping[str, Any] = field(default_factory=lambda: JobLayout().as_record())
+    changes: tuple[Change, ...] = ()
 
     def as_record(self) -> dict[str, Any]:
-        """``{"command", "environment", "numa", "network_notes", "communication", "job"}``, JSON-ready."""
+        """``{"command", "environment", "numa", "network_notes", "communication", "job", "changes"}``, JSON-ready."""
         return {
             "command": list(self.command),
             "environment": dict(self.environment),
@@ -61,6 +68,7 @@ class LaunchSpec:
             "network_notes": list(self.network_notes),
             "communication": {name: dict(entry) for name, entry in self.communication.items()},
             "job": dict(self.job),
+            "changes": [change.as_dict() for change in self.changes],
         }
 
     @classmethod
@@ -68,7 +76,8 @@ class LaunchSpec:
         """The spec of a launch record (:meth:`as_record`'s shape: the manifest's ``launch``)."""
         return cls(tuple(record["command"]), dict(record["environment"]), dict(record["numa"]),
                    tuple(record.get("network_notes") or ()), dict(record.get("communication") or {}),
-                   dict(record.get("job") or JobLayout().as_record()))  # fmt: skip
+                   dict(record.get("job") or JobLayout().as_record()),
+                   tuple(Change.from_dict(c) for c in record.get("changes") or ()))  # fmt: skip
 
     def process_environment(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The worker's whole environment: ``environ`` with :attr:`environment` added."""
@@ -164,8 +173,7 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
     Args:
         plan: the rendered run.
         environ: the environment the launch starts from (the run's, rocmft.config.settings.Settings.environ), where
-            the job layout is read
-            (rocmft.facts.scheduler.job_layout).
+            the job layout is read (rocmft.facts.scheduler.job_layout).
         root: where /sys and /proc are (tests pass a recorded host layout).
         numactl: whether numactl is installed (torch binds through it); None looks on PATH.
         allowed_cpus: the CPUs this process may use; None reads os.sched_getaffinity (the container's cpuset).
@@ -182,8 +190,11 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
 
     environ = dict(environ)
     layout = plan.layout or job_layout(environ)
-    added = {"PYTHONUNBUFFERED": "1"}
-    added.update(cache_environment(environ))  # node-local caches under Apptainer/Slurm (rocmft.facts.caches)
+    added = Added()
+    added.add("PYTHONUNBUFFERED", "1", "the workers' lines reach the console and train.log as they are printed",
+              LAUNCH)  # fmt: skip
+    for choice in node_local_caches(environ).values():  # under Apptainer/Slurm (rocmft.facts.caches)
+        added.add(choice.name, choice.value, cache_why(choice.reason), "node-local caches, rocmft.facts.caches")
     numa = None
     network_notes: list[str] = []
     reasons: dict[str, str] = {}
@@ -192,13 +203,16 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         reasons = {name: why for name, (_, why) in network.variables.items()}
         network_notes = list(network.notes)
     if plan.launcher == "task":
-        added.update(task_environment(layout, plan.device.count))
-        added.update(network.env())
+        added.add_all(task_environment(layout, plan.device.count), "what torchrun would set for this task",
+                      "task mode, rocmft.launch")  # fmt: skip
+        added.add_all(network.env(), reasons, "network detection, rocmft.facts.netenv")
         network_notes += _task_notes(layout, plan.device.count)
     if plan.launcher == "torchrun":
-        added["FORCE_TORCHRUN"] = "1"  # LLaMA-Factory requires it for DeepSpeed
-        added.update(network.env())
-        added.update(full_node_environment(processes_per_node(plan), environ))
+        added.add("FORCE_TORCHRUN", "1", "LLaMA-Factory refuses DeepSpeed and several GPUs without it "
+                  "(hiyouga/LlamaFactory#6268)", LAUNCH)  # fmt: skip
+        added.add_all(network.env(), reasons, "network detection, rocmft.facts.netenv")
+        added.add_all(full_node_environment(processes_per_node(plan), environ),
+                      "tuned for a node whose GPUs all train", "docker/arch/<ARCH>.env FULL_NODE_ line")  # fmt: skip
         gpus = (devices or {}).get("gpus", [])[: processes_per_node(plan)]
         addresses = [g.get("pci") for g in gpus]
         if all(addresses) and addresses:
@@ -206,15 +220,23 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         elif plan.settings.rocmft.numa_bind == "on":
             raise ConfigError("ROCMFT_NUMA_BIND=on, but the GPUs' PCI addresses are unknown (no GPU, or an old "
                               "torch).", "Set ROCMFT_NUMA_BIND=auto or off.")  # fmt: skip
-    if override := gfx_override(plan, environ, root, devices, image):  # an opted-in automatic fix (said by cli.common)
-        added["HSA_OVERRIDE_GFX_VERSION"], reasons["HSA_OVERRIDE_GFX_VERSION"] = override
+    if override := gfx_override(plan, environ, root, devices, image):  # an opted-in automatic fix
+        added.add("HSA_OVERRIDE_GFX_VERSION", *override, "ROCMFT_GFX_OVERRIDE=auto, rocmft.launch.spec.gfx_override")
+        reasons["HSA_OVERRIDE_GFX_VERSION"] = override[1]
+    safe_collectives(plan, environ, added)  # ROCMFT_COLLECTIVES=safe (a retry after a hang sets it)
+    communication = communication_environment(environ, added.values, reasons=reasons)
     return LaunchSpec(
         command=tuple(worker_command(plan, numa.torchrun_args() if numa else [], environ)),
-        environment=added,
+        environment=added.values,
         numa=numa.as_dict() if numa else dict(NO_BINDING),
         network_notes=tuple(network_notes),
-        communication=communication_environment(environ, added, reasons=reasons),
+        communication=communication,
         job=layout.as_record(),
+        changes=(
+            *argument_changes(plan),
+            *profile_changes(communication, (plan.device.archs or [""])[0].split(":")[0]),
+            *added.changes.values(),
+        ),
     )
 
 

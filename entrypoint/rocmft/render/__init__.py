@@ -53,6 +53,9 @@ TEMPLATE_SOURCE = Source(Kind.TEMPLATE)
 # sharding with auto-wrap of the model's own decoder-layer class (_no_split_modules), PyTorch docs'
 # recommended prefetch, and the rank-0 loading that keeps host memory at one copy of the weights.
 FSDP_OPTIONS = "full_shard auto_wrap"
+# ROCMFT_ON_HANG=retry: the process group's timeout (DDP_TIMEOUT, s) when the user gave none: transformers' own
+# TrainingArguments default (LLaMA-Factory's 180000000 would never end a hang, so nothing would retry)
+HANG_TIMEOUT_S = 1800
 FSDP_CONFIG = {
     "backward_prefetch": "backward_pre",
     "forward_prefetch": False,
@@ -335,6 +338,11 @@ def _fixed(settings: Settings, device: DeviceFacts, env: jinja2.Environment, lay
         fixed["fsdp"] = FSDP_OPTIONS
         fixed["fsdp_config"] = {**FSDP_CONFIG, **(layered.get("fsdp_config") or {})}
         fixed_sources["fsdp"] = fixed_sources["fsdp_config"] = Source(Kind.ROCMFT, "ROCMFT_DISTRIBUTED=fsdp")
+    if rocmft.on_hang == "retry" and not (sources.get("ddp_timeout") and sources["ddp_timeout"].user_chosen):
+        fixed["ddp_timeout"] = HANG_TIMEOUT_S  # a hang must end for the retry to start
+        fixed_sources["ddp_timeout"] = Source(
+            Kind.ROCMFT, "ROCMFT_ON_HANG=retry: a hung collective ends after transformers' default 1800 s, not "
+            "LLaMA-Factory's 180000000 s")  # fmt: skip
     torchrun = (rocmft.distributed != "none" or layered.get("deepspeed") or device.count > 1
                 or asked_processes(settings, layout) > 1)  # fmt: skip
     # a scheduler that started one process per GPU (Slurm's task layout) is the launch: no torchrun on top
@@ -551,11 +559,13 @@ def worker_policy(plan: Rendered) -> dict[str, Any]:
         fault_kill_in_save_at_step=testhooks.fault("kill_in_save_at_step"),
         fault_slow_final_save_s=testhooks.fault("slow_final_save_s"),
         fault_grad_spike_at_step=testhooks.fault("grad_spike_at_step"),
+        fault_hang_at_step=testhooks.fault("hang_at_step"),
         loss_spike_factor=rocmft.loss_spike_factor,
         grad_norm_spike_factor=rocmft.grad_norm_spike_factor,
         grad_norm_limit=rocmft.grad_norm_limit,
         on_grad_norm_spike=rocmft.on_grad_norm_spike,
         peer_timeout_s=rocmft.peer_timeout_s,
+        collectives=rocmft.collectives,
         demo=plan.demo,
         packed_attention=getattr(plan.perf, "packed_attention", None),
         sample_tokens=getattr(plan.perf, "sample_tokens", None),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rocmft.console import say, warn
 from rocmft.records import LossRecord, NonFinite, RunPolicy, RunStatus, WorkerResult, with_reason, write_worker_result
-from rocmft.worker.faults import GradSpike, nan_after_step
+from rocmft.worker.faults import GradSpike, hang_at_step, nan_after_step
 
 
 def under_torchrun() -> bool:
@@ -183,6 +183,8 @@ class _RocmftHooks:
       with NaN after that optimizer step, so the following loss is non-finite for real;
     * ``fault_grad_spike_at_step`` (tests only, the same way) multiplies that step's
       gradients by 1000, so its logged gradient norm is a real spike (rocmft.worker.faults.GradSpike);
+    * ``fault_hang_at_step`` (tests only, the same way) makes the last rank stop taking part in collectives
+      at that step, so the others' all-reduce times out for real (rocmft.worker.faults.hang_at_step);
     * on a GPU, ``peak_gpu_memory_gib`` (``torch.cuda.max_memory_allocated()`` of this rank, GiB) is
       recorded at each log and at the end, and printed in the final line (rank 0's in the result
       file); it is what :mod:`rocmft.render.memfit` estimates.
@@ -199,6 +201,7 @@ class _RocmftHooks:
         self.last_tokens = 0
         spike_step = policy.fault_grad_spike_at_step
         self.grad_spike = GradSpike(spike_step) if spike_step else None  # TEST ONLY fault
+        self.steps_done = 0  # optimizer steps finished when the last one began (rocmft.worker.main: a hang's step)
 
     def _save(self, state) -> None:
         # each node's local rank 0 writes its node's record (RUN_DIR is per node: rocmft-node<N>), so a node
@@ -238,6 +241,10 @@ class _RocmftHooks:
         self._save(state)
 
     def on_step_begin(self, args, state, control, **kwargs):
+        self.steps_done = state.global_step  # the step in progress is the next one (a hang names it)
+        # TEST ONLY fault: the last rank stops taking part in collectives (until torchrun's stop signal)
+        hang_at_step(self.policy, state.global_step + 1, args.process_index, args.world_size,
+                     lambda: STOP.requested is not None)  # fmt: skip
         if self.grad_spike is not None:
             self.grad_spike.arm(state.global_step, state.is_world_process_zero)
 

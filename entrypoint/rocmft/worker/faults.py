@@ -1,8 +1,9 @@
-"""TEST ONLY: the fault injections, which make real failures happen on purpose so that tests can prove rocmft's
-answer to them: NaN weights (a low-precision overflow), a SIGKILL in the middle of writing a checkpoint, a slow final
-model write on one rank, a gradient spike. A test sets them as ROCMFT_FAULT_* for the tests' launcher
-(tests/support/rocmft_under_test.py), which installs them as rocmft.testhooks; the rendering process writes them into
-run.json's ``fault_*``, the worker's only source. A production ``rocmft`` installs none (and refuses those variables).
+"""TEST ONLY: the fault injections, which make real failures happen on purpose so that tests can prove rocmft's answer
+to them: NaN weights (a low-precision overflow), a SIGKILL in the middle of writing a checkpoint, a slow final model
+write on one rank, a gradient spike, a rank that stops taking part in collectives (a hang). A test sets them as
+ROCMFT_FAULT_* for the tests' launcher (tests/support/rocmft_under_test.py), which installs them as
+rocmft.testhooks; the rendering process writes them into run.json's ``fault_*``, the worker's only source. A
+production ``rocmft`` installs none (and refuses those variables).
 
 Not version-guarded like rocmft.worker.patches: a fault that cannot be applied raises (AttributeError) rather than
 letting a test pass without its fault.
@@ -13,8 +14,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 
 from rocmft.console import say
+from rocmft.errors import ExitCode
 from rocmft.records import RunPolicy
 
 
@@ -63,6 +66,22 @@ class GradSpike:
         self.on = global_step + 1 == self.step
         if self.on and world_zero:
             say(f"TEST FAULT: gradients of step {self.step} multiplied by {GRAD_SPIKE_FACTOR:g}")
+
+
+def hang_at_step(policy: RunPolicy, step: int, rank: int, world_size: int, stopped: Callable[[], bool]) -> None:
+    """TEST ONLY (ROCMFT_FAULT_HANG_AT_STEP): at the start of optimizer step ``step`` (1-based, as logged) the last
+    rank of a job of several stops taking part in collectives, as a rank stuck in a hung RCCL transfer does: the
+    others wait in the step's gradient all-reduce until the process group's timeout (DDP_TIMEOUT) ends it for real
+    (gloo: "Timed out waiting ...ms for recv operation to complete"). It waits until a stop signal arrives
+    (``stopped``; torchrun sends one when another rank failed), then exits. Simulates a transport hang that RCCL's
+    safe fallbacks avoid: not under ROCMFT_COLLECTIVES=safe (``policy.collectives``), as the NaN fault spares fp32."""
+    fault = policy.fault_hang_at_step
+    if not fault or step != fault or world_size < 2 or rank != world_size - 1 or policy.collectives == "safe":
+        return
+    say(f"TEST FAULT: rank {rank} stops taking part in collectives at step {step}", all_ranks=True)
+    while not stopped():
+        time.sleep(0.2)
+    os._exit(ExitCode.INTERRUPTED)
 
 
 def kill_in_save(step: int) -> None:

@@ -107,12 +107,18 @@ def main(run_dir: str) -> int:
         return ExitCode.INTERRUPTED
     except Exception as err:
         traceback.print_exc()
-        from rocmft.worker.peers import verdict_after_error
+        from rocmft.worker.peers import collective_timeout, resume_hint, verdict_after_error
 
         verdict_after_error(err)  # a lost node named by the watch ends the process there (exit 4)
         if _disk_full(err, Path(arguments["output_dir"])):
             _report_disk_full(Path(arguments["output_dir"]), err)
         callback.result = callback.result.updated(status=RunStatus.FAILED, error=f"{type(err).__name__}: {err}")
+        if collective_timeout(f"{err}"):  # rocmft train reads it (ROCMFT_ON_HANG)
+            callback.result = callback.result.updated(status=RunStatus.COLLECTIVES_HANG, last_step=callback.steps_done)
+            say(f"COLLECTIVES HANG: a collective of step {callback.steps_done + 1} timed out after DDP_TIMEOUT "
+                f"({err}); {resume_hint(Path(arguments['output_dir']))}, and ROCMFT_COLLECTIVES=safe uses RCCL's "
+                "safe fallbacks (ROCMFT_ON_HANG=retry does both by itself)",
+                stream=sys.stderr, all_ranks=True)  # fmt: skip
         if writes_record:
             write_worker_result(run_path, callback.result)
         return ExitCode.TRAINING_FAILED

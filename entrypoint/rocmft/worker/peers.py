@@ -28,6 +28,7 @@ tokenization): a slow node is not a lost one. Before train begin (model load, to
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,17 @@ AFTER_ERROR_S = 2 * INTERVAL_S + 1
 # broken pipe on send.
 PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "ncclRemoteError",
                "remote process exited")  # fmt: skip
+# The words of a collective that timed out (the process group's timeout, DDP_TIMEOUT), by backend: torch's
+# ProcessGroupNCCL watchdog, RCCL's on ROCm ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=...,
+# OpType=ALLREDUCE, ...) ran for 600045 milliseconds before timing out": NVIDIA/nccl#1610, huggingface/open-r1#620;
+# it then aborts the process, so it is found in the log, not in an exception), and gloo's tcp transport
+# ("[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete" and, in
+# tests/test_resilience.py's hang, "unbound_buffer.cc:129] ... for send operation ...", torch 2.11 with two ranks;
+# facebookresearch/detectron2#5121 reports the send one).
+COLLECTIVE_TIMEOUTS = (
+    re.compile(r"Watchdog caught collective operation timeout[^\n]*"),
+    re.compile(r"Timed out waiting \d+ms for (?:send|recv) operation to complete"),
+)
 _RUNNING: dict[str, Watch] = {}  # this process's watch, once its thread has reached the store
 
 
@@ -182,6 +194,16 @@ def verdict_after_error(err: BaseException) -> None:
     time.sleep(AFTER_ERROR_S + 2 * INTERVAL_S + 1)
 
 
+def collective_timeout(text: str) -> str | None:
+    """The first words of :data:`COLLECTIVE_TIMEOUTS` found in ``text`` (an exception's message, a log), at most
+    200 characters; None when no collective timed out there."""
+    for pattern in COLLECTIVE_TIMEOUTS:
+        found = pattern.search(text)
+        if found:
+            return found.group(0)[:200]
+    return None
+
+
 def resume_hint(output_dir: Path) -> str:
     """The sentence that tells where a resumed run starts (the newest complete checkpoint in ``output_dir``)."""
     from rocmft.render.resume import newest_complete
@@ -193,9 +215,11 @@ def resume_hint(output_dir: Path) -> str:
 
 __all__ = [
     "AFTER_ERROR_S",
+    "COLLECTIVE_TIMEOUTS",
     "INTERVAL_S",
     "NodeLayout",
     "Watch",
+    "collective_timeout",
     "node_layout",
     "resume_hint",
     "start",
