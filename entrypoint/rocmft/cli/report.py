@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from rocmft.console import say
-from rocmft.errors import ExitCode
+from rocmft.errors import ConfigError, ExitCode
 
 
 def register(sub) -> None:
@@ -23,5 +23,14 @@ def run(args) -> int:
     from rocmft.outputs.report import write_summary
 
     run = find_run(args.run, load_settings(os.environ))
-    say(f"run summary in {write_summary(run.output_dir)}", all_ranks=True)
+    try:
+        written = write_summary(run.output_dir)
+    except OSError as err:  # a read-only mount, a full disk, a folder of another user
+        raise ConfigError(
+            f"The run summary cannot be written into {run.output_dir} ({type(err).__name__}: "
+            f"{err.strerror or err}{f': {err.filename}' if err.filename else ''}).",
+            "Run `rocmft report` where the run's folder is writable (compose mounts ./saves read-write in `export`: "
+            "`docker compose run --rm export report /saves/<run>`).",
+        ) from err
+    say(f"run summary in {written}", all_ranks=True)
     return ExitCode.OK
