@@ -535,3 +535,15 @@ def test_serve_load_reads_vllms_own_reason_for_refusing_an_adapter(tmp_path):
     assert "HOST_UID" in denied.remedy and "chmod -R a+rX" in denied.remedy
     rank = refusal(400, {"error": {"message": "LoRA rank 64 is greater than max_lora_rank 16.", "code": 400}})
     assert isinstance(rank, ConfigError) and "ROCMFT_SERVE_MAX_LORA_RANK=" in rank.remedy
+
+
+def test_the_built_in_default_is_built_with_plain_modes(tiny_model, demo_data):
+    """The root of the issue's PermissionError: the tiny model was built in a tempfile.mkdtemp folder (0700) with
+    safetensors' 0600 weights, so only its builder's uid could read the cache. Now the modes a plain mkdir/open
+    gives (the umask applied), as `rocmft export` leaves its folder."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for folder in (tiny_model, demo_data):
+        assert folder.stat().st_mode & 0o777 == 0o777 & ~mask, folder
+        for path in folder.iterdir():
+            assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path
