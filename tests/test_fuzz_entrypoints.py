@@ -263,8 +263,18 @@ def assert_entry_outcome(command: str, code: int, printed: str, work: Path, befo
 
 
 def command_line(command: str, draw, run: Path, url: str) -> list[str]:
-    """The command's arguments: the run (or, sometimes, none: the run of these settings) and its options."""
-    target = draw(st.sampled_from([str(run), str(run), str(run / "rocmft"), None]))
+    """The command's arguments: the run (or, sometimes, none: the run of these settings, or a folder that cannot
+    be one: a file, nothing, a name over 255 bytes, an unknown ~user, a checkpoint that is not there) and its
+    options."""
+    odd = [
+        str(run.parent / "a_file.txt"),
+        str(run / "no" / "such"),
+        "x" * 300,
+        "~no-such-user-here/run",
+        str(run / "checkpoint-9"),
+        "",
+    ]
+    target = draw(st.sampled_from([str(run), str(run), str(run / "rocmft"), None]) | st.sampled_from(odd))
     if command == "chat":
         return [
             *([target] if target else []),
@@ -575,4 +585,19 @@ def test_chat_loads_the_runs_weights_and_names_a_folder_it_cannot_load(
     code, printed = run_main("chat", environ, work, [str(run), *options])
     assert_entry_outcome("chat", code, printed, work, before)
     assert code == ExitCode.CONFIG_ERROR and f"The model to chat with in {run} cannot be loaded" in printed, printed
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.parametrize("command", list(ALLOWED))
+def test_a_folder_that_cannot_be_looked_at_is_refused_naming_it(fuzz_root, cache_dir, tiny_model, demo_data, command):
+    """Found while writing this file: a run folder given with a name over 255 bytes (ENAMETOOLONG) or an unknown
+    ``~user`` made pathlib raise in each of the five commands (an OSError or RuntimeError traceback). Exit 2 naming
+    the command's argument (rocmft.cli.common.given_path)."""
+    work = new_folder(fuzz_root)
+    environ = base_environment(work, cache_dir, tiny_model, demo_data, CPU_PROBES)
+    for folder in ("x" * 300, "~no-such-user-here/run"):
+        tokens = {"chat": [folder, "-p", "hi"], "serve": ["--load", folder]}.get(command, [folder])
+        code, printed = run_main(command, environ, work, tokens)
+        assert code == ExitCode.CONFIG_ERROR and "Traceback" not in printed, printed[-2000:]
+        assert f"rocmft {command}" in printed and "cannot be looked at here" in printed, printed[-2000:]
     shutil.rmtree(work, ignore_errors=True)

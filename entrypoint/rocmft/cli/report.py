@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from rocmft.cli.common import given_path
 from rocmft.console import say
 from rocmft.errors import ConfigError, ExitCode
 
@@ -22,7 +23,7 @@ def run(args) -> int:
     from rocmft.outputs.export import find_run
     from rocmft.outputs.report import write_summary
 
-    run = find_run(args.run, load_settings(os.environ))
+    run = find_run(given_path(args.run, "rocmft report"), load_settings(os.environ))
     try:
         written = write_summary(run.output_dir)
     except OSError as err:  # a read-only mount, a full disk, a folder of another user
