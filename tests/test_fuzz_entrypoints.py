@@ -65,8 +65,8 @@ ALLOWED = {
     "chat": {ExitCode.OK, ExitCode.CONFIG_ERROR},
     "serve": {ExitCode.OK, ExitCode.CONFIG_ERROR, ExitCode.CHECK_FAILED},
 }
-# What each may write on success: the summary; the export and its record in the saves folder
-WRITES = {"report": ("run_summary",), "export": ("run-merged", "rocmft-latest-export.json", "elsewhere")}
+# What each may write on success: the summary; the export (EXPORT_DIR, wherever a value put it: "" matches any file)
+WRITES = {"report": ("run_summary",), "export": ("",)}
 # Beyond the settings every command reads (rocmft.config.settings.load_settings), the variables each one uses
 FOCUS = {
     "report": ["OUTPUT_DIR", "ROCMFT_RUN_NAME", "ROCMFT_SAVES_DIR"],
