@@ -57,7 +57,9 @@ the same arguments as ``vllm serve`` (``make_arg_parser``: ``--model`` from the 
 
 ``--print`` prints ``{"argv": [...], "env": {the variables it adds}}`` as JSON instead (the tests; no vLLM needed).
 Bad input (nothing to serve, an unreadable record or config, a bad rank, port or ROCMFT_SERVE_ARGS, a missing
-adapter or base) exits 2 with what is wrong and what to do.
+adapter or base) exits 2 with what is wrong and what to do. Numbers are ASCII digits only ("²" passes str.isdigit
+and fails int). A file or folder of what is served that this user may not read (train wrote it as another uid:
+compose runs serve as HOST_UID like train) is named with its owner and mode before vLLM would die on it.
 """
 
 from __future__ import annotations
