@@ -272,6 +272,7 @@ def _check_prompt_lengths(questions: list[str], counted: list[list[int] | None],
 # vllm/entrypoints/openai/serving_models.py answers with 404 NotFoundError), and the OSError text of a file its user
 # may not read (PEFTHelper opening adapter_config.json: any other exception is re-raised, answered 400)
 NO_ADAPTER, NOT_READABLE = "No adapter found", ("Permission denied", "Errno 13")
+ABSENT = (NO_ADAPTER, "No such file", "does not exist")  # the first vLLM's; the others an OSError's, other versions
 
 
 def _load_adapter(server: Server, url: str, run: Run, name: str, rank: int | None) -> None:
@@ -289,7 +290,7 @@ def _load_adapter(server: Server, url: str, run: Run, name: str, rank: int | Non
     if status == 200:
         return
     text = _message(data)
-    if status in (404, 405, 501) and NO_ADAPTER not in text:
+    if status in (404, 405, 501) and not any(words in text for words in ABSENT):
         raise ChecksFailed(
             f"{url} does not take adapters at run time (POST /v1/load_lora_adapter: {status} {_short(data, 120)}): "
             "vLLM without runtime LoRA updates, or not vLLM.",
@@ -297,7 +298,7 @@ def _load_adapter(server: Server, url: str, run: Run, name: str, rank: int | Non
             "docker/vllm-serve.py, sets both).",
         )
     fix = "Read vLLM's message above; the server's log has the details (docker compose --profile serve logs serve)."
-    if NO_ADAPTER in text:
+    if any(words in text for words in ABSENT):
         fix = (
             f"The server must see this run at {path}, as this container does: compose mounts the same saves folder "
             "at /saves in `export` and `serve` (serve's is ROCMFT_SERVE_SAVES, default ./saves: is it the folder "
