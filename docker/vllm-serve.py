@@ -57,7 +57,9 @@ the same arguments as ``vllm serve`` (``make_arg_parser``: ``--model`` from the 
 
 ``--print`` prints ``{"argv": [...], "env": {the variables it adds}}`` as JSON instead (the tests; no vLLM needed).
 Bad input (nothing to serve, an unreadable record or config, a bad rank, port or ROCMFT_SERVE_ARGS, a missing
-adapter or base) exits 2 with what is wrong and what to do.
+adapter or base) exits 2 with what is wrong and what to do. Numbers are ASCII digits only ("²" passes str.isdigit
+and fails int). A file or folder of what is served that this user may not read (train wrote it as another uid:
+compose runs serve as HOST_UID like train) is named with its owner and mode before vLLM would die on it.
 """
 
 from __future__ import annotations
@@ -104,11 +106,58 @@ def note(message: str) -> None:
     print(f"[rocmft serve] {message}", file=sys.stderr, flush=True)
 
 
+def unreadable(path: Path) -> None:
+    """Exit 2 for a ``path`` this process may not read: the folder on its way that it may not enter (or the file
+    itself), with that one's owner and mode, this process's uid/gid, and the fix. The usual cause: the files were
+    written by another user (``train`` runs as HOST_UID; the built-in tiny model is built in a tempfile.mkdtemp
+    folder, mode 0700, with its weights 0600)."""
+    path = Path(os.path.abspath(path))
+    blocker = path
+    for part in [*reversed(path.parents), path]:  # the first folder on the way it may not enter, else the file
+        if os.path.isdir(part) and not os.access(part, os.R_OK | os.X_OK if part == path else os.X_OK):
+            blocker = part
+            break
+    try:
+        st = os.stat(blocker)
+        owner = f"owned by uid {st.st_uid} (gid {st.st_gid}), mode {st.st_mode & 0o7777:04o}"
+    except OSError as err:
+        owner = f"of an owner that cannot be read either ({err.strerror})"
+    whom = f"this container's user, uid {os.getuid()} (gid {os.getgid()})"
+    if blocker != path:
+        problem = f"{blocker} may not be entered by {whom}: it is {owner} (needed for {path})."
+    elif os.path.isdir(path):
+        problem = f"{path} may not be listed or entered by {whom}: it is {owner}."
+    else:
+        problem = f"{path} may not be read by {whom}: it is {owner}."
+    top = blocker if os.path.isdir(blocker) else blocker.parent
+    fail(
+        problem,
+        "Serve as the user that trained: compose runs `serve` as HOST_UID:HOST_GID like `train` (set both in .env "
+        "to the ones you trained with: `id -u`, `id -g`). Or make the files readable to all: on the host "
+        f"`chmod -R a+rX <that folder>`, or in the cache volume `docker compose run --rm --user 0 --entrypoint chmod "
+        f"export -R a+rX {top}`.",
+    )
+
+
+def check_readable(folder: Path) -> None:
+    """Exit 2 (:func:`unreadable`) unless this process may enter ``folder`` and read every file directly in it
+    (what vLLM opens: config, tokenizer, weights; peft's adapter files). vLLM itself would die later on the first
+    one with a PermissionError traceback (the serve container's log)."""
+    if not os.access(folder, os.R_OK | os.X_OK):
+        unreadable(folder)
+    for entry in sorted(os.listdir(folder)):
+        if os.path.isfile(folder / entry) and not os.access(folder / entry, os.R_OK):
+            unreadable(folder / entry)
+
+
 def read_json(path: Path, fix: str) -> dict:
-    """The JSON object in ``path`` (which exists); exits 2 naming the file when it cannot be read or is not one."""
+    """The JSON object in ``path`` (which exists); exits 2 naming the file when it cannot be read or is not one
+    (:func:`unreadable` when this user may not read it)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except PermissionError:
+        unreadable(path)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         fail(f"{path} cannot be read: {err}.", fix)
     if not isinstance(data, dict):
         fail(f"{path} is not a JSON object.", fix)
@@ -166,10 +215,18 @@ def vllm_rank(needed: int) -> int:
     return 0
 
 
+def whole_number(text: str) -> int | None:
+    """``text`` as a whole number written in ASCII digits, else None: ``str.isdigit`` also takes "²" and "١", which
+    ``int`` then refuses (ValueError) or reads as another number; 7 digits at most (no setting here needs more)."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 7 else None
+
+
 def as_rank(value: object, what: str, fix: str) -> int:
     """``value`` as a positive whole number; exits 2 naming ``what`` otherwise."""
     text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+    number = None if isinstance(value, bool) else whole_number(text)
+    if number is None or number < 1:
         fail(f"{what}={value!r} is not a LoRA rank (a whole number, at least 1).", fix)
     return int(text)
 
@@ -253,11 +310,16 @@ def parse_length(value: str | None) -> int | None:
 def hub_cache_config(model: str, environ: dict) -> dict | None:
     """The config.json of hub id ``model`` from the Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub), if
     cached; None otherwise (vLLM downloads it then)."""
-    hub = environ.get("HF_HUB_CACHE") or str(Path(environ.get("HF_HOME") or "~/.cache/huggingface") / "hub")
-    repo = Path(hub).expanduser() / ("models--" + model.replace("/", "--"))
+    if (environ.get("HF_HUB_CACHE") or "").strip():
+        hub = setting_path(environ, "HF_HUB_CACHE", "")
+    else:
+        hub = setting_path(environ, "HF_HOME", "~/.cache/huggingface") / "hub"
+    repo = hub / ("models--" + model.replace("/", "--"))
     try:
         snapshot = (repo / "refs" / "main").read_text(encoding="utf-8").strip()
-    except OSError:
+    except PermissionError:  # vLLM would die on it too
+        unreadable(repo / "refs" / "main")
+    except (OSError, UnicodeDecodeError):
         return None
     path = repo / "snapshots" / snapshot / "config.json"
     return (
@@ -289,12 +351,32 @@ class Served:
     chat_template: str | None = None
 
 
+def setting_path(environ: dict, name: str, default: str) -> Path:
+    """The path the variable ``name`` gives (else ``default``), ``~`` expanded. Exits 2 naming the variable when it
+    cannot be a path here: an unknown ``~user`` (pathlib's RuntimeError), a name the system refuses to look up
+    (too long, a symbolic link loop); :func:`unreadable` when a folder on its way may not be entered."""
+    text = (environ.get(name) or "").strip() or default
+    try:
+        path = Path(text).expanduser()
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return path
+    except PermissionError:
+        unreadable(Path(text))
+    except (OSError, RuntimeError, ValueError) as err:
+        reason = str(err.args[-1] if err.args else err).rstrip(".")
+        fail(
+            f"{name}={text[:200]!r} cannot be used as a path here: {reason}.",
+            f"Set {name} to a folder as this container sees it (e.g. /saves/<run>), or leave it unset.",
+        )
+    return path
+
+
 def chosen_folder(environ: dict) -> Path:
     """ROCMFT_SERVE_MODEL, else the newest export (see the module docstring); exits 2 when there is none."""
-    given = environ.get("ROCMFT_SERVE_MODEL", "").strip()
-    if given:
-        return Path(given).expanduser()
-    saves = Path(environ.get("ROCMFT_SAVES_DIR") or "/saves")
+    if (environ.get("ROCMFT_SERVE_MODEL") or "").strip():
+        return setting_path(environ, "ROCMFT_SERVE_MODEL", "")
+    saves = setting_path(environ, "ROCMFT_SAVES_DIR", "/saves")
     if not (saves / LATEST).is_file():
         fail(
             f"Nothing to serve: no {saves / LATEST} (written by `rocmft export`) and no ROCMFT_SERVE_MODEL.",
@@ -367,6 +449,7 @@ def lora_run(folder: Path, record: tuple[Path, dict] | None, flags: dict, enviro
         )
     config = None
     if Path(base).expanduser().is_dir():
+        check_readable(Path(base).expanduser())  # before is_file(), which says False for it from Python 3.14 on
         if not (Path(base).expanduser() / "config.json").is_file():
             fail(
                 f"The base model folder {base} (of the adapter in {folder}) has no config.json.",
@@ -400,6 +483,14 @@ def lora_run(folder: Path, record: tuple[Path, dict] | None, flags: dict, enviro
 def served(environ: dict, flags: dict) -> Served:
     """What to serve, from ROCMFT_SERVE_MODEL or the newest export (see the module docstring)."""
     folder = chosen_folder(environ)
+    try:  # before any is_file(): from Python 3.14 on it answers False for a folder it may not enter
+        os.stat(folder)
+    except PermissionError:
+        unreadable(folder)
+    except (OSError, ValueError):
+        pass  # absent: said below
+    if os.path.isdir(folder):
+        check_readable(folder)
     given_name = (environ.get("ROCMFT_SERVE_NAME") or "").strip()
     record = run_record(folder)
     if (folder / "adapter_config.json").is_file():
@@ -433,8 +524,13 @@ def command(environ: dict) -> tuple[list[str], dict[str, str]]:
     extra = split_args(environ)
     flags = user_flags(extra)
     port = (environ.get("ROCMFT_SERVE_PORT") or "8000").strip()
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        fail(f"ROCMFT_SERVE_PORT={port!r} is not a port number.", "Set ROCMFT_SERVE_PORT to a number 1-65535.")
+    number = whole_number(port)
+    if number is None or not 0 < number < 65536:
+        fail(
+            f"ROCMFT_SERVE_PORT={port!r} is not a port number.",
+            "Set ROCMFT_SERVE_PORT to a number 1-65535 in ASCII digits (e.g. 8000), in .env or the environment.",
+        )
+    port = str(number)
     what = served(environ, flags)
     lora = "no-enable-lora" not in flags
     if not lora and what.adapter is not None:
@@ -528,7 +624,16 @@ def main(argv: list[str]) -> None:
             f"unknown arguments {' '.join(argv)!r}: this script is configured by environment variables only.",
             "Run it without arguments (or with --print to see the vLLM command); vLLM flags go in ROCMFT_SERVE_ARGS.",
         )
-    argv_out, env = command(dict(os.environ))
+    try:
+        argv_out, env = command(dict(os.environ))
+    except PermissionError as err:  # a file or folder on the way to what is served, of another user
+        unreadable(Path(err.filename or "."))
+    except OSError as err:  # a path from a record or a setting the system refuses to look up (too long, a loop)
+        fail(
+            f"{err.filename} cannot be looked at: {err.strerror or err}.",
+            "Point ROCMFT_SERVE_MODEL (or the export record it came from, ROCMFT_SAVES_DIR/"
+            f"{LATEST}) at an export, a run or a model folder as this container sees it.",
+        )
     if argv == ["--print"]:
         print(json.dumps({"argv": redacted(argv_out), "env": env}))
         return

@@ -315,6 +315,8 @@ def test_compose_serve_profile_renders_the_command_and_environment(tmp_path):
         "ROCMFT_SERVE_NAME": "my-model",
         "ROCMFT_SERVE_IMAGE": "rocm/vllm:test-tag",
         "ROCMFT_SERVE_ARGS": "--tensor-parallel-size 8",
+        "HOST_UID": "0",
+        "HOST_GID": "4242",
     }
     result = subprocess.run(
         [
@@ -348,7 +350,12 @@ def test_compose_serve_profile_renders_the_command_and_environment(tmp_path):
         "ROCMFT_SAVES_DIR": "/saves",
         "HF_HOME": "/cache/huggingface",
         "HF_TOKEN": "",
+        "HOME": "/tmp",
+        "USER": "rocmft",
+        "LOGNAME": "rocmft",
     }
+    # serve reads what train wrote as the same user (issue 30: HOST_UID=0 and a serve of uid 1000 could not read it)
+    assert serve["user"] == services["train"]["user"] == "0:4242"
     assert [(p["target"], p["published"]) for p in serve["ports"]] == [(9001, "9001")]
     mounts = {v["target"]: (v["source"], v.get("read_only", False)) for v in serve["volumes"]}
     assert mounts["/saves"] == (str(REPO / "saves"), True)

@@ -68,3 +68,31 @@ def test_the_precision_refusals_say_how_to_remove_each_setting_where_it_was_set(
         resolve_precision(settings, settings.arguments, None)
     assert f"delete bf16 from ROCMFT_CONFIG ({config})" in caught.value.remedy and "unset FP16" in (
         caught.value.remedy)  # fmt: skip
+
+
+def test_fp16_without_a_gpu_is_said_with_what_happens_and_the_choices(render_env, capsys):
+    """Issue 30: ROCMFT_PRECISION=fp16 on a machine without a GPU trained in fp16 without a word. What it means
+    there is measured on the installed accelerate (the trainer's: transformers 5 hands TrainingArguments'
+    mixed_precision to it): on the CPU an fp16 Accelerator has no autocast and no GradScaler, so the weights
+    LLaMA-Factory loads in float16 (compute dtype float16 for FP16) run in plain fp16 without loss scaling. It
+    trains, so a warning, not a refusal (LLaMA-Factory's maintainer answers fp16 on a CPU with "remove --fp16 or
+    choose fp32 training": hiyouga/LlamaFactory#2329; a CPU run with --fp16 True "doesn't seem to do anything":
+    hiyouga/LlamaFactory#8982). On a GPU fp16 stays silent."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    try:
+        accelerator = Accelerator(mixed_precision="fp16", cpu=True)
+        assert accelerator.device.type == "cpu" and accelerator.native_amp is False and accelerator.scaler is None
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    plan = render_env({"ROCMFT_PRECISION": "fp16", "DATASET": "identity"})
+    assert plan.arguments["fp16"] is True  # the user's choice stands
+    printed = capsys.readouterr().out
+    assert "WARNING: fp16 without a GPU (ROCMFT_PRECISION=fp16)" in printed, printed
+    assert "no autocast, no loss scaling" in printed and "ROCMFT_PRECISION=fp32" in printed
+    assert "ROCMFT_PRECISION=bf16" in printed
+    render_env({"FP16": "true", "DATASET": "identity"})
+    assert "WARNING: fp16 without a GPU (FP16=true, set in the environment)" in capsys.readouterr().out
+    render_env({"ROCMFT_PRECISION": "fp16", "DATASET": "identity"}, device=MI300X)
+    assert "without a GPU" not in capsys.readouterr().out

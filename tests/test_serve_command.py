@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -412,3 +413,137 @@ def test_serve_script_refuses_arguments_and_never_prints_a_secret(exported):
     assert argv[argv.index("--api-key") + 1] == "<redacted>"
     _refused_args = subprocess.run([sys.executable, str(SERVE), "--bogus"], env=env, capture_output=True, text=True)
     assert _refused_args.returncode == 2 and "ROCMFT_SERVE_ARGS" in _refused_args.stderr
+
+
+# --- issue 30: settings in other digits, files of another user, vLLM's own reasons for refusing an adapter ---------
+
+
+def test_numbers_in_other_digits_are_refused_naming_the_variable(tiny_model):
+    """``str.isdigit`` takes "²" and "٨", which ``int`` refuses with a ValueError (a traceback: the issue's
+    ROCMFT_SERVE_PORT=²) or reads as another number; the port and the rank take ASCII digits only (as waitress
+    once died on a port it could not read: Pylons/waitress#356)."""
+    env = {"ROCMFT_SERVE_MODEL": str(tiny_model)}
+    for port in ("²", "٨٠٠٠", "８０００", "8" * 30):
+        _refused({**env, "ROCMFT_SERVE_PORT": port}, f"ROCMFT_SERVE_PORT={port!r}", "ASCII digits", "1-65535")
+    for rank in ("¹⁶", "١٦"):
+        _refused({**env, "ROCMFT_SERVE_MAX_LORA_RANK": rank}, f"ROCMFT_SERVE_MAX_LORA_RANK={rank!r}", "rank")
+    _refused({**env, "ROCMFT_SERVE_MODEL": "~no-such-user-here/model"}, "ROCMFT_SERVE_MODEL=", "home directory")
+    _refused({"ROCMFT_SERVE_MODEL": "/tmp/" + "x" * 300}, "ROCMFT_SERVE_MODEL=", "too long")
+    assert _flag(_printed({**env, "ROCMFT_SERVE_PORT": " 9001 "})["argv"], "--port") == "9001"
+
+
+def _as_another_user(environ: dict[str, str]) -> subprocess.CompletedProcess:
+    """docker/vllm-serve.py --print as uid/gid 1000 when this is root (the serve container's user against files
+    root wrote; with the system's python3, which that user may run: the script needs the standard library only),
+    else as this user (who cannot read a 000 folder of its own either)."""
+    python, other = sys.executable, {}
+    if os.geteuid() == 0:
+        python, other = shutil.which("python3", path="/usr/bin:/bin"), {"user": 1000, "group": 1000, "extra_groups": []}
+        if python is None:
+            pytest.skip("no system python3 for uid 1000 to run the script with")
+    return subprocess.run([python, str(SERVE), "--print"], env={"PATH": "/usr/bin:/bin", **environ},
+                          capture_output=True, text=True, timeout=60, **other)  # fmt: skip
+
+
+def test_files_the_serving_user_may_not_read_are_named_with_owner_mode_and_fix(tiny_model, lora_like_base):
+    """Issue 30, the README's serve steps with HOST_UID=0: train built the tiny model as root in a 0700 folder with
+    0600 weights (what rocmft's cache holds), and serve, of another uid, died with PermissionError on
+    /cache/rocmft/tiny-qwen2-v2/config.json (as llm-d/llm-d#485: an image running as a non-root user cannot read
+    root's volume). Now exit 2 naming the folder or file, its owner and mode, this user, and the fix (HOST_UID)."""
+    closed = 0o700 if os.geteuid() == 0 else 0o000
+    model, adapter = lora_like_base
+    model.chmod(closed)
+    try:
+        result = _as_another_user({"ROCMFT_SERVE_MODEL": str(model)})
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"{model} may not be listed or entered" in result.stderr and f"mode {closed:04o}" in result.stderr
+        assert "HOST_UID" in result.stderr and "chmod -R a+rX" in result.stderr
+        # the LoRA run's base behind that folder: its config.json is what the issue's serve died on
+        result = _as_another_user({"ROCMFT_SERVE_MODEL": str(adapter)})
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"{model} may not be" in result.stderr and "HOST_UID" in result.stderr, result.stderr
+        if os.geteuid() == 0:  # a file of another user, 0600, in a folder anyone may enter
+            model.chmod(0o755)
+            (model / "model.safetensors").chmod(0o600)
+            result = _as_another_user({"ROCMFT_SERVE_MODEL": str(model)})
+            assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+            assert f"{model / 'model.safetensors'} may not be read" in result.stderr and "0600" in result.stderr
+    finally:
+        model.chmod(0o755)
+
+
+@pytest.fixture
+def lora_like_base(tiny_model):
+    """A copy of the tiny model and an adapter on it, in a folder uid 1000 may enter (pytest's tmp_path is root's,
+    0700)."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="rocmft-serve-perm-"))
+    root.chmod(0o755)
+    model = _model_copy(tiny_model, root / "model")
+    adapter = _adapter(root / "run", model)
+    for path in (root, *root.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield model, adapter
+    shutil.rmtree(root, ignore_errors=True)
+
+
+class _Answers:
+    """A vLLM server's answer to POST /v1/load_lora_adapter (injected: the status and JSON vLLM's code gives)."""
+
+    def __init__(self, status: int, data: object):
+        self.answer = (status, data)
+
+    def request(self, method: str, path: str, body: dict | None = None):
+        return self.answer
+
+
+def test_serve_load_reads_vllms_own_reason_for_refusing_an_adapter(tmp_path):
+    """Injected answers, as vLLM's code writes them: without VLLM_ALLOW_RUNTIME_LORA_UPDATING the route does not
+    exist (FastAPI's plain 404 {"detail": "Not Found"}: api_server.py registers it only with that variable); a path
+    that does not exist on the server is also a 404, "Loading lora NAME failed: No adapter found for PATH"
+    (vllm/lora/worker_manager.py, as vllm-project/vllm#30690 shows it); a file its user may not read is a 400 with
+    the OSError's text. The issue's `serve --load` read the second as the first and said to turn runtime loading
+    on; each now gets its own fix."""
+    from types import SimpleNamespace
+
+    from rocmft.errors import ChecksFailed, ConfigError
+    from rocmft.outputs.serve import _load_adapter
+
+    run = SimpleNamespace(weights=tmp_path / "run", output_dir=tmp_path / "run")
+    url = "http://serve:8000"
+
+    def refusal(status: int, data: object) -> Exception:
+        with pytest.raises((ChecksFailed, ConfigError)) as caught:
+            _load_adapter(_Answers(status, data), url, run, "run2", 8)
+        return caught.value
+
+    off = refusal(404, {"detail": "Not Found"})
+    assert isinstance(off, ChecksFailed) and "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in off.remedy
+    path = str(run.weights.absolute())
+    missing = refusal(404, {"error": {"message": f"Loading lora run2 failed: No adapter found for {path}",
+                                      "type": "NotFoundError", "param": None, "code": 404}})  # fmt: skip
+    assert isinstance(missing, ConfigError) and f"found no adapter at {path}" in str(missing)
+    assert "ROCMFT_SERVE_SAVES" in missing.remedy and "/saves/<run>" in missing.remedy
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in missing.remedy
+    old_format = refusal(404, {"object": "error", "message": f"Loading lora run2 failed: No adapter found for {path}",
+                               "type": "NotFoundError", "code": 404})  # fmt: skip
+    assert isinstance(old_format, ConfigError) and "ROCMFT_SERVE_SAVES" in old_format.remedy
+    denied = refusal(400, {"error": {"message": f"[Errno 13] Permission denied: '{path}/adapter_config.json'",
+                                     "type": "BadRequestError", "code": 400}})  # fmt: skip
+    assert isinstance(denied, ConfigError) and "Permission denied" in str(denied)
+    assert "HOST_UID" in denied.remedy and "chmod -R a+rX" in denied.remedy
+    rank = refusal(400, {"error": {"message": "LoRA rank 64 is greater than max_lora_rank 16.", "code": 400}})
+    assert isinstance(rank, ConfigError) and "ROCMFT_SERVE_MAX_LORA_RANK=" in rank.remedy
+
+
+def test_the_built_in_default_is_built_with_plain_modes(tiny_model, demo_data):
+    """The root of the issue's PermissionError: the tiny model was built in a tempfile.mkdtemp folder (0700) with
+    safetensors' 0600 weights, so only its builder's uid could read the cache. Now the modes a plain mkdir/open
+    gives (the umask applied), as `rocmft export` leaves its folder."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for folder in (tiny_model, demo_data):
+        assert folder.stat().st_mode & 0o777 == 0o777 & ~mask, folder
+        for path in folder.iterdir():
+            assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from rocmft.cli.common import given_path
 from rocmft.errors import ExitCode
 from rocmft.values import whole_number
 
@@ -39,5 +40,6 @@ def run(args) -> int:
     from rocmft.outputs.chat import read_prompts
 
     prompts = read_prompts(args.prompt, args.file)
-    chat_main(args.model, prompts, args.max_new_tokens, args.system, args.json, load_settings(os.environ))
+    model = given_path(args.model, "rocmft chat")
+    chat_main(model, prompts, args.max_new_tokens, args.system, args.json, load_settings(os.environ))
     return ExitCode.OK

@@ -282,3 +282,28 @@ CURRENT_RUN = "rocmft-current-run"  # in the temp folder: which run `rocmft stat
 def current_run_pointer() -> Path:
     """The file where ``rocmft train`` notes its run folder (per container: /tmp is the container's own)."""
     return Path(tempfile.gettempdir()) / CURRENT_RUN
+
+
+def given_path(text: str | None, what: str) -> str | None:
+    """A folder given on the command line (``what``: how the command names it, e.g. ``rocmft report RUN``),
+    checked before anything looks inside: returned as given (None stays None).
+
+    Raises:
+        ConfigError: it cannot be a path here: an unknown ``~user`` (pathlib's RuntimeError), a name the system
+            refuses to look up (a part over 255 bytes: ENAMETOOLONG; a symbolic link loop), or a folder on its way
+            this user may not enter (PermissionError) — each made pathlib's is_file()/is_dir() raise, a traceback.
+    """
+    if text is None:
+        return None
+    try:
+        os.stat(Path(text).expanduser())
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # absent: each command says so in its own words
+    except (OSError, RuntimeError, ValueError) as err:
+        reason = str(getattr(err, "strerror", None) or err).rstrip(".")
+        raise ConfigError(
+            f"{what} {text[:200]!r}: this cannot be looked at here ({type(err).__name__}: {reason}).",
+            "Give the run's folder as this machine or container sees it (e.g. saves/<run>); a folder of another "
+            "user needs read and search permission for yours (`chmod -R a+rX` on it).",
+        ) from err
+    return text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from rocmft.cli.common import given_path
 from rocmft.errors import ExitCode
 
 
@@ -23,6 +24,6 @@ def run(args) -> int:
     from rocmft.outputs.export import export, find_run, plan_export
 
     settings = load_settings(os.environ)
-    plan = plan_export(find_run(args.run, settings), settings)
+    plan = plan_export(find_run(given_path(args.run, "rocmft export"), settings), settings)
     export(plan, settings.rocmft.saves_dir)
     return ExitCode.OK

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 
+from rocmft.cli.common import given_path
 from rocmft.console import say
-from rocmft.errors import ExitCode
+from rocmft.errors import ConfigError, ExitCode
 
 
 def register(sub) -> None:
@@ -22,6 +23,15 @@ def run(args) -> int:
     from rocmft.outputs.export import find_run
     from rocmft.outputs.report import write_summary
 
-    run = find_run(args.run, load_settings(os.environ))
-    say(f"run summary in {write_summary(run.output_dir)}", all_ranks=True)
+    run = find_run(given_path(args.run, "rocmft report"), load_settings(os.environ))
+    try:
+        written = write_summary(run.output_dir)
+    except OSError as err:  # a read-only mount, a full disk, a folder of another user
+        raise ConfigError(
+            f"The run summary cannot be written into {run.output_dir} ({type(err).__name__}: "
+            f"{err.strerror or err}{f': {err.filename}' if err.filename else ''}).",
+            "Run `rocmft report` where the run's folder is writable (compose mounts ./saves read-write in `export`: "
+            "`docker compose run --rm export report /saves/<run>`).",
+        ) from err
+    say(f"run summary in {written}", all_ranks=True)
     return ExitCode.OK

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from rocmft.cli.chat import _positive_int
+from rocmft.cli.common import given_path
 from rocmft.errors import ExitCode
 
 
@@ -31,5 +32,6 @@ def run(args) -> int:
 
     settings = load_settings(os.environ)
     prompts = [p for p in args.prompt or [] if p.strip()] or None
-    load_and_ask(args.load, server_url(args.url, settings), args.name, prompts, args.max_tokens, args.json, settings)
+    run = given_path(args.load, "rocmft serve --load")
+    load_and_ask(run, server_url(args.url, settings), args.name, prompts, args.max_tokens, args.json, settings)
     return ExitCode.OK

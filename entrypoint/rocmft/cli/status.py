@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rocmft.cli.common import MANIFEST_FILE, current_run_pointer
+from rocmft.cli.common import MANIFEST_FILE, current_run_pointer, given_path
 from rocmft.errors import ConfigError, ExitCode
 
 
@@ -38,11 +38,16 @@ def run(args) -> int:
     from rocmft.records import RunStatus, WorkerResult, read_manifest, read_worker_result, worker_result_path
     from rocmft.render import RUN_SUBDIR
 
-    if args.output_dir:
+    if given_path(args.output_dir, "rocmft status"):
         given = Path(args.output_dir)
         run_dir = given / RUN_SUBDIR if (given / RUN_SUBDIR / MANIFEST_FILE).is_file() else given
     elif current_run_pointer().is_file():
-        run_dir = Path(current_run_pointer().read_text().strip())
+        try:  # one line rocmft train wrote; a damaged one (not UTF-8, a name too long) is no run
+            run_dir = Path(current_run_pointer().read_text(encoding="utf-8").strip())
+            (run_dir / MANIFEST_FILE).is_file()
+        except (OSError, ValueError) as err:
+            print(f"no run: {current_run_pointer()} cannot be read ({err}); pass the run's OUTPUT_DIR")
+            return ExitCode.UNHEALTHY
     else:
         print("no run: nothing started `rocmft train` here; pass the run's OUTPUT_DIR")
         return ExitCode.UNHEALTHY

@@ -18,6 +18,7 @@ model behind, and concurrent builders do not collide.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -86,6 +87,17 @@ def demo_records() -> list[dict[str, str]]:
     return records
 
 
+def _plain_modes(folder: Path) -> None:
+    """Give ``folder`` (made by tempfile.mkdtemp: 0700) and every file in it (safetensors' writer leaves 0600) the
+    modes a plain ``mkdir``/``open()`` gives (umask applied), so that a container of another uid reads the cache:
+    the serve service, or a later `train` with another HOST_UID (issue 30: a tiny model built as root, 0700/0600,
+    was unreadable to the serve container's uid 1000)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in (folder, *folder.rglob("*")):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def _build_into(final: Path, build) -> Path:
     """Run ``build(tmp_dir)`` and rename the result to ``final``; keep an existing complete ``final``.
 
@@ -107,6 +119,7 @@ def _build_into(final: Path, build) -> Path:
         ) from err
     try:
         build(tmp)
+        _plain_modes(tmp)
         try:
             tmp.rename(final)
         except OSError:  # another process finished first; its result is equally good

@@ -57,7 +57,8 @@ def resolve_model(given: str | None, settings) -> tuple[Path, Run | None]:
             )
         if (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
             return folder, None  # an exported (or any Hugging Face) model folder
-        return folder, find_run(given, settings)
+        run = find_run(given, settings)
+        return run.weights, run  # given as OUTPUT_DIR/rocmft too: the weights are the run's, not that folder
     run = find_run(None, settings)
     export_dir = default_export_dir(run, settings)
     if (export_dir / EXPORT_MANIFEST).is_file():
@@ -71,8 +72,23 @@ def load(folder: Path, run: Run | None, export_base: str | None = None) -> tuple
     A LoRA run's adapter is applied with peft on its base (ROCMFT_EXPORT_BASE when the base is quantized).
 
     Raises:
-        ConfigError: a quantized base without ROCMFT_EXPORT_BASE.
+        ConfigError: a quantized base without ROCMFT_EXPORT_BASE; any file transformers, peft or safetensors
+            cannot load (damaged, cut short, of another format), naming the folder and the library's reason.
     """
+    try:
+        return _load(folder, run, export_base)
+    except ConfigError:
+        raise
+    except Exception as err:  # transformers, peft and safetensors raise many kinds for damaged or foreign files
+        raise ConfigError(
+            f"The model to chat with in {folder} cannot be loaded ({type(err).__name__}: {str(err)[:300]}).",
+            "Give a complete export (`rocmft export` writes one) or a run folder `rocmft train` finished; if one "
+            "of its files was changed or cut short, export or train again.",
+        ) from err
+
+
+def _load(folder: Path, run: Run | None, export_base: str | None) -> tuple[Any, Any, str]:
+    """:func:`load`'s work, its errors unexplained."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -137,7 +153,16 @@ def main(
     folder, run = resolve_model(given, settings)
     model, tokenizer, what = load(folder, run, settings.rocmft.export_base)
     say(f"chatting with {what}", stream=sys.stderr, all_ranks=True)  # stderr: stdout is the answers
-    for prompt, answer in zip(prompts, generate(model, tokenizer, prompts, max_new_tokens, system), strict=True):
+    from jinja2 import TemplateError
+
+    try:
+        answers = generate(model, tokenizer, prompts, max_new_tokens, system)
+    except TemplateError as err:  # the chat template of the folder (chat_template.jinja / tokenizer_config.json)
+        raise ConfigError(
+            f"The chat template in {folder} cannot format a prompt ({type(err).__name__}: {err}).",
+            "Export the run again (`rocmft export` saves the run's template), or restore chat_template.jinja.",
+        ) from err
+    for prompt, answer in zip(prompts, answers, strict=True):
         if as_json:
             print(json.dumps({"prompt": prompt, "completion": answer}, ensure_ascii=False), flush=True)
         else:

@@ -80,7 +80,7 @@ def _run_from_folder(folder: Path, how: str) -> Run | None:
         if not manifest_path.is_file():
             continue
         manifest = read_manifest(
-            manifest_path, how=how, fix="Point `rocmft export` at a run folder `rocmft train` finished."
+            manifest_path, how=how, fix="Give a run folder `rocmft train` finished (its OUTPUT_DIR, or a checkpoint-N)."
         )
         try:
             arguments = yaml.safe_load((output_dir / "rocmft" / "train.yaml").read_text(encoding="utf-8"))

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rocmft.console import warn
 from rocmft.errors import ConfigError
 from rocmft.fsutil import atomic_write_text
 from rocmft.records import MANIFEST_FILE, Manifest, WorkerResult, read_manifest, read_worker_result
@@ -45,23 +46,38 @@ METHOD_KEYS = (
 )
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when it is missing, damaged or another JSON value (``[1]``)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
+    return data if isinstance(data, dict) else None
+
+
+def _num(value: Any) -> int | float | None:
+    """``value`` when it is a JSON number a series can hold (not a bool; an int within 64 bits, so that arithmetic
+    with floats cannot overflow), else None: a damaged record's value reads as missing."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if isinstance(value, float) or abs(value) < 2**63 else None
+
+
+def _numbers(row: Any, *keys: str) -> bool:
+    """Whether ``row`` is an object whose ``keys`` all hold numbers (:func:`_num`)."""
+    return isinstance(row, dict) and all(_num(row.get(key)) is not None for key in keys)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: not UTF-8
         return rows
     for line in lines:
         try:
             item = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # a line cut short by a crash
         if isinstance(item, dict):
             rows.append(item)
@@ -88,7 +104,7 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
     arguments = manifest.arguments
 
     train, evals = _loss_series(log, worker)
-    final_train = [h for h in state.get("log_history") or [] if "train_runtime" in h and "train_loss" in h]
+    final_train = [h for h in _history(state) if _numbers(h, "train_runtime", "train_loss")]
     method = {key: arguments.get(key) for key in METHOD_KEYS if arguments.get(key) is not None}
     return {
         "output_dir": str(output_dir),
@@ -98,11 +114,11 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
         "eval_data_sets": [n.strip() for n in str(arguments.get("eval_dataset") or "").split(",") if n.strip()],
         "method": method,
         "precision": {k: manifest.precision.get(k) for k in ("policy", "compute_dtype")},
-        "steps": state.get("global_step") or worker.last_step,
-        "max_steps": state.get("max_steps") or worker.max_steps,
+        "steps": _num(state.get("global_step")) or worker.last_step,
+        "max_steps": _num(state.get("max_steps")) or worker.max_steps,
         "final_loss": train[-1]["loss"] if train else None,
         "final_eval_loss": evals[-1]["eval_loss"] if evals else None,
-        "tokens": state.get("num_input_tokens_seen") or worker.tokens_seen,
+        "tokens": _num(state.get("num_input_tokens_seen")) or worker.tokens_seen,
         "train_seconds": final_train[-1]["train_runtime"] if final_train else worker.elapsed_s,
         "peak_gpu_memory_gib": worker.peak_gpu_memory_gib,
         "world_size": worker.world_size,
@@ -122,11 +138,22 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
 def _loss_series(log: list[dict[str, Any]], worker: WorkerResult) -> tuple[list[dict], list[dict]]:
     """The train series (step, loss, lr) and the eval series (step, eval_loss) from LLaMA-Factory's
     ``trainer_log.jsonl`` rows; without train rows there, the worker's own record of the losses (lr None)."""
-    train = [{"step": r["current_steps"], "loss": r["loss"], "lr": r.get("lr")} for r in log if "loss" in r]
-    evals = [{"step": r["current_steps"], "eval_loss": r["eval_loss"]} for r in log if "eval_loss" in r]
+    train = [{"step": r["current_steps"], "loss": r["loss"], "lr": _num(r.get("lr"))}
+             for r in log if _numbers(r, "current_steps", "loss")]  # fmt: skip
+    evals = [
+        {"step": r["current_steps"], "eval_loss": r["eval_loss"]}
+        for r in log
+        if _numbers(r, "current_steps", "eval_loss")
+    ]
     if not train:  # no LLaMA-Factory log: the worker's own record of the losses
         train = [{"step": e.step, "loss": e.loss, "lr": None} for e in worker.losses]
     return train, evals
+
+
+def _history(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """transformers' ``log_history`` in trainer_state.json: its objects (none when it is not a list)."""
+    history = state.get("log_history")
+    return [h for h in history if isinstance(h, dict)] if isinstance(history, list) else []
 
 
 def _throughput_series(state: dict[str, Any], log: list[dict[str, Any]]) -> list[dict]:
@@ -134,10 +161,10 @@ def _throughput_series(state: dict[str, Any], log: list[dict[str, Any]]) -> list
     ``num_input_tokens_seen`` over that of ``train_runtime`` (seconds) between consecutive logs; where the history
     has no such entries (older transformers), LLaMA-Factory's running average ``throughput`` from its log."""
     throughput = []
-    history = [h for h in state.get("log_history") or [] if "loss" in h and "num_input_tokens_seen" in h]
+    history = [h for h in _history(state) if _numbers(h, "loss", "num_input_tokens_seen", "step")]
     previous = (0, 0.0)
     for entry in history:
-        tokens, seconds = entry["num_input_tokens_seen"], entry.get("train_runtime")
+        tokens, seconds = entry["num_input_tokens_seen"], _num(entry.get("train_runtime"))
         if seconds is None:
             continue
         if seconds > previous[1]:
@@ -147,7 +174,7 @@ def _throughput_series(state: dict[str, Any], log: list[dict[str, Any]]) -> list
         throughput = [
             {"step": r["current_steps"], "tokens_per_s": r["throughput"]}
             for r in log
-            if "loss" in r and r.get("throughput")
+            if _numbers(r, "current_steps", "loss", "throughput") and r["throughput"]
         ]
     return throughput
 
@@ -273,7 +300,14 @@ def write_summary(output_dir: Path) -> Path:
     """
     output_dir = Path(output_dir)
     facts = run_facts(output_dir)
-    image = SUMMARY_PNG if _plot(facts, output_dir / f".{SUMMARY_PNG}.tmp") else None
-    if image:
-        (output_dir / f".{SUMMARY_PNG}.tmp").replace(output_dir / SUMMARY_PNG)
+    drawing = output_dir / f".{SUMMARY_PNG}.tmp"
+    try:
+        image = SUMMARY_PNG if _plot(facts, drawing) else None
+        if image:
+            drawing.replace(output_dir / SUMMARY_PNG)
+    except (ValueError, OverflowError) as err:  # values matplotlib cannot scale an axis to (a loss of 1e308)
+        warn(f"run summary without its plot: matplotlib could not draw the logged values ({err})", all_ranks=True)
+        image = None
+    finally:  # a plot that failed half-way leaves nothing behind
+        drawing.unlink(missing_ok=True)
     return atomic_write_text(output_dir / SUMMARY_MD, summary_markdown(facts, image))

@@ -9,9 +9,10 @@ The steps, each refused with what to do:
    an adapter's matrices only fit the base it was trained on);
 3. an adapter already loaded under the same name is unloaded (``POST /v1/unload_lora_adapter``), then
    ``POST /v1/load_lora_adapter {lora_name, lora_path}`` (vLLM docs, "Dynamically serving LoRA adapters"; the
-   server needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, which docker/vllm-serve.py sets: a 404 means it is
-   off, exit 3). vLLM's own refusal (e.g. the adapter's rank above the server's ``--max-lora-rank``) is shown
-   with the fix (exit 2);
+   server needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, which docker/vllm-serve.py sets: without it the route
+   does not exist, a plain 404, exit 3). vLLM's own refusal is read by its text and shown with the fix (exit 2):
+   "No adapter found" (also a 404: the path does not exist where the server runs), "Permission denied" (its user
+   may not read the files), the adapter's rank above the server's ``--max-lora-rank``;
 4. the prompts (default: one of the run's own training questions) are counted with the run's tokenizer and
    chat template against the server's ``max_model_len`` (exit 2 when one does not fit), compared with the
    server's own tokenization of the same chat (``POST /tokenize``; a warning when they differ: the server then
@@ -266,39 +267,58 @@ def _check_prompt_lengths(questions: list[str], counted: list[list[int] | None],
             )
 
 
+# vLLM's own words for an adapter path it cannot open (vllm/lora/worker_manager.py, _load_adapter: a
+# FileNotFoundError becomes "Loading lora NAME failed: No adapter found for PATH", which
+# vllm/entrypoints/openai/serving_models.py answers with 404 NotFoundError), and the OSError text of a file its user
+# may not read (PEFTHelper opening adapter_config.json: any other exception is re-raised, answered 400)
+NO_ADAPTER, NOT_READABLE = "No adapter found", ("Permission denied", "Errno 13")
+ABSENT = (NO_ADAPTER, "No such file", "does not exist")  # the first vLLM's; the others an OSError's, other versions
+
+
 def _load_adapter(server: Server, url: str, run: Run, name: str, rank: int | None) -> None:
-    """POST /v1/load_lora_adapter for the run's weights as ``name``, and explain a refusal.
+    """POST /v1/load_lora_adapter for the run's weights as ``name``, and explain a refusal by vLLM's own text.
 
     Raises:
-        ChecksFailed: the server has no runtime adapter loading (404, 405, 501).
-        ConfigError: vLLM refused the adapter (any other status but 200), with a fix for a rank above the
-            server's maximum (:data:`VLLM_LORA_RANKS`) or a path the server cannot see.
+        ChecksFailed: the server has no such route (404 without vLLM's message, 405, 501): runtime adapter loading
+            is off (vLLM registers the route only with VLLM_ALLOW_RUNTIME_LORA_UPDATING), or it is not vLLM.
+        ConfigError: vLLM refused the adapter: :data:`NO_ADAPTER` (the path does not exist where the server runs),
+            :data:`NOT_READABLE` (its user may not read the files), a rank above the server's maximum
+            (:data:`VLLM_LORA_RANKS`), or anything else (vLLM's message).
     """
-    status, data = server.request(
-        "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(run.weights.absolute())}
-    )
-    if status in (404, 405, 501):
+    path = run.weights.absolute()
+    status, data = server.request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+    if status == 200:
+        return
+    text = _message(data)
+    if status in (404, 405, 501) and not any(words in text for words in ABSENT):
         raise ChecksFailed(
-            f"{url} does not take adapters at run time (POST /v1/load_lora_adapter: {status}): not vLLM, or vLLM "
-            "without runtime LoRA updates.",
+            f"{url} does not take adapters at run time (POST /v1/load_lora_adapter: {status} {_short(data, 120)}): "
+            "vLLM without runtime LoRA updates, or not vLLM.",
             "Restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora (the compose service serve, "
             "docker/vllm-serve.py, sets both).",
         )
-    if status != 200:
-        text = _message(data)
-        fix = "Read vLLM's message above."
-        if "rank" in text.lower() and rank:
-            fits = min((r for r in VLLM_LORA_RANKS if r >= rank), default=rank)
-            fix = (
-                f"The adapter's rank is {rank}: restart the serve service with ROCMFT_SERVE_MAX_LORA_RANK={fits} "
-                "(or higher), or train with a smaller LORA_RANK."
-            )
-        elif "exist" in text.lower() or "not found" in text.lower() or "no such" in text.lower():
-            fix = (
-                f"The server must see the adapter at {run.weights.absolute()}: mount the saves folder at the same "
-                "place in both containers (compose does: /saves), and give --load that path."
-            )
-        raise ConfigError(f"vLLM refused to load the adapter {run.weights} as {name!r}: {text}", fix)
+    fix = "Read vLLM's message above; the server's log has the details (docker compose --profile serve logs serve)."
+    if any(words in text for words in ABSENT):
+        fix = (
+            f"The server must see this run at {path}, as this container does: compose mounts the same saves folder "
+            "at /saves in `export` and `serve` (serve's is ROCMFT_SERVE_SAVES, default ./saves: is it the folder "
+            "this run is in?). Give --load the path under /saves (`docker compose run --rm export serve --load "
+            f"/saves/<run>`); `docker compose --profile serve exec serve ls -l {path}` shows what the server sees."
+        )
+        raise ConfigError(f"vLLM at {url} found no adapter at {path}, which exists here ({status}: {text}).", fix)
+    if any(words in text for words in NOT_READABLE):
+        fix = (
+            "The server's user may not read the run's files: compose runs `serve` as HOST_UID:HOST_GID, the user "
+            "`train` wrote them as (set both in .env, then `docker compose --profile serve up -d serve`), or make "
+            f"them readable to all: `chmod -R a+rX` on the run's folder ({run.output_dir} here)."
+        )
+    elif "rank" in text.lower() and rank:
+        fits = min((r for r in VLLM_LORA_RANKS if r >= rank), default=rank)
+        fix = (
+            f"The adapter's rank is {rank}: restart the serve service with ROCMFT_SERVE_MAX_LORA_RANK={fits} "
+            "(or higher), or train with a smaller LORA_RANK."
+        )
+    raise ConfigError(f"vLLM refused to load the adapter {run.weights} as {name!r} ({status}): {text}", fix)
 
 
 def _first_question(run: Run) -> str:
