@@ -43,7 +43,7 @@ from rocmft.records import MANIFEST_FILE, read_manifest
 from rocmft.render import planner
 from rocmft.render.datasets import Registry, build_registry, split_names
 from rocmft.render.precision import Precision, resolve_precision
-from rocmft.render.resume import ResumeChoice, checkpoints, choose
+from rocmft.render.resume import ResumeChoice, checkpoints, choose, given_checkpoint
 
 RUN_SUBDIR = "rocmft"
 TEMPLATE_SOURCE = Source(Kind.TEMPLATE)
@@ -347,7 +347,8 @@ def _resumed(settings: Settings, fixed: _Fixed, resume: ResumeChoice, resumable:
     values, sources = dict(fixed.values), dict(fixed.sources)
     if resume.checkpoint is not None:
         values["resume_from_checkpoint"] = str(resume.checkpoint)
-        sources["resume_from_checkpoint"] = Source(Kind.ROCMFT, f"ROCMFT_RESUME={settings.rocmft.resume}")
+        weights = ", weights only (ROCMFT_RESUME_WEIGHTS_ONLY=true)" if resume.weights_only else ""
+        sources["resume_from_checkpoint"] = Source(Kind.ROCMFT, f"ROCMFT_RESUME={settings.rocmft.resume}{weights}")
     elif resumable:
         values["overwrite_output_dir"] = True
         sources["overwrite_output_dir"] = Source(Kind.ROCMFT, f"ROCMFT_RESUME={settings.rocmft.resume} ({resume.note})")
@@ -451,7 +452,9 @@ def write(rendered: Rendered) -> Plan:
     data/dataset_info.json, ds_config.json when rendered, run.json) and return the :class:`Plan`."""
     for name, problem in rendered.resume.skipped:
         warn(f"skipping {rendered.output_dir / name}: {problem}", all_ranks=True)  # whatever RANK says, as always
-    if rendered.resumable:
+    if rendered.resume.weights_only:  # the opt-in's line: what continues and what starts fresh
+        warn(rendered.resume.note, all_ranks=True)
+    elif rendered.resumable:
         say(rendered.resume.note, all_ranks=True)
     staging = rendered.staging
     files = {
@@ -507,8 +510,18 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
         previous = yaml.safe_load((run_dir / "train.yaml").read_text(encoding="utf-8"))
     except (OSError, ValueError, yaml.YAMLError):
         previous = None
+    state = {"weights_only_ok": settings.rocmft.resume_weights_only, "deepspeed": bool(arguments.get("deepspeed"))}
+    given = settings.sources.get("resume_from_checkpoint")
+    if given is not None and given.user_chosen and arguments.get("resume_from_checkpoint"):
+        from rocmft.config.provenance import named_in
+
+        label = named_in("resume_from_checkpoint", arguments, settings.sources, settings.given)
+        folder = Path(str(arguments["resume_from_checkpoint"])).expanduser()
+        choice = given_checkpoint(folder, label, **state)
+        if choice is not None:
+            return choice
     if not isinstance(previous, dict):
-        return choose(settings.rocmft.resume, output_dir, None, current)
+        return choose(settings.rocmft.resume, output_dir, None, current, **state)
     try:  # a missing or damaged manifest: the earlier world size is unknown
         worker = read_manifest(run_dir / MANIFEST_FILE).worker or {}
     except ConfigError:
@@ -525,6 +538,7 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
         current,
         lambda name: named_in(name, arguments, settings.sources, settings.given),
         run_dir / "train.yaml",
+        **state,
     )
 
 
