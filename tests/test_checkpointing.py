@@ -1,0 +1,181 @@
+"""Gradient checkpointing with adapters (LoRA, OFT: frozen base weights): rocmft renders the mode that works with
+them (non-reentrant) and refuses a mode the user wrote that fails (rocmft.validate.rules.method.checkpointing_mode).
+
+The failure is reproduced here, not restated: two gloo ranks on the CPU run LLaMA-Factory 0.9.5's own checkpointing
+(``prepare_model_for_training``) on the tiny model with a LoRA adapter under DDP looking for unused parameters, as
+huggingface/peft#313 (LLaMA-Factory's author's report), huggingface/trl#921 and huggingface/accelerate#3536 show it
+("Expected to mark a variable ready only once ... Reused parameters in multiple reentrant backward passes"); the
+maintainer's fix there (modelscope/ms-swift#2746) is ``use_reentrant: false``. Then a real two-rank `rocmft train`
+in the same set-up, with rocmft's rendered mode, trains the adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import yaml
+
+from rocmft.errors import ConfigError
+
+DDP = {"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2", "DATASET": "identity"}
+
+
+def test_adapters_render_non_reentrant_checkpointing(render_env):
+    """LoRA with LLaMA-Factory's checkpointing (on by default) renders ``use_reentrant_gc: false``; with transformers'
+    GRADIENT_CHECKPOINTING=true also the Trainer's kwargs, which would otherwise turn it reentrant again
+    (huggingface/transformers#26221: "the Trainer was resetting it"). Full fine-tuning and checkpointing off keep
+    LLaMA-Factory's defaults; a user's own value stays."""
+    lora = render_env({"DATASET": "identity"})
+    assert lora.arguments["use_reentrant_gc"] is False
+    assert str(lora.sources["use_reentrant_gc"]) == "the default in train.yaml.j2"
+    assert "gradient_checkpointing_kwargs" not in lora.arguments
+    assert "use_reentrant_gc: false" in lora.text
+    trainer = render_env({"DATASET": "identity", "GRADIENT_CHECKPOINTING": "true"})
+    assert trainer.arguments["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    oft = render_env({"DATASET": "identity", "FINETUNING_TYPE": "oft"})
+    assert oft.arguments["use_reentrant_gc"] is False
+    for unchanged in ({"FINETUNING_TYPE": "full"}, {"DISABLE_GRADIENT_CHECKPOINTING": "true"}):
+        assert "use_reentrant_gc" not in render_env({"DATASET": "identity", **unchanged}).arguments, unchanged
+    mine = render_env({"DATASET": "identity", "USE_REENTRANT_GC": "true"})
+    assert mine.arguments["use_reentrant_gc"] is True and str(mine.sources["use_reentrant_gc"]) == "USE_REENTRANT_GC"
+
+
+def test_reentrant_checkpointing_under_ddp_looking_for_unused_parameters_is_refused(render_env):
+    """The combination reproduced by the slow test below (reentrant + DDP_FIND_UNUSED_PARAMETERS=true + LoRA on
+    two DDP ranks) is refused before anything runs, naming the three settings and the fix; rocmft's own mode with
+    the same DDP setting renders. OFT needs no DDP_FIND_UNUSED_PARAMETERS: LLaMA-Factory sets it False for LoRA only,
+    and transformers' Trainer turns it on for a model that is no PreTrainedModel (a PeftModel)."""
+    with pytest.raises(ConfigError) as caught:
+        render_env({**DDP, "USE_REENTRANT_GC": "true", "DDP_FIND_UNUSED_PARAMETERS": "true"})
+    message, fix = str(caught.value), caught.value.remedy
+    expected = (
+        "USE_REENTRANT_GC=true (set in the environment)",
+        "FINETUNING_TYPE=lora",
+        "on 2 DDP processes",
+        "DDP_FIND_UNUSED_PARAMETERS=true (set in the environment)",
+        "Expected to mark a variable ready",
+    )
+    for named in expected:
+        assert named in message, named
+    assert "unset USE_REENTRANT_GC" in fix
+    plan = render_env({**DDP, "DDP_FIND_UNUSED_PARAMETERS": "true"})
+    assert plan.arguments["use_reentrant_gc"] is False and plan.world_size == 2
+    with pytest.raises(ConfigError) as oft:
+        render_env({**DDP, "FINETUNING_TYPE": "oft", "USE_REENTRANT_GC": "true"})
+    assert "DDP_FIND_UNUSED_PARAMETERS not set (transformers: true for an OFT model)" in str(oft.value)
+    render_env({**DDP, "USE_REENTRANT_GC": "true"})  # LoRA: LLaMA-Factory sets find_unused False itself
+    render_env({"DATASET": "identity", "USE_REENTRANT_GC": "true", "DDP_FIND_UNUSED_PARAMETERS": "true"})  # 1 process
+
+
+def test_the_trainers_kwargs_undoing_use_reentrant_gc_is_refused(render_env):
+    """huggingface/transformers#26221: the user's non-reentrant choice is silently replaced by the Trainer's
+    gradient_checkpointing with reentrant kwargs."""
+    with pytest.raises(ConfigError) as caught:
+        render_env({"DATASET": "identity", "USE_REENTRANT_GC": "false", "GRADIENT_CHECKPOINTING": "true",
+                    "GRADIENT_CHECKPOINTING_KWARGS": '{"use_reentrant": true}'})  # fmt: skip
+    assert "USE_REENTRANT_GC=false (set in the environment) is undone by GRADIENT_CHECKPOINTING=true" in str(
+        caught.value
+    )
+    assert 'GRADIENT_CHECKPOINTING_KWARGS={"use_reentrant": false}' in caught.value.remedy
+
+
+def test_both_problems_are_findings_of_the_rule(render_env):
+    """Each refusal is a finding of its own with the rule's code (rocmft.findings), reported together."""
+    with pytest.raises(ConfigError) as caught:
+        render_env({**DDP, "DDP_FIND_UNUSED_PARAMETERS": "true", "GRADIENT_CHECKPOINTING": "true",
+                    "USE_REENTRANT_GC": "false",
+                    "GRADIENT_CHECKPOINTING_KWARGS": '{"use_reentrant": true}'})  # fmt: skip
+    codes = [f.code for f in caught.value.findings if f.severity == "error"]
+    assert codes == ["method.checkpointing_mode", "method.checkpointing_mode"], codes
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank(rank: int, port: int, model: str, reentrant: bool, results) -> None:
+    """One gloo rank: LLaMA-Factory's checkpointing on the tiny model, a LoRA adapter, DDP looking for unused
+    parameters (what DDP_FIND_UNUSED_PARAMETERS=true makes transformers' Trainer build), one forward and backward."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+    from llamafactory.model.model_utils.checkpointing import prepare_model_for_training
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(rank)
+    model = AutoModelForCausalLM.from_pretrained(model)
+    model.requires_grad_(False)
+    prepare_model_for_training(model, SimpleNamespace(upcast_layernorm=False, disable_gradient_checkpointing=False,
+                                                      use_reentrant_gc=reentrant, use_unsloth_gc=False,
+                                                      upcast_lmhead_output=False))  # fmt: skip
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model.train()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    ids = torch.randint(0, 100, (2, 16))
+    try:
+        ddp(input_ids=ids, labels=ids).loss.backward()
+        grads = [p.grad for n, p in model.named_parameters() if "lora_A" in n]
+        results.put((rank, "ok", sum(g is not None and bool(g.abs().sum() > 0) for g in grads), len(grads)))
+    except RuntimeError as err:
+        results.put((rank, str(err).splitlines()[0], 0, 0))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_the_refused_mode_really_fails_and_the_rendered_one_trains(tiny_model, reentrant):
+    """The premise of the refusal, on two real gloo ranks (about 15 s): reentrant fails on the first backward;
+    non-reentrant gives every adapter matrix a gradient."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    ranks = [context.Process(target=_rank, args=(r, port, str(tiny_model), reentrant, results)) for r in (0, 1)]
+    for proc in ranks:
+        proc.start()
+    outcome = sorted(results.get(timeout=240) for _ in ranks)
+    for proc in ranks:
+        proc.join(timeout=60)
+    if reentrant:
+        assert all("Expected to mark a variable ready only once" in status for _, status, _, _ in outcome), outcome
+    else:
+        assert all(status == "ok" and trained == total > 0 for _, status, trained, total in outcome), outcome
+
+
+@pytest.mark.train
+def test_two_ddp_ranks_train_the_adapter_with_the_rendered_mode(run_rocmft, tmp_path, tiny_model, demo_data):
+    """The set-up that fails with LLaMA-Factory's reentrant default (two DDP ranks on the CPU, LoRA,
+    DDP_FIND_UNUSED_PARAMETERS=true, and transformers' GRADIENT_CHECKPOINTING=true, whose kwargs rocmft renders
+    too) trains with rocmft's rendered mode: a few real steps, and the adapter's B matrices, which PEFT starts at
+    zero, are no longer zero."""
+    from safetensors import safe_open
+
+    output = tmp_path / "ddp-lora"
+    env = {
+        "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+        "FINETUNING_TYPE": "lora", "MAX_STEPS": "3", "LOGGING_STEPS": "1", "CUTOFF_LEN": "64",
+        "OUTPUT_DIR": str(output), "ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2",
+        "ROCMFT_SKIP_CHECKS": "gpu-runtime", "PREPROCESSING_NUM_WORKERS": "1", "DATALOADER_NUM_WORKERS": "0",
+        "DDP_FIND_UNUSED_PARAMETERS": "true", "GRADIENT_CHECKPOINTING": "true", "LEARNING_RATE": "0.01",
+    }  # fmt: skip
+    result = run_rocmft("train", env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
+    rendered = yaml.safe_load((output / "rocmft" / "train.yaml").read_text())
+    assert rendered["use_reentrant_gc"] is False and rendered["gradient_checkpointing_kwargs"] == {
+        "use_reentrant": False
+    }
+    with safe_open(output / "adapter_model.safetensors", "pt") as weights:
+        b_norms = {name: float(weights.get_tensor(name).abs().sum()) for name in weights.keys() if "lora_B" in name}  # noqa: SIM118
+    assert b_norms and all(norm > 0 for norm in b_norms.values()), b_norms
+    assert json.loads((output / "rocmft" / "manifest.json").read_text())["status"] == "finished"
