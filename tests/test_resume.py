@@ -209,3 +209,37 @@ def test_a_given_resume_from_checkpoint_is_held_to_the_same_rule(render_env, tmp
     )
     plan = render_env({"DATASET": "identity", "RESUME_FROM_CHECKPOINT": str(folder), "ROCMFT_RESUME_WEIGHTS_ONLY": "1"})
     assert plan.arguments["resume_from_checkpoint"] == str(folder) and plan.resume.weights_only
+
+
+@pytest.mark.train
+def test_a_save_only_model_run_is_refused_then_continued_weights_only_on_request(run_rocmft, tmp_path, tiny_model,
+                                                                                 demo_data):  # fmt: skip
+    """The real thing on the CPU (three short runs of the tiny model): a run with SAVE_ONLY_MODEL=true leaves
+    checkpoints without optimizer.pt and scheduler.pt (transformers 5.6); a longer run with the same settings is
+    refused before anything starts, naming the checkpoint; with ROCMFT_RESUME_WEIGHTS_ONLY=true it continues from
+    that step (the trainer's own state: its steps go on from 4), says so, and the manifest records it."""
+    output = tmp_path / "weights-only"
+    env = {
+        "MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
+        "FINETUNING_TYPE": "lora", "CUTOFF_LEN": "64", "MAX_STEPS": "4", "SAVE_STEPS": "2", "LOGGING_STEPS": "1",
+        "SAVE_ONLY_MODEL": "true", "OUTPUT_DIR": str(output), "PREPROCESSING_NUM_WORKERS": "1",
+    }  # fmt: skip
+    first = run_rocmft("train", env=env)
+    assert first.returncode == 0, first.stdout[-3000:]
+    folder = output / "checkpoint-4"
+    assert (folder / "trainer_state.json").is_file() and not (folder / "optimizer.pt").exists()
+
+    longer = {**env, "MAX_STEPS": "6"}
+    refused = run_rocmft("train", env=longer)
+    assert refused.returncode == 2, refused.stdout[-3000:]
+    assert f"{folder} has no optimizer state (no optimizer.pt and no scheduler.pt" in refused.stdout
+    assert "ROCMFT_RESUME_WEIGHTS_ONLY=true" in refused.stdout and "ROCMFT_RESUME=never" in refused.stdout
+
+    again = run_rocmft("train", env={**longer, "ROCMFT_RESUME_WEIGHTS_ONLY": "true"})
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert f"[rocmft] WARNING: resuming from {folder} (step 4), WEIGHTS ONLY" in again.stdout
+    manifest = json.loads((output / "rocmft" / "manifest.json").read_text())
+    assert manifest["resume"] == {"checkpoint": str(folder), "weights_only": True,
+                                  "missing": "no optimizer.pt and no scheduler.pt"}  # fmt: skip
+    steps = [entry["step"] for entry in manifest["worker"]["losses"]]
+    assert steps == [5, 6], steps  # this attempt trained steps 5 and 6: continued, not started over
