@@ -25,18 +25,21 @@ DDP = {"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2", "DATASET": "id
 def test_adapters_render_non_reentrant_checkpointing(render_env):
     """LoRA with LLaMA-Factory's checkpointing (on by default) renders ``use_reentrant_gc: false``; with transformers'
     GRADIENT_CHECKPOINTING=true also the Trainer's kwargs, which would otherwise turn it reentrant again
-    (huggingface/transformers#26221: "the Trainer was resetting it"). Full fine-tuning and checkpointing off keep
-    LLaMA-Factory's defaults; a user's own value stays."""
+    (huggingface/transformers#26221: "the Trainer was resetting it"). Full fine-tuning, checkpointing off and sharded
+    weights (ZeRO-3: see the next test but one) keep LLaMA-Factory's defaults; a user's own value stays."""
     lora = render_env({"DATASET": "identity"})
     assert lora.arguments["use_reentrant_gc"] is False
-    assert str(lora.sources["use_reentrant_gc"]) == "the default in train.yaml.j2"
+    assert str(lora.sources["use_reentrant_gc"]) == (
+        "rocmft's default (non-reentrant gradient checkpointing for adapters on frozen weights)"
+    )
     assert "gradient_checkpointing_kwargs" not in lora.arguments
     assert "use_reentrant_gc: false" in lora.text
     trainer = render_env({"DATASET": "identity", "GRADIENT_CHECKPOINTING": "true"})
     assert trainer.arguments["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
     oft = render_env({"DATASET": "identity", "FINETUNING_TYPE": "oft"})
     assert oft.arguments["use_reentrant_gc"] is False
-    for unchanged in ({"FINETUNING_TYPE": "full"}, {"DISABLE_GRADIENT_CHECKPOINTING": "true"}):
+    zero3 = {"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3"}
+    for unchanged in ({"FINETUNING_TYPE": "full"}, {"DISABLE_GRADIENT_CHECKPOINTING": "true"}, zero3):
         assert "use_reentrant_gc" not in render_env({"DATASET": "identity", **unchanged}).arguments, unchanged
     mine = render_env({"DATASET": "identity", "USE_REENTRANT_GC": "true"})
     assert mine.arguments["use_reentrant_gc"] is True and str(mine.sources["use_reentrant_gc"]) == "USE_REENTRANT_GC"
@@ -59,7 +62,7 @@ def test_reentrant_checkpointing_under_ddp_looking_for_unused_parameters_is_refu
     )
     for named in expected:
         assert named in message, named
-    assert "unset USE_REENTRANT_GC" in fix
+    assert "USE_REENTRANT_GC=false" in fix
     plan = render_env({**DDP, "DDP_FIND_UNUSED_PARAMETERS": "true"})
     assert plan.arguments["use_reentrant_gc"] is False and plan.world_size == 2
     with pytest.raises(ConfigError) as oft:
@@ -67,6 +70,26 @@ def test_reentrant_checkpointing_under_ddp_looking_for_unused_parameters_is_refu
     assert "DDP_FIND_UNUSED_PARAMETERS not set (transformers: true for an OFT model)" in str(oft.value)
     render_env({**DDP, "USE_REENTRANT_GC": "true"})  # LoRA: LLaMA-Factory sets find_unused False itself
     render_env({"DATASET": "identity", "USE_REENTRANT_GC": "true", "DDP_FIND_UNUSED_PARAMETERS": "true"})  # 1 process
+
+
+def test_non_reentrant_checkpointing_under_zero3_is_refused_for_this_deepspeed(render_env):
+    """huggingface/transformers#47254 (and hiyouga/LlamaFactory#6438, huggingface/trl#2514): PEFT LoRA with
+    non-reentrant checkpointing under ZeRO-3 on two or more processes fails the first backward with "Recomputed
+    values for the following tensors have different metadata" (a frozen weight's shape [1024] vs [0]), until
+    DeepSpeed 0.19.3 (PR #8148); the installed DeepSpeed is LLaMA-Factory 0.9.5's pin, 0.18.4. Reentrant, what
+    rocmft leaves there, is LLaMA-Factory's default."""
+    import importlib.metadata
+
+    assert importlib.metadata.version("deepspeed").startswith("0.18."), "the refusal is for DeepSpeed < 0.19.3"
+    zero3 = {**DDP, "ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3"}
+    assert "use_reentrant_gc" not in render_env(zero3).arguments
+    with pytest.raises(ConfigError) as caught:
+        render_env({**zero3, "USE_REENTRANT_GC": "false"})
+    message = str(caught.value)
+    assert "USE_REENTRANT_GC=false (set in the environment) (non-reentrant gradient checkpointing)" in message
+    assert "ROCMFT_ZERO_STAGE=3" in message and "on 2 processes" in message and "0.19.3" in message
+    assert "USE_REENTRANT_GC=true" in caught.value.remedy
+    render_env({**zero3, "ROCMFT_NPROC_PER_NODE": "1", "USE_REENTRANT_GC": "false"})  # one process: no partition
 
 
 def test_the_trainers_kwargs_undoing_use_reentrant_gc_is_refused(render_env):

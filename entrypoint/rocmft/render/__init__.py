@@ -40,7 +40,7 @@ from rocmft.facts.scheduler import JobLayout, job_layout
 from rocmft.fsutil import atomic_write_json, atomic_write_text
 from rocmft.nesting import loads_json
 from rocmft.records import MANIFEST_FILE, read_manifest
-from rocmft.render import planner
+from rocmft.render import checkpointing, planner
 from rocmft.render.datasets import Registry, build_registry, split_names
 from rocmft.render.precision import Precision, resolve_precision
 from rocmft.render.resume import ResumeChoice, checkpoints, choose, given_checkpoint
@@ -417,7 +417,9 @@ def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging
     # the planner replaces template defaults (never the user's values) with ones chosen for the GPU
     perf = _plan_performance(settings, arguments, device, precision, fixed.ds_config, world, demo, registry)
     layered, sources, changed = planner.apply(perf, layered, sources)
-    if changed:
+    # adapters on frozen weights: the gradient-checkpointing mode that works with them (rocmft.render.checkpointing)
+    layered, sources, mode_changed = checkpointing.safe_mode(layered, sources, fixed.values, fixed.ds_config)
+    if changed or mode_changed:
         text, arguments = _train_yaml(env, layered, fixed, rendered_at)
     # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
     resume = _resume(settings, arguments, where.output_dir, where.run_dir, world)
