@@ -10,11 +10,11 @@ A complete checkpoint without its optimizer state (``SAVE_ONLY_MODEL=true`` skip
 or a folder copied without optimizer.pt / scheduler.pt / DeepSpeed's ``global_step<N>/``) is not resumed: transformers
 5.6's ``Trainer._load_optimizer_and_scheduler`` loads the states only when optimizer.pt *and* scheduler.pt are there
 and otherwise goes on without a word, so the run would continue at step N with fresh Adam moments and a learning-rate
-schedule started over (warmup again, decay stretched over the steps left) — another run than the one it continues
-(dexmal/opendm#7: with save_only_model "automatic resume ... effectively becomes a weights-only restart"); under
-DeepSpeed transformers raises "Can't find a valid checkpoint" after the model loaded (hiyouga/LlamaFactory#5497). It
-is refused (:func:`choose`), unless
-``ROCMFT_RESUME_WEIGHTS_ONLY=true`` asks for exactly that continuation, which is then said and recorded.
+schedule started over (warmup again; built for MAX_STEPS and stepped from 0, it does not reach its end): another run
+than the one it continues (dexmal/opendm#7: with save_only_model "automatic resume ... effectively becomes a
+weights-only restart"); under DeepSpeed transformers raises "Can't find a valid checkpoint" after the model loaded
+(hiyouga/LlamaFactory#5497). It is refused (:func:`choose`), unless ``ROCMFT_RESUME_WEIGHTS_ONLY=true`` asks for
+exactly that continuation, which is then said and recorded.
 
 ``ROCMFT_RESUME``: ``auto`` (default: resume from the newest complete checkpoint when the settings that matter
 are unchanged, refuse with the differences otherwise), ``never`` (start over; checkpoints are left alone),
@@ -106,8 +106,9 @@ def missing_state(folder: Path) -> str | None:
     return f"no {' and no '.join(missing)}" if missing else None
 
 
+# transformers builds the scheduler for the whole run and steps it from 0; without scheduler.pt nothing moves it on
 WEIGHTS_ONLY_EFFECT = ("the optimizer (Adam moments) and the learning-rate schedule start fresh at that step: warmup "
-                       "runs again and the decay stretches over the steps left")  # fmt: skip
+                       "runs again and the decay starts from the top")  # fmt: skip
 
 
 @dataclass
