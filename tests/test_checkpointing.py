@@ -34,6 +34,9 @@ def test_adapters_render_non_reentrant_checkpointing(render_env):
     )
     assert "gradient_checkpointing_kwargs" not in lora.arguments
     assert "use_reentrant_gc: false" in lora.text
+    from rocmft.render.checkpointing import said
+
+    assert said(lora.arguments, lora.sources).startswith("gradient checkpointing: use_reentrant_gc=false (rocmft's")
     trainer = render_env({"DATASET": "identity", "GRADIENT_CHECKPOINTING": "true"})
     assert trainer.arguments["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
     oft = render_env({"DATASET": "identity", "FINETUNING_TYPE": "oft"})
@@ -194,6 +197,8 @@ def test_two_ddp_ranks_train_the_adapter_with_the_rendered_mode(run_rocmft, tmp_
     }  # fmt: skip
     result = run_rocmft("train", env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:]
+    said = 'gradient checkpointing: use_reentrant_gc=false, gradient_checkpointing_kwargs={"use_reentrant": false}'
+    assert f"[rocmft] {said} (rocmft's default" in result.stdout, result.stdout[-3000:]
     rendered = yaml.safe_load((output / "rocmft" / "train.yaml").read_text())
     assert rendered["use_reentrant_gc"] is False and rendered["gradient_checkpointing_kwargs"] == {
         "use_reentrant": False

@@ -24,6 +24,7 @@ huggingface/transformers#26221), so those kwargs are rendered to say the same.
 
 from __future__ import annotations
 
+import json
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -110,5 +111,16 @@ def safe_mode(layered: dict[str, Any], sources: dict, fixed: dict[str, Any],
     return layered, sources, changed
 
 
+def said(arguments: dict[str, Any], sources: dict) -> str | None:
+    """The console line for the mode :func:`safe_mode` rendered (``gradient checkpointing: use_reentrant_gc=false
+    (...)``), None when it rendered nothing."""
+    names = [name for name, source in sources.items() if source == SOURCE and name in arguments]
+    if not names:
+        return None
+    shown = ", ".join(f"{name}={json.dumps(arguments[name])}" for name in names)
+    return (f"gradient checkpointing: {shown} (rocmft's default for LoRA/OFT on frozen weights: LLaMA-Factory's "
+            "reentrant default fails under DDP looking for unused parameters; docs/rules.md row 54)")  # fmt: skip
+
+
 __all__ = ["ADAPTERS", "SOURCE", "ZERO3_FROZEN_FIX", "deepspeed_partitions_frozen_in_recompute", "reentrant",
-           "safe_mode", "sharded", "zero_stage"]  # fmt: skip
+           "safe_mode", "said", "sharded", "zero_stage"]  # fmt: skip
