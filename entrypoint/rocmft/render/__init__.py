@@ -518,8 +518,7 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
         from rocmft.config.provenance import named_in
 
         label = named_in("resume_from_checkpoint", arguments, settings.sources, settings.given)
-        folder = Path(str(arguments["resume_from_checkpoint"])).expanduser()
-        choice = given_checkpoint(folder, label, **state)
+        choice = given_checkpoint(str(arguments["resume_from_checkpoint"]), label, **state)
         if choice is not None:
             return choice
     if not isinstance(previous, dict):

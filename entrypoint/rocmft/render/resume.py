@@ -209,16 +209,20 @@ def weights_only(choice: ResumeChoice, label: str, allowed: bool, deepspeed: boo
     return ResumeChoice(folder, note, choice.skipped, missing, weights_only=True)
 
 
-def given_checkpoint(folder: Path, label: str, *, weights_only_ok: bool, deepspeed: bool) -> ResumeChoice | None:
-    """A RESUME_FROM_CHECKPOINT the user gave (``label`` names it): LLaMA-Factory hands it to the trainer as it is,
-    so it is held to the same rule. None when it holds the whole training state, is not a complete checkpoint
+def given_checkpoint(given: str, label: str, *, weights_only_ok: bool, deepspeed: bool) -> ResumeChoice | None:
+    """A RESUME_FROM_CHECKPOINT the user gave (``given``; ``label`` names it): LLaMA-Factory hands it to the trainer
+    as it is, so it is held to the same rule. None when it holds the whole training state, is not a complete checkpoint
     (the ``paths`` rule and the parser say what is wrong) or is no folder here; the weights-only choice when
     ``weights_only_ok``.
 
     Raises:
         ConfigError: it lacks its optimizer state (:func:`weights_only`).
     """
-    if not folder.is_dir() or checkpoint_problem(folder) is not None or missing_state(folder) is None:
+    try:  # a path that is no folder here, or not even a path ("~nobody/x", a NUL): the paths rule names it
+        folder = Path(given).expanduser()
+        if not folder.is_dir() or checkpoint_problem(folder) is not None or missing_state(folder) is None:
+            return None
+    except (OSError, ValueError, RuntimeError):
         return None
     choice = ResumeChoice(folder, f"resuming from {folder} ({label})", missing=missing_state(folder))
     return weights_only(choice, label, weights_only_ok, deepspeed)
