@@ -19,7 +19,9 @@ layer's hidden-state input require grad, so one process trains adapters either w
 So rocmft renders non-reentrant for adapters unless the weights are sharded (ZeRO-3 or FSDP), as rocmft's default
 (never over a value of the user's). transformers' ``gradient_checkpointing: true`` makes the Trainer enable
 checkpointing again with ``gradient_checkpointing_kwargs`` (LLaMA-Factory's replacement reads None as reentrant:
-huggingface/transformers#26221), so those kwargs are rendered to say the same.
+huggingface/transformers#26221), so those kwargs are rendered to say the same. The memory estimate
+(rocmft.render.memfit) holds for both modes: the peak of live tensors of a LoRA step was 433 MiB non-reentrant
+against 441 MiB reentrant (869 MiB without checkpointing; tests/test_checkpointing.py measures it op by op).
 """
 
 from __future__ import annotations
