@@ -70,7 +70,7 @@ _TYPES = {
     "launcher": _TEXT, "job": _OBJECT, "launch": _OBJECT, "demo": (bool,), "settings": _OBJECT,
     "arguments": _OBJECT, "argument_sources": _OBJECT, "argument_source_kinds": _OBJECT, "plan": _OBJECT,
     "data_sets": _OBJECT, "ds_config": _OBJECT, "checks": _OBJECT, "worker": _OBJECT, "restarts": (list,),
-    "environment": _OBJECT, "outputs": _OBJECT,
+    "resume": _OBJECT, "environment": _OBJECT, "outputs": _OBJECT,
 }  # fmt: skip
 _EMPTY_WHEN_NULL = {"timings_s", "precision", "versions", "host", "device", "gpu_probes", "launch", "settings",
                     "arguments", "argument_sources", "argument_source_kinds", "data_sets", "environment",
@@ -105,6 +105,9 @@ class Manifest:
         checks: the checks' summary ``{status, seconds, report}`` or None.
         worker: this node's worker record (rocmft.records.WorkerResult's JSON object) or None.
         restarts: the automatic restarts of this `rocmft train`, oldest first.
+        resume: the checkpoint this run continued (rocmft.render.resume.ResumeChoice.as_record: ``checkpoint``,
+            ``weights_only`` (ROCMFT_RESUME_WEIGHTS_ONLY: optimizer and schedule started fresh), ``missing``), None
+            when it started at step 0 (and in manifests written before the field).
         environment: the recorded variables, secret values ``<redacted>``.
         outputs: OUTPUT_DIR's entries: name -> bytes, or ``"folder"``.
     """
@@ -137,6 +140,7 @@ class Manifest:
     checks: Mapping[str, Any] | None = None
     worker: Mapping[str, Any] | None = None
     restarts: tuple[Restart, ...] = ()
+    resume: Mapping[str, Any] | None = None
     environment: Mapping[str, str] = field(default_factory=dict)
     outputs: Mapping[str, int | str] = field(default_factory=dict)
 

@@ -189,6 +189,11 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     timings["render"] = time.monotonic() - started
     say(f"precision: {plan.precision.policy} ({plan.precision.reason})", all_ranks=True)
     _say_plan(plan.perf)
+    from rocmft.render.checkpointing import said
+
+    mode = said(plan.arguments, plan.sources)  # the checkpointing mode rocmft chose for adapters, if it chose one
+    if mode:
+        say(mode, all_ranks=True)
     say_changes(launch.changes)  # the one block of what rocmft set: the manifest's launch.changes
 
     started = time.monotonic()

@@ -192,6 +192,14 @@ class RocmftSettings(BaseSettings):
         "(the newest complete one whatever changed), or a checkpoint folder. Incomplete checkpoints (a save cut "
         "short) are skipped with a warning.",
     )
+    resume_weights_only: bool = Field(
+        False,
+        description="Continue from a checkpoint that has no optimizer state (saved with SAVE_ONLY_MODEL=true, or "
+        "copied without optimizer.pt/scheduler.pt): its weights and step count are loaded, the optimizer (Adam "
+        "moments) and the learning-rate schedule start fresh. Off, such a checkpoint is refused (exit 2) rather "
+        "than silently continued as another run; on, the continuation is said on the console and recorded in the "
+        "manifest (`resume`). Not under DeepSpeed, whose loader needs the checkpoint's global_step folder.",
+    )
     hold_on_config_error: bool = Field(
         False,
         description="Container entry only (compose's train service sets 1): after exit 2 or 3 keep the "

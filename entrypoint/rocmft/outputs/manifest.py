@@ -128,6 +128,7 @@ def assemble_manifest(plan: Plan, *, probes: Mapping[str, Any], launch: LaunchSp
         checks=dict(checks) if checks is not None else None,
         worker=worker.to_json() if worker else None,
         restarts=tuple(outcome.restarts),
+        resume=plan.resume.as_record() if plan.resume.checkpoint is not None else None,
         environment=redact_env(plan.settings.environ),
         outputs=_outputs(plan.output_dir),
     )

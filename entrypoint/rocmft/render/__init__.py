@@ -40,11 +40,11 @@ from rocmft.facts.scheduler import JobLayout, job_layout
 from rocmft.fsutil import atomic_write_json, atomic_write_text
 from rocmft.nesting import loads_json
 from rocmft.records import MANIFEST_FILE, read_manifest
-from rocmft.render import planner
+from rocmft.render import checkpointing, planner
 from rocmft.render.datasets import Registry, build_registry, split_names
 from rocmft.render.loader import WORKERS, communicating_processes, plan_workers
 from rocmft.render.precision import Precision, resolve_precision
-from rocmft.render.resume import ResumeChoice, checkpoints, choose
+from rocmft.render.resume import ResumeChoice, checkpoints, choose, given_checkpoint
 
 RUN_SUBDIR = "rocmft"
 TEMPLATE_SOURCE = Source(Kind.TEMPLATE)
@@ -356,7 +356,8 @@ def _resumed(settings: Settings, fixed: _Fixed, resume: ResumeChoice, resumable:
     values, sources = dict(fixed.values), dict(fixed.sources)
     if resume.checkpoint is not None:
         values["resume_from_checkpoint"] = str(resume.checkpoint)
-        sources["resume_from_checkpoint"] = Source(Kind.ROCMFT, f"ROCMFT_RESUME={settings.rocmft.resume}")
+        weights = ", weights only (ROCMFT_RESUME_WEIGHTS_ONLY=true)" if resume.weights_only else ""
+        sources["resume_from_checkpoint"] = Source(Kind.ROCMFT, f"ROCMFT_RESUME={settings.rocmft.resume}{weights}")
     elif resumable:
         values["overwrite_output_dir"] = True
         sources["overwrite_output_dir"] = Source(Kind.ROCMFT, f"ROCMFT_RESUME={settings.rocmft.resume} ({resume.note})")
@@ -430,7 +431,9 @@ def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging
     ranks = communicating_processes(settings, device, fixed.launcher, layout)
     plan_workers(perf, arguments, sources.get(WORKERS), shm_bytes, ranks)  # what /dev/shm holds, when not yours
     layered, sources, changed = planner.apply(perf, layered, sources)
-    if changed:
+    # adapters on frozen weights: the gradient-checkpointing mode that works with them (rocmft.render.checkpointing)
+    layered, sources, mode_changed = checkpointing.safe_mode(layered, sources, fixed.values, fixed.ds_config)
+    if changed or mode_changed:
         text, arguments = _train_yaml(env, layered, fixed, rendered_at)
     # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
     resume = _resume(settings, arguments, where.output_dir, where.run_dir, world)
@@ -465,7 +468,9 @@ def write(rendered: Rendered) -> Plan:
     data/dataset_info.json, ds_config.json when rendered, run.json) and return the :class:`Plan`."""
     for name, problem in rendered.resume.skipped:
         warn(f"skipping {rendered.output_dir / name}: {problem}", all_ranks=True)  # whatever RANK says, as always
-    if rendered.resumable:
+    if rendered.resume.weights_only:  # the opt-in's line: what continues and what starts fresh
+        warn(rendered.resume.note, all_ranks=True)
+    elif rendered.resumable:
         say(rendered.resume.note, all_ranks=True)
     staging = rendered.staging
     files = {
@@ -521,8 +526,17 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
         previous = yaml.safe_load((run_dir / "train.yaml").read_text(encoding="utf-8"))
     except (OSError, ValueError, yaml.YAMLError):
         previous = None
+    state = {"weights_only_ok": settings.rocmft.resume_weights_only, "deepspeed": bool(arguments.get("deepspeed"))}
+    given = settings.sources.get("resume_from_checkpoint")
+    if given is not None and given.user_chosen and arguments.get("resume_from_checkpoint"):
+        from rocmft.config.provenance import named_in
+
+        label = named_in("resume_from_checkpoint", arguments, settings.sources, settings.given)
+        choice = given_checkpoint(str(arguments["resume_from_checkpoint"]), label, **state)
+        if choice is not None:
+            return choice
     if not isinstance(previous, dict):
-        return choose(settings.rocmft.resume, output_dir, None, current)
+        return choose(settings.rocmft.resume, output_dir, None, current, **state)
     try:  # a missing or damaged manifest: the earlier world size is unknown
         worker = read_manifest(run_dir / MANIFEST_FILE).worker or {}
     except ConfigError:
@@ -539,6 +553,7 @@ def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run
         current,
         lambda name: named_in(name, arguments, settings.sources, settings.given),
         run_dir / "train.yaml",
+        **state,
     )
 
 

@@ -24,11 +24,12 @@ the compute dtype (2 for bf16/fp16, 4 for fp32), ``Φ`` parameters, ``Φt`` trai
   whole module to bf16/fp16 (``deepspeed/runtime/engine.py``, ``_configure_distributed_model``) and keeps fp32
   master weights in its optimizer.
 * ``model/model_utils/checkpointing.py``, ``prepare_model_for_training``: gradient checkpointing is ON unless
-  ``disable_gradient_checkpointing`` (default False); ``use_reentrant_gc`` defaults to True, and
-  ``get_custom_gradient_checkpointing_func`` checkpoints only layers with trainable parameters and makes their
-  hidden-state input require grad. ``torch.utils.checkpoint`` (reentrant) saves only the layer's positional
-  tensor input (``transformers/modeling_layers.py``, ``GradientCheckpointingLayer`` passes hidden states
-  positionally, the rest in a ``partial``); the layer is recomputed with grad in backward.
+  ``disable_gradient_checkpointing`` (default False); ``use_reentrant_gc`` defaults to True (rocmft renders False
+  for LoRA/OFT), and ``get_custom_gradient_checkpointing_func`` checkpoints only layers with trainable parameters
+  and makes their hidden-state input require grad. ``torch.utils.checkpoint`` keeps only the layer's inputs
+  (reentrant: the positional tensor; non-reentrant: every tensor the layer saves is a placeholder until backward
+  recomputes it; ``transformers/modeling_layers.py`` passes the rest in a ``partial``); the layer is recomputed in
+  backward.
 * ``hparams/data_args.py`` + ``data/processor/supervised.py``, ``PackedSupervisedDatasetProcessor``: with
   ``packing``/``neat_packing`` every sequence is padded to exactly ``cutoff_len`` tokens (cutoff_len−1, plus
   one); without packing ``SFTDataCollatorWith4DAttentionMask`` pads to the batch's longest sample, a multiple of

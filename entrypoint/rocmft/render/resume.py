@@ -3,9 +3,18 @@
 transformers writes a checkpoint in place (``checkpoint-<step>/``: the model or adapter, then the optimizer,
 scheduler and RNG states, and ``trainer_state.json`` last; transformers' Trainer._save_checkpoint), and
 deletes older ones beyond SAVE_TOTAL_LIMIT only after that. So a checkpoint is complete when its
-trainer_state.json parses and says the same step as its name, its weights are there with readable headers, and
-its optimizer and scheduler states are there (unless only the model was saved). A process killed mid-save
-leaves a checkpoint without trainer_state.json: skipped with a warning, never loaded.
+trainer_state.json parses and says the same step as its name and its weights are there with readable headers. A
+process killed mid-save leaves a checkpoint without trainer_state.json: skipped with a warning, never loaded.
+
+A complete checkpoint without its optimizer state (``SAVE_ONLY_MODEL=true`` skips ``_save_optimizer_and_scheduler``,
+or a folder copied without optimizer.pt / scheduler.pt / DeepSpeed's ``global_step<N>/``) is not resumed: transformers
+5.6's ``Trainer._load_optimizer_and_scheduler`` loads the states only when optimizer.pt *and* scheduler.pt are there
+and otherwise goes on without a word, so the run would continue at step N with fresh Adam moments and a learning-rate
+schedule started over (warmup again; built for MAX_STEPS and stepped from 0, it does not reach its end): another run
+than the one it continues (dexmal/opendm#7: with save_only_model "automatic resume ... effectively becomes a
+weights-only restart"); under DeepSpeed transformers raises "Can't find a valid checkpoint" after the model loaded
+(hiyouga/LlamaFactory#5497). It is refused (:func:`choose`), unless ``ROCMFT_RESUME_WEIGHTS_ONLY=true`` asks for
+exactly that continuation, which is then said and recorded.
 
 ``ROCMFT_RESUME``: ``auto`` (default: resume from the newest complete checkpoint when the settings that matter
 are unchanged, refuse with the differences otherwise), ``never`` (start over; checkpoints are left alone),
@@ -67,19 +76,58 @@ def checkpoint_problem(folder: Path) -> str | None:
     broken = [w.name for w in weights if w.suffix == ".safetensors" and not _safetensors_readable(w)]
     if broken:
         return f"{', '.join(broken)} truncated"
-    if not deepspeed and not (folder / "optimizer.pt").is_file():
-        return "no optimizer.pt"
     return None
+
+
+def missing_state(folder: Path) -> str | None:
+    """What a complete checkpoint lacks to continue its run exactly, or None when nothing is missing.
+
+    transformers 5.6 (``Trainer._load_optimizer_and_scheduler``) restores the optimizer only when ``optimizer.pt``
+    (or ``optimizer.bin``, or an FSDP ``optimizer*`` folder) and ``scheduler.pt`` are both there; under DeepSpeed
+    the optimizer state is in ``global_step<N>/``: ``*_optim_states.pt`` per rank with ZeRO (DeepSpeed 0.18.4's
+    engine ``_get_zero_ckpt_name``), inside ``mp_rank_00_model_states.pt`` without it, found through the ``latest``
+    file (``DeepSpeedEngine.load_checkpoint`` returns nothing without it and transformers raises)."""
+    steps = [p for p in folder.glob("global_step*") if p.is_dir()]
+    if steps:
+        states = [p for step in steps for p in step.glob("*_optim_states.pt")]
+        zero_files = [p for step in steps for p in step.glob("*zero_pp_rank_*")]
+        if not states and (zero_files or not any(step.glob("mp_rank_*_model_states.pt") for step in steps)):
+            return f"no optimizer state in {steps[0].name}/ (no *_optim_states.pt)"
+        if not (folder / "latest").is_file():
+            return "no DeepSpeed `latest` file naming its global_step folder"
+        return None
+    optimizer = (
+        (folder / "optimizer.pt").is_file()
+        or (folder / "optimizer.bin").is_file()
+        or any(p.is_dir() and p.name.startswith("optimizer") for p in folder.iterdir())
+    )
+    scheduler = (folder / "scheduler.pt").is_file()
+    missing = [name for name, there in (("optimizer.pt", optimizer), ("scheduler.pt", scheduler)) if not there]
+    return f"no {' and no '.join(missing)}" if missing else None
+
+
+# transformers builds the scheduler for the whole run and steps it from 0; without scheduler.pt nothing moves it on
+WEIGHTS_ONLY_EFFECT = ("the optimizer (Adam moments) and the learning-rate schedule start fresh at that step: warmup "
+                       "runs again and the decay starts from the top")  # fmt: skip
 
 
 @dataclass
 class ResumeChoice:
     """What ROCMFT_RESUME decided. ``checkpoint``: the folder to resume from (None: start over); ``skipped``:
-    incomplete checkpoints with the reason; ``note``: one line for the log."""
+    incomplete checkpoints with the reason; ``note``: one line for the log; ``missing``: what ``checkpoint`` lacks
+    (:func:`missing_state`), None when it holds the whole training state; ``weights_only``: the run continues
+    from it anyway (ROCMFT_RESUME_WEIGHTS_ONLY)."""
 
     checkpoint: Path | None
     note: str
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    missing: str | None = None
+    weights_only: bool = False
+
+    def as_record(self) -> dict[str, Any]:
+        """The manifest's ``resume`` object: ``{checkpoint, weights_only, missing}`` (checkpoint None: step 0)."""
+        checkpoint = str(self.checkpoint) if self.checkpoint is not None else None
+        return {"checkpoint": checkpoint, "weights_only": self.weights_only, "missing": self.missing}
 
 
 def checkpoints(output_dir: Path) -> list[Path]:
@@ -90,16 +138,20 @@ def checkpoints(output_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(CHECKPOINT.match(p.name).group(1)), reverse=True)
 
 
-def newest_complete(output_dir: Path, at_most_step: int | None = None) -> ResumeChoice:
-    """The newest complete checkpoint (at or below ``at_most_step`` when given), with the skipped ones."""
+def newest_complete(output_dir: Path, at_most_step: int | None = None, whole_state: bool = False) -> ResumeChoice:
+    """The newest complete checkpoint (at or below ``at_most_step`` when given), with the skipped ones; with
+    ``whole_state`` only one that holds its optimizer state too (:func:`missing_state`)."""
     skipped = []
     for folder in checkpoints(output_dir):
         step = int(CHECKPOINT.match(folder.name).group(1))
         if at_most_step is not None and step > at_most_step:
             continue
         problem = checkpoint_problem(folder)
+        missing = missing_state(folder) if problem is None else None
+        if whole_state and missing is not None:
+            problem = missing
         if problem is None:
-            return ResumeChoice(folder, f"resuming from {folder} (step {step})", skipped)
+            return ResumeChoice(folder, f"resuming from {folder} (step {step})", skipped, missing)
         skipped.append((folder.name, problem))
     return ResumeChoice(None, "no complete checkpoint: starting from step 0", skipped)
 
@@ -109,7 +161,7 @@ def last_good_checkpoint(output_dir: Path, losses: list[dict[str, Any]]) -> Path
     the worker's ``{"step", "loss"}`` records). A checkpoint saved between that log and the detection may
     already hold NaN weights, so it is never chosen."""
     good_step = max((entry["step"] for entry in losses), default=0)
-    return newest_complete(output_dir, at_most_step=good_step).checkpoint
+    return newest_complete(output_dir, at_most_step=good_step, whole_state=True).checkpoint
 
 
 def differences(previous: dict[str, Any], current: dict[str, Any], named=None) -> list[str]:
@@ -125,8 +177,60 @@ def differences(previous: dict[str, Any], current: dict[str, Any], named=None) -
     return changed
 
 
+def weights_only(choice: ResumeChoice, label: str, allowed: bool, deepspeed: bool) -> ResumeChoice:
+    """``choice`` when its checkpoint holds the whole training state; the weights-only continuation when
+    ``allowed`` (ROCMFT_RESUME_WEIGHTS_ONLY=true), with a note that says what it changes. ``label`` names the
+    setting that chose the checkpoint (``ROCMFT_RESUME=auto``, ``RESUME_FROM_CHECKPOINT=... (set in ...)``).
+
+    Raises:
+        ConfigError: the checkpoint lacks its optimizer state (:func:`missing_state`) and ``allowed`` is False,
+            naming the folder, what is missing and the two fixes; or ``allowed`` under DeepSpeed (``deepspeed``),
+            whose checkpoint loader needs the global_step folder (hiyouga/LlamaFactory#5497).
+    """
+    folder, missing = choice.checkpoint, choice.missing
+    if folder is None or missing is None:
+        return choice
+    what = (f"{label}: {folder} has no optimizer state ({missing}; SAVE_ONLY_MODEL=true saves none, "
+            "or the folder was copied without it)")  # fmt: skip
+    if allowed and deepspeed:
+        raise ConfigError(f"{what}, and ROCMFT_RESUME_WEIGHTS_ONLY=true cannot continue it under DeepSpeed: "
+                          "transformers' DeepSpeed loader needs the global_step folder and fails after the model "
+                          "loads.",
+                          "Start fresh: ROCMFT_RESUME=never (or a new OUTPUT_DIR); for LoRA, ADAPTER_NAME_OR_PATH="
+                          f"{folder} with a new OUTPUT_DIR starts a new run from its adapter.")  # fmt: skip
+    if not allowed:
+        raise ConfigError(f"{what}: resuming would load its weights and step count but {WEIGHTS_ONLY_EFFECT}, so the "
+                          "run would not be the one it continues.",
+                          "Start fresh: ROCMFT_RESUME=never (or a new OUTPUT_DIR); or continue from its weights with a "
+                          "fresh optimizer: ROCMFT_RESUME_WEIGHTS_ONLY=true (said on the console, recorded in the "
+                          "manifest). To resume exactly next time, leave SAVE_ONLY_MODEL unset.")  # fmt: skip
+    note = (f"{choice.note}, WEIGHTS ONLY (ROCMFT_RESUME_WEIGHTS_ONLY=true): {folder.name} has {missing}; "
+            f"{WEIGHTS_ONLY_EFFECT}")  # fmt: skip
+    return ResumeChoice(folder, note, choice.skipped, missing, weights_only=True)
+
+
+def given_checkpoint(given: str, label: str, *, weights_only_ok: bool, deepspeed: bool) -> ResumeChoice | None:
+    """A RESUME_FROM_CHECKPOINT the user gave (``given``; ``label`` names it): LLaMA-Factory hands it to the trainer
+    as it is, so it is held to the same rule. None when it holds the whole training state, is not a complete checkpoint
+    (the ``paths`` rule and the parser say what is wrong) or is no folder here; the weights-only choice when
+    ``weights_only_ok``.
+
+    Raises:
+        ConfigError: it lacks its optimizer state (:func:`weights_only`).
+    """
+    try:  # a path that is no folder here, or not even a path ("~nobody/x", a NUL): the paths rule names it
+        folder = Path(given).expanduser()
+        if not folder.is_dir() or checkpoint_problem(folder) is not None or missing_state(folder) is None:
+            return None
+    except (OSError, ValueError, RuntimeError):
+        return None
+    choice = ResumeChoice(folder, f"resuming from {folder} ({label})", missing=missing_state(folder))
+    return weights_only(choice, label, weights_only_ok, deepspeed)
+
+
 def choose(setting: str, output_dir: Path, previous: dict[str, Any] | None, current: dict[str, Any],
-           named=None, record: Path | None = None) -> ResumeChoice:  # fmt: skip
+           named=None, record: Path | None = None, *, weights_only_ok: bool = False,
+           deepspeed: bool = False) -> ResumeChoice:  # fmt: skip
     """Apply ROCMFT_RESUME.
 
     Args:
@@ -136,10 +240,12 @@ def choose(setting: str, output_dir: Path, previous: dict[str, Any] | None, curr
         current: this run's arguments plus ``world_size``.
         named: ``name -> text`` naming a current setting and its source for the message (see :func:`differences`).
         record: the earlier run's train.yaml, named in the message as where the earlier values came from.
+        weights_only_ok: ROCMFT_RESUME_WEIGHTS_ONLY: a checkpoint without optimizer state may be continued.
+        deepspeed: the run trains under DeepSpeed.
 
     Raises:
-        ConfigError: a given folder that is not a complete checkpoint; under ``auto``, settings that changed
-            since the checkpoint was written (listed).
+        ConfigError: a given folder that is not a complete checkpoint; a checkpoint without its optimizer state
+            (:func:`weights_only`); under ``auto``, settings that changed since the checkpoint was written (listed).
     """
     if setting == "never":
         return ResumeChoice(None, "ROCMFT_RESUME=never: starting from step 0")
@@ -149,8 +255,9 @@ def choose(setting: str, output_dir: Path, previous: dict[str, Any] | None, curr
         if problem:
             raise ConfigError(f"ROCMFT_RESUME={setting} is not a complete checkpoint: {problem}.",
                               "Point it at a checkpoint-<step> folder, or use auto, never or force.")  # fmt: skip
-        return ResumeChoice(folder, f"resuming from {folder} (ROCMFT_RESUME)")
-    choice = newest_complete(output_dir)
+        choice = ResumeChoice(folder, f"resuming from {folder} (ROCMFT_RESUME)", missing=missing_state(folder))
+        return weights_only(choice, f"ROCMFT_RESUME={setting}", weights_only_ok, deepspeed)
+    choice = weights_only(newest_complete(output_dir), f"ROCMFT_RESUME={setting}", weights_only_ok, deepspeed)
     if choice.checkpoint is None or setting == "force" or previous is None:
         return choice
     changed = differences(previous, current, named)

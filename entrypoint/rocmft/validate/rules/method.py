@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rocmft.errors import ConfigError
-from rocmft.render import Rendered
-from rocmft.validate.rules import rule
-from rocmft.validate.rules.common import named
+from rocmft.render import Rendered, checkpointing
+from rocmft.validate.rules import independent, rule
+from rocmft.validate.rules.common import knob, named
 from rocmft.validate.rules.common import user_set as _user_set
 
 
@@ -62,3 +62,93 @@ def lora_target(run: Rendered) -> None:
             f"{named(run, 'lora_target')} names no module of {named(run, 'model_name_or_path')}: {', '.join(unknown)}.",
             f"Use `all`, or names among the model's linear modules: {', '.join(sorted(found))}.",
         )
+
+
+def _mode_named(run: Rendered, decided_by: str) -> str:
+    """The settings that chose the run's checkpointing mode, named as every rule names them."""
+    if decided_by == "use_reentrant_gc":
+        return named(run, "use_reentrant_gc", True)
+    if _user_set("gradient_checkpointing_kwargs", run.sources):
+        return named(run, "gradient_checkpointing_kwargs")
+    if _user_set("use_reentrant_gc", run.sources) and not run.arguments.get("disable_gradient_checkpointing"):
+        return named(run, "use_reentrant_gc")  # rocmft wrote the Trainer's kwargs from it
+    own = "transformers' own checkpointing: non-reentrant"
+    return (f"{named(run, 'gradient_checkpointing')} with {named(run, 'disable_gradient_checkpointing')} and "
+            f"{named(run, 'gradient_checkpointing_kwargs')} ({own})")  # fmt: skip
+
+
+def _mode_fix(run: Rendered, reentrant: bool) -> str:
+    """The settings that give the run the other checkpointing mode."""
+    word = "true" if reentrant else "false"
+    fix = f"USE_REENTRANT_GC={word}"
+    if run.arguments.get("gradient_checkpointing"):
+        fix += f' and GRADIENT_CHECKPOINTING_KWARGS={{"use_reentrant": {word}}}'
+    if run.arguments.get("disable_gradient_checkpointing"):
+        fix = f'GRADIENT_CHECKPOINTING_KWARGS={{"use_reentrant": {word}}}'
+    return fix
+
+
+@rule("rendered", 93)
+def checkpointing_mode(run: Rendered) -> None:
+    """Gradient checkpointing with adapters (LoRA, OFT): the mode the user wrote must work with frozen weights
+    (rocmft.render.checkpointing, which renders the mode that does where the user wrote none).
+
+    * Reentrant under DDP looking for unused parameters (DDP_FIND_UNUSED_PARAMETERS=true, or unset with OFT):
+      "Expected to mark a variable ready only once" on the first backward (huggingface/peft#313,
+      huggingface/trl#921; reproduced on two gloo ranks, tests/test_checkpointing.py).
+    * Non-reentrant under DeepSpeed ZeRO-3 on more than one process with a DeepSpeed before 0.19.3: "Recomputed
+      values for the following tensors have different metadata" (huggingface/transformers#47254,
+      hiyouga/LlamaFactory#6438; DeepSpeed PR #8148).
+    * USE_REENTRANT_GC=false undone by GRADIENT_CHECKPOINTING=true with reentrant GRADIENT_CHECKPOINTING_KWARGS: the
+      Trainer enables checkpointing again with its kwargs (huggingface/transformers#26221).
+
+    Raises:
+        ConfigError: naming the settings, with the fix.
+    """
+    arguments = run.arguments
+    method = arguments.get("finetuning_type", "lora")
+    mode = checkpointing.reentrant(arguments) if method in checkpointing.ADAPTERS else None
+    if mode is None:
+        return
+    reentrant, decided_by = mode
+    what = f"{_mode_named(run, decided_by)} ({'' if reentrant else 'non-'}reentrant gradient checkpointing) with " \
+           f"{named(run, 'finetuning_type', 'lora')}"  # fmt: skip
+    ddp = run.world_size > 1 and not arguments.get("deepspeed") and not arguments.get("fsdp")
+    given = arguments.get("ddp_find_unused_parameters")
+    with independent():
+        if reentrant and ddp and ((method != "lora") if given is None else bool(given)):
+            unused = (named(run, "ddp_find_unused_parameters") if given is not None
+                      else "DDP_FIND_UNUSED_PARAMETERS not set (transformers: true for an OFT model)")  # fmt: skip
+            raise ConfigError(
+                f"{what} and {unused} on {run.world_size} DDP processes: DDP marks the adapter weights ready at "
+                "forward time and again when reentrant checkpointing recomputes their layer in backward, so the "
+                'first backward fails ("Expected to mark a variable ready only once").',
+                f"Non-reentrant checkpointing, rocmft's default for LoRA/OFT: {_mode_fix(run, False)}; or "
+                "DDP_FIND_UNUSED_PARAMETERS=false.",
+            )
+    with independent():
+        zero3 = checkpointing.sharded(arguments, run.ds_config) == "ZeRO-3" and run.world_size > 1
+        if not reentrant and zero3 and checkpointing.deepspeed_partitions_frozen_in_recompute():
+            stage = knob(run, "zero_stage") if run.ds_config is not None else named(run, "deepspeed")
+            raise ConfigError(
+                f"{what} under DeepSpeed ZeRO-3 ({stage}) on {run.world_size} processes: this DeepSpeed partitions "
+                "the frozen weights again while backward recomputes a layer, so the first backward fails "
+                '("Recomputed values for the following tensors have different metadata"; fixed in DeepSpeed 0.19.3).',
+                f"Reentrant checkpointing, LLaMA-Factory's and rocmft's default under ZeRO-3: {_mode_fix(run, True)}; "
+                "or ZeRO stage 2.",
+            )
+    with independent():
+        own = arguments.get("use_reentrant_gc")
+        if (
+            decided_by == "gradient_checkpointing_kwargs"
+            and reentrant
+            and own is False
+            and _user_set("use_reentrant_gc", run.sources)
+        ):
+            raise ConfigError(
+                f"{named(run, 'use_reentrant_gc')} is undone by {named(run, 'gradient_checkpointing')} with "
+                f"{named(run, 'gradient_checkpointing_kwargs')}: the Trainer enables checkpointing again with those "
+                "kwargs, reentrant.",
+                'Set GRADIENT_CHECKPOINTING_KWARGS={"use_reentrant": false}, or unset GRADIENT_CHECKPOINTING '
+                "(LLaMA-Factory checkpoints by itself unless DISABLE_GRADIENT_CHECKPOINTING=true).",
+            )
