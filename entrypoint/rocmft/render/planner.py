@@ -197,6 +197,9 @@ def plan_defaults(
     plan.sample_tokens = sample_tokens
     _plan_liger(choose, shape, stage, liger_available)
     batch = _requested_batch(choose, arguments, explicit, sample_tokens)
+    if batch.micro < 1 or batch.accumulation < 1:  # refused by the ranges rule, with the setting named
+        plan.note = "the micro-batch or gradient accumulation given is below 1: memory-based choices were not made"
+        return plan
     if shape is None:
         choose.keep("per_device_train_batch_size", batch.micro, f"{model_dir}/config.json is not on disk: not planned")
         choose.keep("gradient_accumulation_steps", batch.accumulation, "kept with the micro-batch")
