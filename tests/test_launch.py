@@ -3,6 +3,7 @@ recorded 2-socket 8-GPU host layout (tests/data/sysfs), and the refusals of impo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -310,3 +311,7 @@ def test_a_first_stop_signal_goes_to_torchruns_ranks_not_to_torchrun_or_their_ch
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+        for record in tmp_path.glob("rank?"):  # torchrun's ranks run in sessions of their own: not in its group
+            for pid in map(int, record.read_text().split()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
