@@ -10,8 +10,8 @@ Three parts, each read-only:
   runs it with a hard timeout (:func:`perf_probe`).
 * **The expected figures** (:data:`MODELS`): per GPU model, the datasheet's peak dense bf16 TFLOPS and memory
   bandwidth with the page they come from, and the share of each that a healthy GPU reaches in these two kernels
-  (an assumption, stated per row). The AMD rows are published figures that rocmft has not measured; the H200 row
-  is the one to calibrate by running ``bench/preflight.py`` on an H200 (then ``measured`` says where and when).
+  (stated per row). The AMD rows are published figures with assumed shares that rocmft has not measured; the H200
+  row's shares were measured with ``bench/preflight.py`` on an H200 (``measured`` says where and when).
 * **The node's versions** (:func:`node_versions`): rocmft, torch, ROCm (or CUDA), the kernel driver and the image's
   build record, which node 0 compares across the nodes of a job.
 """
@@ -83,8 +83,9 @@ class Model:
 # * RDNA 3 (Radeon): the datasheet's FP16 figure is the WMMA matrix rate; RDNA 3 has the same WMMA for bf16
 #   (V_WMMA_F32_16X16X16_BF16 beside _F16, RDNA 3 ISA guide), assumed at the same rate; half of it and 80% of the
 #   bandwidth, as for CDNA.
-# * Hopper (H200): assumed 70% of the dense bf16 peak for cuBLAS's large GEMMs and 80% of the bandwidth for copies,
-#   not yet measured by rocmft: to be replaced by the shares bench/preflight.py measures on an H200.
+# * Hopper (H200): measured by rocmft on one H200 SXM (2026-12-03, `bench/preflight.py --repeat 3`, then
+#   `--repeat 2 --budget-s 5`; torch 2.11.0+cu130, 700 W): 653-673 TFLOPS (66-68% of the dense peak, the 5 s budget
+#   the lower) and 4183-4188 GB/s (87%); the row takes the lowest of each. The NVL row keeps the assumption.
 _CDNA = "Primus' node smoke test floors an MI300X at 600 TFLOPS (46% of peak) and finds ≈ 4500–5000 GB/s healthy"
 _RDNA = "the FP16 figure is the WMMA rate, assumed for bf16's WMMA too; shares as for CDNA (not measured on RDNA 3)"
 _HOPPER = "assumed: 70% of the dense peak for large bf16 GEMMs, 80% for copies; calibrate with bench/preflight.py"
@@ -112,8 +113,9 @@ MODELS: tuple[Model, ...] = (
     # not GH200 (an H100 with other memory)
     Model("NVIDIA H200 NVL", r"\bH200 NVL", 835.5, 4800.0, "https://www.nvidia.com/en-us/data-center/h200/",
           0.7, 0.8, _HOPPER),
-    Model("NVIDIA H200", r"\bH200\b", 989.5, 4800.0, "https://www.nvidia.com/en-us/data-center/h200/", 0.7, 0.8,
-          _HOPPER),
+    Model("NVIDIA H200", r"\bH200\b", 989.5, 4800.0, "https://www.nvidia.com/en-us/data-center/h200/", 0.66, 0.87,
+          "measured on one H200 SXM: 653-673 TFLOPS, 4183-4188 GB/s (the lowest of 5 runs kept)",
+          measured="H200 SXM, 2026-12-03, bench/preflight.py (BENCHMARKS.md: the performance preflight)"),
 )  # fmt: skip
 # MI350X and MI355X report an empty device name on some ROCm releases (ROCm/mori#464: "torch.cuda.
 # get_device_properties(0).name is empty on MI350X"); their gfx target then stands in, as the slower of the two.
