@@ -170,7 +170,7 @@ def test_rocmft_check_passes_a_single_gpu_container_with_dockers_default_shm(run
            "CUTOFF_LEN": "128", "OUTPUT_DIR": str(output)}  # fmt: skip
     result = run_rocmft("check", env=env)
     assert result.returncode == ExitCode.OK, result.stdout[-3000:]
-    assert "[rocmft] plan: dataloader_num_workers=0 (/dev/shm holds 64 MiB" in result.stdout
+    assert "[rocmft]   DATALOADER_NUM_WORKERS=0: /dev/shm holds 64 MiB" in result.stdout, result.stdout[-3000:]
     assert "--shm-size=1g" in result.stdout
     report = json.loads((output / "rocmft" / "checks.json").read_text())
     assert {c["id"]: c["status"] for c in report["checks"]}["shm"] == "pass"
