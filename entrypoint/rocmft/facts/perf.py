@@ -235,15 +235,21 @@ VERSION_KEYS = ("rocmft", "torch", "rocm", "driver", "image")
 def driver_version(root: Path = Path("/")) -> str | None:
     """The GPU kernel driver's version: ``/sys/module/amdgpu/version`` (the amdgpu DKMS package's; the kernel's own
     inbox amdgpu has no such file, then ``inbox, kernel <release>`` from /proc/sys/kernel/osrelease) or
-    ``/sys/module/nvidia/version``; None without either driver loaded."""
-    for module in ("amdgpu", "nvidia"):
-        folder = root / "sys/module" / module
-        version = _read(folder / "version")
-        if version:
-            return f"{module} {version}"
-        if folder.is_dir():
-            kernel = _read(root / "proc/sys/kernel/osrelease")
-            return f"{module} inbox, kernel {kernel or '?'}"
+    ``/sys/module/nvidia/version``; None without either driver loaded. amdgpu's is read by
+    rocmft.facts.amdgpu.driver_version, the reader the ``driver`` check uses."""
+    from rocmft.facts import amdgpu
+
+    amd = amdgpu.driver_version(root)
+    if amd["version"]:
+        return f"amdgpu {amd['version']}"
+    if amd["loaded"]:
+        return f"amdgpu inbox, kernel {amd['kernel'] or '?'}"
+    nvidia = root / "sys/module/nvidia"
+    version = _read(nvidia / "version")
+    if version:
+        return f"nvidia {version}"
+    if nvidia.is_dir():
+        return f"nvidia inbox, kernel {_read(root / 'proc/sys/kernel/osrelease') or '?'}"
     return None
 
 
