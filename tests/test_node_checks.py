@@ -282,14 +282,12 @@ def holder(tmp_path):
     """A REAL child process of this test holding a file open at a path that stands in for a device node."""
     fake = tmp_path / "fakegpu0"
     fake.touch()
-    child = subprocess.Popen([sys.executable, "-c", f"f = open({str(fake)!r}); import time; time.sleep(60)"],
-                             stdout=subprocess.PIPE)  # fmt: skip
+    # The child says "open" once it holds the file; waiting for that line needs no polling of /proc, where the
+    # interpreter's own short-lived descriptors can vanish between listdir and readlink (a CI run's FileNotFoundError).
+    code = f"f = open({str(fake)!r}); print('open', flush=True); import time; time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        for _ in range(100):  # until the child has opened it
-            fds = os.listdir(f"/proc/{child.pid}/fd")
-            if any(os.readlink(f"/proc/{child.pid}/fd/{fd}") == str(fake) for fd in fds if fd.isdigit()):
-                break
-            __import__("time").sleep(0.05)
+        assert child.stdout.readline().strip() == "open", "the child did not open the stand-in device"
         yield child, str(tmp_path / "fakegpu*")
     finally:
         child.kill()
