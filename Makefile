@@ -239,7 +239,7 @@ lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the G
 	$(BIN)/hadolint --config docker/hadolint.yaml Dockerfile docker/serve/Dockerfile.cpu
 	$(BIN)/shellcheck -x -P SCRIPTDIR docker/steps/*.sh docker/rehearsal/*.sh docker/ensure-docker.sh entrypoint/container-entry.sh
 	$(BIN)/shellcheck -x -P SCRIPTDIR docker/apptainer/*.sh
-	$(BIN)/shellcheck -x -P SCRIPTDIR deploy/slurm/local-cluster.sh deploy/slurm/train.sbatch
+	$(BIN)/shellcheck -x -P SCRIPTDIR deploy/slurm/local-cluster.sh deploy/slurm/train.sbatch deploy/k8s/render.sh
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(BIN)/zizmor --offline --quiet .github/workflows/
 	@if docker compose version >/dev/null 2>&1; then \
