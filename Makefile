@@ -233,13 +233,14 @@ test: docker-ready slurm-ready vllm-ready lint ## lint, then the whole test suit
 test-fast: venv ## the in-process tests only (rules, render, planner, checks on injected records): the inner loop
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
-lint: venv ## ruff, hadolint (Dockerfile), and `docker compose config` for the GPU and cpu setups
+lint: venv ## ruff, hadolint (Dockerfile), shellcheck, the workflow's lint (jactionlint, schema, zizmor), and `docker compose config`
 	$(BIN)/ruff check entrypoint tests bench docker
 	$(BIN)/ruff format --check entrypoint tests bench docker
 	$(BIN)/hadolint --config docker/hadolint.yaml Dockerfile docker/serve/Dockerfile.cpu
 	$(BIN)/shellcheck -x -P SCRIPTDIR docker/steps/*.sh docker/rehearsal/*.sh docker/ensure-docker.sh entrypoint/container-entry.sh
 	$(BIN)/shellcheck -x -P SCRIPTDIR docker/apptainer/*.sh
-	$(BIN)/shellcheck -x -P SCRIPTDIR deploy/slurm/local-cluster.sh deploy/slurm/train.sbatch
+	$(BIN)/shellcheck -x -P SCRIPTDIR deploy/slurm/local-cluster.sh deploy/slurm/train.sbatch deploy/k8s/render.sh
+	$(BIN)/jactionlint --no-color --shellcheck=$(BIN)/shellcheck .github/workflows/*.yml
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(BIN)/zizmor --offline --quiet .github/workflows/
 	@if docker compose version >/dev/null 2>&1; then \

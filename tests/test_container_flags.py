@@ -43,7 +43,8 @@ def test_gpu_devices_not_accessible_gives_the_group_flag():
                                                                 "access": False}]  # fmt: skip
     outcome = checks.gpu_devices(plan(device_nodes=nodes))  # injected: the render node's group not added
     assert outcome.status == FAIL
-    has_all(outcome.remedy, ["docker run --group-add 109", "RENDER_GID=109 in .env", "usermod -aG render,video"])
+    has_all(outcome.remedy, ["docker run --group-add 109", "RENDER_GID=109 in .env", "usermod -aG render,video",
+                             "RENDER_GID=109 deploy/k8s/render.sh"])  # fmt: skip
 
 
 def test_gpu_runtime_without_gpus_gives_the_device_flags():

@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,10 @@ CRDS = {
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org-trainjob-v1alpha1.json",
     ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "trainer.kubeflow.org-trainingruntime-v1alpha1.json",
 }
+RENDER = ROOT / "deploy" / "k8s" / "render.sh"
+# a render group id unlike the 109 the manifests once hard-coded (Fedora and Arch hosts give render 992 or 993)
+RENDER_GID = "993"
+JOBS = [ROOT / "deploy" / "k8s" / name for name in ("pytorchjob.yaml", "trainjob.yaml")]
 CORE = {("v1", "ConfigMap"): "ConfigMap", ("v1", "PersistentVolumeClaim"): "PersistentVolumeClaim"}
 
 
@@ -82,9 +88,22 @@ def violations(doc: Any) -> list[str]:
     return sorted(set(found))
 
 
+def render(path: Path, render_gid: str | None) -> subprocess.CompletedProcess[str]:
+    """deploy/k8s/render.sh run on ``path`` with RENDER_GID set to ``render_gid`` (unset when None)."""
+    env = {k: v for k, v in os.environ.items() if k != "RENDER_GID"}
+    env |= {} if render_gid is None else {"RENDER_GID": render_gid}
+    return subprocess.run(["bash", str(RENDER), str(path)], env=env, capture_output=True, text=True, check=False)
+
+
 def documents(path: Path) -> list[Any]:
-    """The documents of one manifest file (YAML anchors resolved, as kubectl resolves them)."""
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    """The documents of one manifest file as applied (YAML anchors resolved, as kubectl resolves them): a manifest
+    with the ${RENDER_GID} placeholder goes through deploy/k8s/render.sh first, with a GID no default has."""
+    text = path.read_text()
+    if "${RENDER_GID}" in text:
+        done = render(path, RENDER_GID)
+        assert done.returncode == 0, done.stderr
+        text = done.stdout
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
 
 
 def test_manifests_are_there() -> None:
@@ -197,3 +216,49 @@ def test_an_unknown_kind_is_named() -> None:
     assert violations({"apiVersion": "batch/v1", "kind": "Job"}) == [
         "/: no vendored schema for apiVersion 'batch/v1' kind 'Job' (tests/data/k8s-schemas/README.md)"
     ]
+
+
+@pytest.mark.parametrize("path", JOBS, ids=lambda p: p.name)
+def test_render_gid_lands_in_every_pod(path: Path) -> None:
+    """deploy/k8s/render.sh with RENDER_GID=993 gives every pod of the job the groups video (44) and 993, and the
+    rendered job validates; no other line of the manifest changes."""
+    docs = documents(path)
+    templates = [template for doc in docs for _, template in pod_templates(doc)]
+    assert templates, f"no pod template in {path.name}"
+    assert [t["spec"]["securityContext"]["supplementalGroups"] for t in templates] == [[44, 993]] * len(templates)
+    assert all(violations(doc) == [] for doc in docs)
+    rendered, raw = render(path, RENDER_GID).stdout.splitlines(), path.read_text().splitlines()
+    assert [(a, b) for a, b in zip(raw, rendered, strict=True) if a != b] == [
+        (line, line.replace("${RENDER_GID}", "993")) for line in raw if "${RENDER_GID}" in line
+    ]
+
+
+@pytest.mark.parametrize("path", JOBS, ids=lambda p: p.name)
+def test_an_unrendered_job_is_refused_at_its_groups(path: Path) -> None:
+    """Applied without render.sh, the placeholder is a string where the schema wants an integer: refused at
+    supplementalGroups, instead of a pod that starts without the node's render group."""
+    problems = [p for doc in yaml.safe_load_all(path.read_text()) if doc for p in violations(doc)]
+    assert problems
+    assert all(p.split(": ", 1)[0].endswith("/securityContext/supplementalGroups/1") for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [(None, "RENDER_GID is not set"), ("", "RENDER_GID is not set"), ("render", "RENDER_GID=render is not a group id"),
+     ("-1", "RENDER_GID=-1 is not"), ("2147483648", "RENDER_GID=2147483648 is not"), ("0993", "RENDER_GID=0993")],
+)  # fmt: skip
+def test_a_bad_render_gid_is_refused(value: str | None, says: str) -> None:
+    """Unset, empty, a name, negative, past Kubernetes' maximum GID (2^31 - 1) or a leading zero: exit 2, a message
+    naming RENDER_GID and how to read it on the node, and nothing on stdout for kubectl to apply."""
+    done = render(JOBS[0], value)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert says in done.stderr and "stat -c %g /dev/kfd" in done.stderr, done.stderr
+
+
+def test_render_refuses_a_file_without_the_placeholder(tmp_path: Path) -> None:
+    """common.yaml has no pod: rendering it is a mistake, said so (exit 2), not a silent copy."""
+    done = render(ROOT / "deploy" / "k8s" / "common.yaml", RENDER_GID)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "has no ${RENDER_GID} placeholder" in done.stderr
+    missing = render(tmp_path / "nope.yaml", RENDER_GID)
+    assert (missing.returncode, missing.stdout) == (2, "") and "nope.yaml: no such readable file" in missing.stderr

@@ -34,8 +34,9 @@ def render_group(gid: int | str) -> str:
     """The flags that add group ``gid`` (the owner of a GPU device node) to the container's user."""
     return (
         f"docker run --group-add {gid}; compose: RENDER_GID={gid} in .env (compose.yaml's group_add: "
-        f'["${{RENDER_GID}}"]); Apptainer and Slurm keep your own groups: `sudo usermod -aG render,video $USER` '
-        "on the host"
+        f'["${{RENDER_GID}}"]); Kubernetes: RENDER_GID={gid} deploy/k8s/render.sh deploy/k8s/<job>.yaml | '
+        "kubectl apply -f - (the pod's supplementalGroups); Apptainer and Slurm keep your own groups: "
+        "`sudo usermod -aG render,video $USER` on the host"
     )
 
 
