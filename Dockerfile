@@ -71,6 +71,8 @@ ARG REHEARSAL=0
 ARG FLASH_ATTN_VERSION
 COPY --from=profile /flash-attn.env /etc/rocmft/build-profile.env
 COPY docker/steps/flash-attn.sh /opt/rocmft/build/
+# fixes carried for the pinned flash-attn until upstream releases them (each patch says where upstream has it)
+COPY docker/patches /opt/rocmft/build/patches
 RUN --mount=type=secret,id=ca_bundle FLASH_ATTN_VERSION=${FLASH_ATTN_VERSION} /opt/rocmft/build/flash-attn.sh
 
 FROM stack AS target
