@@ -71,16 +71,19 @@ ARG REHEARSAL=0
 ARG FLASH_ATTN_VERSION
 COPY --from=profile /flash-attn.env /etc/rocmft/build-profile.env
 COPY docker/steps/flash-attn.sh /opt/rocmft/build/
+# fixes carried for the pinned flash-attn until upstream releases them (each patch says where upstream has it)
+COPY docker/patches /opt/rocmft/build/patches
 RUN --mount=type=secret,id=ca_bundle FLASH_ATTN_VERSION=${FLASH_ATTN_VERSION} /opt/rocmft/build/flash-attn.sh
 
 FROM stack AS target
 ARG REHEARSAL=0
 ARG ARCH
-# flash-attention's Triton backend (gfx1100) is chosen at import by FLASH_ATTENTION_TRITON_AMD_ENABLE
-# (flash_attn_interface.py): set for every process in the image, the build check's import included. `make image`
-# derives FA_TRITON from FLASH_ATTN_BACKEND. (The argument has another name than the variable: a build argument is
-# visible to later RUN steps, also of later stages, but not in the finished image, so the build check could pass
-# on a value users never get; `make image` checks the finished image's environment again.)
+# flash-attention's Triton backend (FLASH_ATTN_BACKEND=triton, which no shipped profile uses since issue 31) is
+# chosen at import by FLASH_ATTENTION_TRITON_AMD_ENABLE (flash_attn_interface.py): set for every process in the
+# image, the build check's import included. `make image` derives FA_TRITON from FLASH_ATTN_BACKEND. (The argument
+# has another name than the variable: a build argument is visible to later RUN steps, also of later stages, but
+# not in the finished image, so the build check could pass on a value users never get; `make image` checks the
+# finished image's environment again.)
 ARG FA_TRITON=FALSE
 ENV FLASH_ATTENTION_TRITON_AMD_ENABLE=${FA_TRITON}
 COPY --from=profile /build.env /etc/rocmft/build-profile.env

@@ -180,14 +180,19 @@ def flash_attn_source(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(("switch", "status"), [("TRUE", PASS), (None, FAIL)])
-def test_the_triton_backend_imports_only_with_its_switch_in_the_environment(flash_attn_source, switch, status):
+def test_the_triton_backend_imports_only_with_its_switch_in_the_environment(flash_attn_source, tmp_path, switch,
+                                                                             status):  # fmt: skip
     """Finding 5, on flash-attention's real code: the build check imports flash_attn in the environment the image
     gives every process. With FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE the Triton backend imports (on this CPU,
-    with this environment's triton); without it the import falls through to the CUDA extension, which a gfx1100
-    image does not have, and the environment rule says so first."""
+    with this environment's triton); without it the import falls through to the CUDA extension, which a Triton
+    image does not have, and the environment rule says so first. No shipped profile uses the Triton backend since
+    issue 31 (gfx1100.env says why); a gfx1100 profile that opts back in is checked here."""
+    text = (REPO / "docker/arch/gfx1100.env").read_text()
+    assert "FLASH_ATTN_BACKEND=none\n" in text
+    (tmp_path / "gfx1100.env").write_text(text.replace("FLASH_ATTN_BACKEND=none\n", "FLASH_ATTN_BACKEND=triton\n"))
     code = (
         "import json, sys; from rocmft.image import buildinfo; "
-        f"p = buildinfo.read_profile(buildinfo.Path({str(REPO / 'docker/arch/gfx1100.env')!r})); "
+        f"p = buildinfo.read_profile(buildinfo.Path({str(tmp_path / 'gfx1100.env')!r})); "
         "print(json.dumps([c.__dict__ for c in buildinfo.check_flash_attn(p, rehearsal=False)]))"
     )
     env = {k: v for k, v in os.environ.items() if k != "FLASH_ATTENTION_TRITON_AMD_ENABLE"}
@@ -206,6 +211,58 @@ def test_the_triton_backend_imports_only_with_its_switch_in_the_environment(flas
     unswitched = subprocess.run([sys.executable, "-c", "import flash_attn"], env=env, capture_output=True, text=True,
                                 timeout=300)  # fmt: skip
     assert "No module named 'flash_attn_2_cuda'" in unswitched.stderr
+
+
+def test_the_hipify_v2_patch_applies_to_the_real_sdist_and_guards_every_hip_stream_call(flash_attn_source, tmp_path):
+    """Issue 31: flash-attn 2.8.3's CK bindings call at::cuda::getCurrentHIPStream(), which torch's hipify v2 (torch
+    2.11) no longer provides. docker/steps/flash-attn.sh applies docker/patches/flash-attn-2.8.3-*.patch (upstream's
+    fix, Dao-AILab/flash-attention 48ecd149) with git apply, as here, to the real sdist: every such call is then
+    behind #ifdef HIPIFY_V2's #else, and the patched setup.py's condition holds for this torch 2.11."""
+    import torch.utils.hipify
+    from packaging.version import Version
+
+    patches = sorted((REPO / "docker" / "patches").glob("flash-attn-2.8.3-*.patch"))
+    assert patches, "no flash-attn 2.8.3 patch in docker/patches"
+    tree = tmp_path / "flash_attn-2.8.3"
+    shutil.copytree(flash_attn_source, tree)
+    for patch in patches:
+        subprocess.run(["git", "-C", str(tree), "apply", "--verbose", str(patch)], check=True, capture_output=True)
+    calls = 0
+    for source in sorted((tree / "csrc" / "flash_attn_ck").glob("*.cpp")):
+        lines = source.read_text().splitlines()
+        for number, line in enumerate(lines):
+            if "getCurrentHIPStream" in line:
+                calls += 1
+                guard = [lines[number - 3].strip(), lines[number - 1].strip()]
+                assert guard == ["#ifdef HIPIFY_V2", "#else"], f"{source.name}:{number + 1} is not guarded"
+                assert "getCurrentCUDAStream" in lines[number - 2]
+    assert calls == 3  # mha_fwd, mha_bwd, mha_varlen_fwd (the issue's three call sites)
+    setup = (tree / "setup.py").read_text()
+    assert '"-DHIPIFY_V2"' in setup and "from torch.utils.hipify import __version__" in setup
+    assert Version(torch.utils.hipify.__version__) >= Version("2.0.0")  # so the flag is set for this torch
+
+
+@pytest.mark.parametrize(("available_gib", "limit_gib", "cores", "jobs"), [
+    (100, None, 64, 11),  # setup.py's rule: min(cores / 2, GiB / 9)
+    (100, 40, 64, 4),  # a builder limited to 40 GiB (4 in use): 36 / 9, not the host's 100 / 9
+    (100, None, 8, 4),  # cores bound it
+    (5, None, 64, 1),  # never below one
+])  # fmt: skip
+def test_flash_attn_build_jobs_follow_the_builders_memory(tmp_path, available_gib, limit_gib, cores, jobs):
+    """Issue 31: MAX_JOBS for the CK build from the memory the build container may use (~9 GB a job, flash-attn
+    2.8.3's setup.py), not the host's, which setup.py's psutil reads."""
+    gib = 1024**3
+    (tmp_path / "meminfo").write_text(f"MemTotal: 1 kB\nMemAvailable: {available_gib * gib // 1024} kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    if limit_gib is not None:
+        (cgroup / "memory.max").write_text(f"{limit_gib * gib}\n")
+        (cgroup / "memory.current").write_text(f"{4 * gib}\n")
+    else:
+        (cgroup / "memory.max").write_text("max\n")
+    result = subprocess.run(["bash", str(REPO / "docker/steps/flash-attn.sh"), "--jobs", str(tmp_path / "meminfo"),
+                             str(cgroup), str(cores)], capture_output=True, text=True, check=True)  # fmt: skip
+    assert result.stdout.strip() == str(jobs)
 
 
 def test_a_rehearsal_skips_what_needs_torch_and_says_why():

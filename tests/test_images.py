@@ -48,7 +48,7 @@ def _broken(tmp_path: Path, arch: str, old: str, new: str) -> list[str]:
     ("gfx942", "NVIDIA_WHEELS=forbidden\n", "", "NVIDIA_WHEELS is missing"),
     ("gfx942", "BITSANDBYTES=wheel", "BITSANDBYTES=yes", "BITSANDBYTES=yes is not one of wheel, source, none"),
     ("gfx942", "ROCM_VERSION=7.2", "ROCM_VERSION=7.1", "does not say ROCm 7.1 (ROCM_VERSION)"),
-    ("gfx1100", "FLASH_ATTN_BACKEND=triton", "FLASH_ATTN_BACKEND=ck", "supports gfx90a, gfx942, gfx950 only"),
+    ("gfx1100", "FLASH_ATTN_BACKEND=none", "FLASH_ATTN_BACKEND=ck", "supports gfx90a, gfx942, gfx950 only"),
     ("gfx90a", "ARCH=gfx90a", "ARCH=gfx942", "ARCH=gfx942 but the file is gfx90a.env"),
     ("gfx950", "BASE_DIGEST=", "BASE_DIGEST=latest", "not a sha256:<64 hex> digest"),
 ])  # fmt: skip

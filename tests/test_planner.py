@@ -108,16 +108,26 @@ def test_user_values_win(qwen7b):
 def test_gfx1100_48gb_card_and_gfx942(qwen7b):  # the W7900 has 48 GB (AMD's product page)
     small = run(qwen7b, RX7900)
     values = chosen(small)
-    assert values["flash_attn"] == "sdpa" and "triton" in small.choices[0].reason  # backend named, not installed
+    assert values["flash_attn"] == "sdpa"
     assert values["per_device_train_batch_size"] * values["gradient_accumulation_steps"] == 16
     assert small.estimate_gib <= RX7900.memory_gib[0] * planner.USABLE_FRACTION
     assert values["per_device_train_batch_size"] < 8  # less memory, smaller micro-batch than on the H200
-    # with flash_attn installed: FA2 (Triton backend on RDNA3, CK on CDNA3), one packed row per micro-batch
-    fa = chosen(run(qwen7b, RX7900, flash=True))
-    assert fa["flash_attn"] == "fa2" and fa["per_device_train_batch_size"] == 1
-    assert fa["gradient_accumulation_steps"] == 16
+    # with flash_attn installed: FA2 on CDNA3 (CK backend), one packed row per micro-batch
     mi300 = run(qwen7b, MI300X, flash=True)
     assert chosen(mi300)["flash_attn"] == "fa2" and "ck backend for gfx942" in mi300.choices[0].reason
+
+
+def test_gfx1100_gets_torchs_own_attention_even_where_flash_attn_is_importable(qwen7b):
+    """Issue 31: gfx1100's profile has no flash-attn (FLASH_ATTN_BACKEND=none: its Triton backend never ran on
+    triton-rocm 3.6). A flash_attn someone installed beside it is not used: SDPA, and neat-packed rows through
+    torch's variable-length attention (AOTriton on ROCm), not one row per micro-batch as under FA2."""
+    assert planner.flash_backend("gfx1100") == "none"
+    plan = run(qwen7b, RX7900, flash=True)
+    values = chosen(plan)
+    assert values["flash_attn"] == "sdpa" and "no flash-attention backend for gfx1100" in plan.choices[0].reason
+    assert values["neat_packing"] is True and plan.packed_attention == "varlen"
+    assert values["per_device_train_batch_size"] > 1  # packed rows batch together under varlen (FA2 forced 1)
+    assert values["per_device_train_batch_size"] * values["gradient_accumulation_steps"] == 16
 
 
 def test_nothing_fits_without_checkpointing_turns_it_on(qwen7b):

@@ -33,9 +33,9 @@ replaces the template's defaults — never a value the user gave (environment or
   token; +33% for full fine-tuning: 2N of 6N), more than a smaller micro-batch loses once a micro-batch holds
   a full row of ``cutoff_len`` tokens. On only when nothing fits without it.
 * the attention implementation (``flash_attn``): FlashAttention-2 where the image's architecture has a
-  backend (Composable Kernel on gfx90a/gfx942/gfx950, Triton on gfx1100: ``FLASH_ATTN_BACKEND`` in
-  docker/arch/<ARCH>.env, the one place that names it) *and* ``flash_attn`` is importable; PyTorch SDPA
-  otherwise, with the reason printed.
+  backend (Composable Kernel on gfx90a/gfx942/gfx950; none on gfx1100, where torch's own AOTriton kernels
+  serve: ``FLASH_ATTN_BACKEND`` in docker/arch/<ARCH>.env, the one place that names it and says why) *and*
+  ``flash_attn`` is importable; PyTorch SDPA otherwise, with the reason printed.
 * ``enable_liger_kernel`` (Liger's fused RMSNorm, SwiGLU, RoPE and fused linear cross-entropy) where
   liger-kernel and triton are importable, the device is a GPU, the model family is one Liger patches and the
   stage is SFT or pre-training (LLaMA-Factory keeps plain logits for the others,
@@ -232,7 +232,8 @@ def _plan_attention(choose: _Chooser, device: DeviceFacts, arch: str | None, com
     if backend != "none" and flash_ok and compute_dtype != "float32":
         choose.set("flash_attn", "fa2", f"FlashAttention-2 ({backend} backend for {arch}) is installed")
     elif backend == "none":
-        choose.set("flash_attn", "sdpa", f"no flash-attention backend for {arch} (docker/arch): PyTorch SDPA")
+        choose.set("flash_attn", "sdpa", f"no flash-attention backend for {arch} (FLASH_ATTN_BACKEND in "
+                   f"docker/arch/{arch or '<ARCH>'}.env): PyTorch SDPA")  # fmt: skip
     elif compute_dtype == "float32":
         choose.set("flash_attn", "sdpa", "FlashAttention-2 has no fp32 kernels: PyTorch SDPA")
     else:
