@@ -164,6 +164,12 @@ def test_wandb_with_a_folder_it_cannot_write_fails(tmp_path):
     assert outcome.status == FAIL and "WANDB_DIR" in outcome.message and "WANDB_DIR=/saves/wandb" in outcome.remedy
 
 
+def test_a_tensorboard_folder_it_cannot_write_fails(tmp_path):
+    outcome = trackers(subject(["tensorboard"], {"TENSORBOARD_LOGGING_DIR": "/proc/tb"}))
+    assert outcome.status == FAIL and "TENSORBOARD_LOGGING_DIR=/proc/tb" in outcome.message
+    assert trackers(subject(["tensorboard"], {"TENSORBOARD_LOGGING_DIR": str(tmp_path / "tb")})).status == PASS
+
+
 @pytest.mark.train
 def test_report_to_mlflow_without_a_store_is_refused_before_the_model_loads(run_rocmft):
     result = run_rocmft("check", env={"REPORT_TO": "mlflow"})

@@ -147,6 +147,19 @@ def _wandb_problem(environ: Mapping[str, str], workdir: Path) -> tuple[str, str]
             "upload later with `wandb sync <WANDB_DIR>/wandb/offline-run-*`.")  # fmt: skip
 
 
+def _tensorboard_problem(environ: Mapping[str, str], workdir: Path) -> tuple[str, str] | None:
+    """(what is wrong, the fix) for TENSORBOARD_LOGGING_DIR, or None. Unset, transformers 5.6's TensorBoardCallback
+    writes under OUTPUT_DIR/runs/ (integration_utils.default_logdir), which the ``output`` check covers."""
+    folder = environ.get("TENSORBOARD_LOGGING_DIR", "").strip()
+    error = _writable(Path(folder).expanduser()) if folder else ""
+    if error:
+        return (
+            f"TENSORBOARD_LOGGING_DIR={folder} cannot be written ({error}).",
+            "Point it at a mounted, writable folder, or unset it (event files then go to OUTPUT_DIR/runs/).",
+        )
+    return None
+
+
 @check("trackers", "trackers in report_to installed and reachable", timeout_s=30)
 def trackers(subject) -> Outcome:
     """Fails for a ``report_to`` name transformers does not know or finds not installed, an MLflow store the client
@@ -182,7 +195,7 @@ def trackers(subject) -> Outcome:
             f"the image, or remove {', '.join(missing)} from REPORT_TO.",
         )  # fmt: skip
     environ, workdir = subject.plan.settings.environ, Path.cwd()
-    judges = {"mlflow": _mlflow_problem, "wandb": _wandb_problem}
+    judges = {"mlflow": _mlflow_problem, "wandb": _wandb_problem, "tensorboard": _tensorboard_problem}
     problems = {name: found for name in names if name in judges if (found := judges[name](environ, workdir))}
     if problems:
         return Outcome(FAIL, ", ".join(problems), " ".join(what for what, _ in problems.values()),
