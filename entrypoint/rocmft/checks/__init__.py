@@ -221,3 +221,4 @@ def _load_builtin_checks() -> None:
     from rocmft.checks import perf  # noqa: F401  (gpu-perf: after the all-reduce probe, so no probe shares the GPUs)
     from rocmft.checks import system  # noqa: F401
     from rocmft.checks import network  # noqa: F401  (after `fabric`: the multi-node preflight, the rendezvous last)
+    from rocmft.checks import trackers  # noqa: F401  (report_to: packages, MLflow store, W&B key; after the host checks)
