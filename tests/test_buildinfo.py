@@ -167,10 +167,27 @@ def test_pypi_triton_in_a_rocm_image_fails_the_build():
 
 
 def test_no_cuda_wheels_rule_reads_the_installed_distributions():
-    """This environment holds nvidia-* wheels: allowed by the cpu profile, refused by a ROCm one."""
+    """This environment holds PyPI torch's nvidia-* and cuda-* wheels: allowed by the cpu profile, refused by a
+    ROCm one, both kinds named."""
     assert buildinfo.check_cuda_wheels(profile("cpu")).status == PASS
     refused = buildinfo.check_cuda_wheels(profile("gfx90a"))
     assert refused.status == FAIL and "nvidia-cublas" in refused.detail
+    assert "cuda-bindings" in refused.detail and "cuda-toolkit" in refused.detail
+
+
+def test_a_cuda_distribution_without_any_nvidia_one_is_refused(tmp_path, monkeypatch):
+    """Finding 8: cuda-bindings alone (what a package requiring cuda-python would bring) is CUDA's too. The
+    environment seen is a folder holding only this .venv's real cuda_bindings and cuda_pathfinder records."""
+    from importlib import metadata
+
+    for name in ("cuda-bindings", "cuda-pathfinder"):
+        distribution = metadata.distribution(name)
+        record = Path(distribution.locate_file(next(f for f in distribution.files if f.name == "METADATA"))).parent
+        shutil.copytree(record, tmp_path / record.name)
+    only_here = metadata.distributions
+    monkeypatch.setattr(metadata, "distributions", lambda: only_here(path=[str(tmp_path)]))
+    refused = buildinfo.check_cuda_wheels(profile("gfx942"))
+    assert refused.status == FAIL and refused.detail.endswith("cuda-bindings, cuda-pathfinder")
 
 
 def test_deepspeed_installed_without_ds_accelerator_is_refused_for_a_gpu_image():
