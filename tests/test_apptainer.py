@@ -147,3 +147,52 @@ def test_the_image_is_read_only_and_runs_as_the_invoking_user(cpu_sif, tmp_path)
     assert lines[0] == str(USER[0]), result.stdout + result.stderr
     assert "Read-only file system" in lines[1] and "Read-only file system" in lines[2], lines
     assert lines[3] == "ok" and (tmp_path / "saves" / "x").stat().st_uid == USER[0]
+
+
+# Stand-ins for what build-sif.sh runs before its squashfs step: docker (the image exists, its architecture, OS and
+# configuration; `docker run` of the helper image), apptainer and mksquashfs. Each records its call and the one that
+# would start the conversion (apptainer build here, docker run in the helper) exits 3, so the script stops there.
+STAND_INS = {
+    "docker": """#!/bin/sh
+echo "docker $1" >>"$CALLS"
+case "$*" in
+  *Architecture*) echo amd64 ;;
+  *.Os*) echo linux ;;
+  *"json .Config"*) echo '{}' ;;
+  run*) exit 3 ;;
+esac
+""",
+    "apptainer": '#!/bin/sh\necho "apptainer $1" >>"$CALLS"\nexit 3\n',
+}
+
+
+@pytest.mark.parametrize(("version_line", "where"), [
+    ("mksquashfs version 4.5.1 (2022/03/17)", "in rocmft-apptainer:1.4.5"),
+    ("mksquashfs version 4.3-git (2014/06/09)", "in rocmft-apptainer:1.4.5"),
+    ("mksquashfs: unknown option", "in rocmft-apptainer:1.4.5"),
+    ("mksquashfs version 4.6.1 (2023/03/25)", "on this host"),
+    ("mksquashfs version 4.7.2 (2025/07/01)", "on this host"),
+])  # fmt: skip
+def test_a_host_mksquashfs_older_than_4_6_is_said_and_the_helper_image_used(tmp_path, version_line, where):
+    """Issue 31, finding 8: the host branch pipes two concatenated tars into `mksquashfs -tar -ignore-zeros`, which
+    squashfs-tools reads from 4.6 on; RHEL 8/9 and Ubuntu 22.04 ship older. build-sif.sh runs with stand-ins whose
+    mksquashfs prints ``version_line`` for ``-version``: the branch taken is the one the version allows."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    scripts = {**STAND_INS, "mksquashfs": f'#!/bin/sh\necho "mksquashfs $1" >>"$CALLS"\necho "{version_line}"\n'}
+    for name, text in scripts.items():
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    calls, out = tmp_path / "calls", tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run(["bash", str(REPO / "docker/apptainer/build-sif.sh"), "rocmft:cpu", str(out / "x.sif")],
+                            env={"PATH": f"{fake}:/usr/bin:/bin", "CALLS": str(calls)}, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert f"Apptainer's OCI conversion of rocmft:cpu's configuration ({where})" in result.stderr
+    old = "needs squashfs-tools >= 4.6: building in the helper image instead" in result.stderr
+    assert old == (where != "on this host"), result.stderr
+    ran = calls.read_text().splitlines()  # each call's program and first argument
+    assert "mksquashfs -version" in ran
+    assert ("apptainer -q" in ran, "docker run" in ran) == ((True, False) if where == "on this host" else (False, True))
+    assert not list(out.iterdir())  # nothing half-written beside the target: the work folder is removed

@@ -111,6 +111,40 @@ def test_an_uncompressed_bundle_in_an_elf_section_is_read(tmp_path):
     assert {"gfx90a", "gfx942", "gfx950", "gfx1100"} <= gfx_targets(tmp_path / "k.so")
 
 
+def test_mixed_bundles_and_magic_bytes_inside_a_bundles_code_are_read_in_file_order(tmp_path):
+    """Finding 3's one-pass scan keeps each magic's next occurrence between bundles: the wheel's real compressed
+    bundle and its decompressed (plain) form alternate in one section, and the plain ones' device code is made to
+    hold both magics (code is opaque bytes; the reader must skip it, not take it for a bundle). The IDs come back in
+    file order, each bundle's once."""
+    import struct
+
+    import zstandard
+
+    data = (BNB / "libbitsandbytes_rocm72.so").read_bytes()
+    start = data.index(b"CCOB")
+    total, size, _hash = struct.unpack_from("<QQQ", data, start + 8)
+    compressed = data[start : start + total]
+    plain = bytearray(zstandard.ZstdDecompressor().decompress(data[start + 32 : start + total], max_output_size=size))
+    (count,) = struct.unpack_from("<Q", plain, 24)
+    entries, position = [], 32
+    for _ in range(count):
+        entries.append(struct.unpack_from("<QQQ", plain, position))
+        position += 24 + entries[-1][2]
+    offset, length, _id_length = max(entries, key=lambda entry: entry[1])  # the largest entry's code
+    assert count > 1 and length > 100
+    middle = offset + length // 2
+    plain[middle : middle + 28] = b"__CLANG_OFFLOAD_BUNDLE__CCOB"
+    section = b"".join(b + b"\0" * (-len(b) % 4096) for b in (compressed, plain, plain, compressed, plain))
+    (tmp_path / "fatbin").write_bytes(section)
+    (tmp_path / "k.c").write_text("int k(void) { return 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "k.so", tmp_path / "k.c"], check=True)
+    subprocess.run(["objcopy", "--add-section", f".hip_fatbin={tmp_path / 'fatbin'}", tmp_path / "k.so"], check=True)
+    ids = bundle_ids(tmp_path / "k.so")
+    one = ids[:count]
+    assert len(set(one)) == count and "hipv4-amdgcn-amd-amdhsa--gfx942" in one
+    assert ids == one * 5
+
+
 def test_a_library_without_device_code_is_a_clear_error():
     with pytest.raises(CodeObjectError, match=r"libbitsandbytes_cpu.so: no .hip_fatbin section"):
         gfx_targets(BNB / "libbitsandbytes_cpu.so")
@@ -133,10 +167,27 @@ def test_pypi_triton_in_a_rocm_image_fails_the_build():
 
 
 def test_no_cuda_wheels_rule_reads_the_installed_distributions():
-    """This environment holds nvidia-* wheels: allowed by the cpu profile, refused by a ROCm one."""
+    """This environment holds PyPI torch's nvidia-* and cuda-* wheels: allowed by the cpu profile, refused by a
+    ROCm one, both kinds named."""
     assert buildinfo.check_cuda_wheels(profile("cpu")).status == PASS
     refused = buildinfo.check_cuda_wheels(profile("gfx90a"))
     assert refused.status == FAIL and "nvidia-cublas" in refused.detail
+    assert "cuda-bindings" in refused.detail and "cuda-toolkit" in refused.detail
+
+
+def test_a_cuda_distribution_without_any_nvidia_one_is_refused(tmp_path, monkeypatch):
+    """Finding 8: cuda-bindings alone (what a package requiring cuda-python would bring) is CUDA's too. The
+    environment seen is a folder holding only this .venv's real cuda_bindings and cuda_pathfinder records."""
+    from importlib import metadata
+
+    for name in ("cuda-bindings", "cuda-pathfinder"):
+        distribution = metadata.distribution(name)
+        record = Path(distribution.locate_file(next(f for f in distribution.files if f.name == "METADATA"))).parent
+        shutil.copytree(record, tmp_path / record.name)
+    only_here = metadata.distributions
+    monkeypatch.setattr(metadata, "distributions", lambda: only_here(path=[str(tmp_path)]))
+    refused = buildinfo.check_cuda_wheels(profile("gfx942"))
+    assert refused.status == FAIL and refused.detail.endswith("cuda-bindings, cuda-pathfinder")
 
 
 def test_deepspeed_installed_without_ds_accelerator_is_refused_for_a_gpu_image():

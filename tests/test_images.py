@@ -169,6 +169,37 @@ def test_the_rocm_lock_is_what_resolving_pyproject_gives():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
+def test_the_build_tools_are_locked_and_the_locked_wheel_gives_flash_attn_its_base_class(tmp_path):
+    """Issue 31, finding 8: docker/steps/system.sh installs pyproject's build requirements (setuptools, wheel) under
+    the lock, and flash-attn builds against them without isolation; its setup.py imports ``wheel.bdist_wheel``, a
+    shim wheel announces it will remove. Each ROCm lock pins both, and at those versions, installed from PyPI, the
+    import flash-attn 2.8.3 makes (its setup.py, line 20) gives a setuptools command it can subclass. Needs PyPI."""
+    import tomllib
+
+    names = [re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0].lower()
+             for r in tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]]  # fmt: skip
+    assert names == ["setuptools", "wheel"]
+    locks = {read_profile(REPO / "docker" / "arch" / f"{arch}.env")["LOCK"] for arch in ROCM_ARCHS}
+    for lock in sorted(locks):
+        pins = dict(line.split("==", 1) for line in (REPO / lock).read_text().splitlines()
+                    if "==" in line and not line.startswith("#"))  # fmt: skip
+        missing = [name for name in names if name not in pins]
+        assert not missing, f"{lock} does not pin {missing}: system.sh would install whatever PyPI has that day"
+        target = tmp_path / lock.replace("/", "_")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                        *(f"{name}=={pins[name]}" for name in names)], check=True, timeout=300)  # fmt: skip
+        probe = "\n".join([
+            "import setuptools, wheel",
+            "from wheel.bdist_wheel import bdist_wheel as _bdist_wheel",
+            "from setuptools.command.bdist_wheel import bdist_wheel",
+            "class CachedWheelsCommand(_bdist_wheel): pass",
+            "print(setuptools.__version__, wheel.__version__, issubclass(CachedWheelsCommand, bdist_wheel))",
+        ])  # fmt: skip
+        result = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(target)},
+                                capture_output=True, text=True, check=True)  # fmt: skip
+        assert result.stdout.split() == [pins["setuptools"], pins["wheel"], "True"], result.stderr
+
+
 def test_the_publishing_workflow_lint_catches_a_broken_workflow(tmp_path):
     """The workflow cannot run here; `make lint` validates it against GitHub's schema. That validator is real:
     it accepts ours and refuses a job with a misspelt key."""

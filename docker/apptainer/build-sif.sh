@@ -17,14 +17,16 @@
 #      insertOCIConfig, insertOCILabels) and base_environment.go, and internal/pkg/build/assemblers/sif.go, at
 #      apptainer v1.4.5.
 #   2. `docker export` of a created (never started) container streams the image's flattened root file system as one
-#      tar, followed by a tar of the mini root's Apptainer entries, into `mksquashfs - -tar -ignore-zeros` (tar input:
-#      squashfs-tools >= 4.6), so nothing is unpacked on disk. The export has Docker's init layer on top of the
-#      image (what `docker run` sees too): mksquashfs drops its /.dockerenv and gives its empty /etc/hosts and
-#      /etc/resolv.conf mode 0644, as Apptainer's makeFiles does (apptainer binds its own over both at run time).
-#      Left as Docker's: /etc/hostname (empty), /dev/console (an empty file; apptainer mounts its own /dev over
-#      /dev) and /etc/mtab (a link to /proc/mounts). Compared with a SIF that `apptainer build docker-archive:` made
-#      of the same image (unsquashfs -lln, 82,326 entries): those are the only differences in name, type, mode,
-#      owner and size, besides the build date in labels.json.
+#      tar, followed by a tar of the mini root's Apptainer entries, into `mksquashfs - -tar -ignore-zeros`, so nothing
+#      is unpacked on disk. -ignore-zeros (two tars in one stream) needs squashfs-tools >= 4.6: its
+#      Documentation/4.6/USAGE-MKSQUASHFS lists it, 4.5.1's USAGE has -tar but not it (plougher/squashfs-tools).
+#      RHEL 8/9 and Ubuntu 22.04 ship older ones: there the helper image is used, with a message (issue 31).
+#      The export has Docker's init layer on top of the image (what `docker run` sees too): mksquashfs drops its
+#      /.dockerenv and gives its empty /etc/hosts and /etc/resolv.conf mode 0644, as Apptainer's makeFiles does
+#      (apptainer binds its own over both at run time). Left as Docker's: /etc/hostname (empty), /dev/console (an
+#      empty file; apptainer mounts its own /dev over /dev) and /etc/mtab (a link to /proc/mounts). Compared with a
+#      SIF that `apptainer build docker-archive:` made of the same image (unsquashfs -lln, 82,326 entries): those are
+#      the only differences in name, type, mode, owner and size, besides the build date in labels.json.
 #   3. The mini SIF's file system partition is replaced by this one (`apptainer sif del` / `sif add`, the same
 #      descriptor: squashfs, primary system partition, group 1, the image's architecture).
 # The root directory keeps the mode Apptainer's OCI build gives it (0700, its build folder's: seen in a SIF it made).
@@ -79,8 +81,21 @@ printf '[{"Config":"config.json","RepoTags":null,"Layers":["layer.tar"]}]' >"$wo
 tar -C "$work/mini" -c -f "$work/image.tar" manifest.json config.json layer.tar
 rm -rf "$work/mini"
 
+# squashfs_new_enough: this host's mksquashfs reads concatenated tars (-tar -ignore-zeros: 4.6 or later, see above);
+# `mksquashfs -version` prints e.g. "mksquashfs version 4.6.1 (2023/03/25)" on its first line
+squashfs_new_enough() {
+  local found
+  found=$(mksquashfs -version 2>/dev/null | sed -n '1s/^mksquashfs version \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')
+  case "$found" in
+    4.[6-9]* | 4.[1-9][0-9]* | [5-9].* | [1-9][0-9]*.*) return 0 ;;
+  esac
+  say "this host's mksquashfs is ${found:-of an unknown version}; -tar -ignore-zeros needs squashfs-tools >= 4.6:" \
+    "building in the helper image instead (or install squashfs-tools 4.6 or later)"
+  return 1
+}
+
 # in_apptainer SCRIPT ARGS...: sh -c SCRIPT with the work folder at $W, stdin passed on; here or in the helper image
-if command -v apptainer >/dev/null 2>&1 && command -v mksquashfs >/dev/null 2>&1; then
+if command -v apptainer >/dev/null 2>&1 && command -v mksquashfs >/dev/null 2>&1 && squashfs_new_enough; then
   where="on this host"
   in_apptainer() { W=$work APPTAINER_TMPDIR=$work APPTAINER_CACHEDIR=$work/cache sh -c "$@"; }
 else

@@ -4,9 +4,9 @@ The ROCm images resolve against this file, never against constraints.txt: that o
 environment's freeze, with PyPI's CUDA torch, its nvidia-* wheels and PyPI's (CUDA) triton, none of which may
 reach a ROCm image. This host reaches PyPI but not the ROCm wheel index, so the lock is made in two parts:
 
-1. pyproject.toml's dependencies and its ``gpu`` extra are resolved by uv for the ROCm images' Python and
-   platform (``PYTHON_VERSION`` of the profile, manylinux_2_28 x86_64), from PyPI as of :data:`AS_OF`, so that the
-   same inputs give the same lock. torch resolves to PyPI's build of the pinned release.
+1. pyproject.toml's dependencies, its ``gpu`` extra and its build requirements are resolved by uv for the ROCm
+   images' Python and platform (``PYTHON_VERSION`` of the profile, manylinux_2_28 x86_64), from PyPI as of
+   :data:`AS_OF`, so that the same inputs give the same lock. torch resolves to PyPI's build of the pinned release.
 2. What only PyPI's CUDA build of torch brings is dropped (the torch triple itself, ``nvidia-*``, ``cuda-*`` and
    ``triton``), and the ROCm index's triple is pinned in their place: the same versions with the ``+rocm<ver>``
    local label, and ``triton-rocm`` at the version PyPI's torch pins ``triton`` to. A ROCm wheel of a torch release
@@ -42,9 +42,17 @@ TORCH_TRIPLE = ("torch", "torchvision", "torchaudio")
 
 
 def requirements() -> list[str]:
-    """pyproject.toml's runtime dependencies plus its ``gpu`` extra: what a ROCm image installs."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return [*project["dependencies"], *project["optional-dependencies"]["gpu"]]
+    """pyproject.toml's runtime dependencies plus its ``gpu`` extra: what a ROCm image installs; and its build
+    requirements (``[build-system] requires``: setuptools, wheel), which docker/steps/system.sh installs into the
+    image's environment under this lock, where flash-attention and DeepSpeed are built without build isolation.
+    flash-attn 2.8.3's setup.py imports ``wheel.bdist_wheel`` (line 20 of its sdist). wheel 0.43.0 was the last to
+    implement it; from 0.44.0 it is a deprecated shim, "will be removed in a future release" (its own warning), that
+    in 0.45.1 to 0.48.0 returns setuptools' command (setuptools >= 70.1; the lock has 81) (wheels from PyPI, opened
+    2026-12-04; issue 31, finding 8). Unlocked, the next wheel release could break the flash-attn build; locked,
+    wheel changes only when this lock is re-resolved, and tests/test_images.py imports it as flash-attn does."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["gpu"], *pyproject["build-system"]["requires"]]
 
 
 def resolve(python_version: str) -> list[tuple[str, str]]:
@@ -89,7 +97,8 @@ def render(profile: dict[str, str], pins: list[tuple[str, str]]) -> str:
     rocm = [f"{name}=={found[name]}{label}" for name in TORCH_TRIPLE] + [f"triton-rocm=={found['triton']}"]
     header = [
         f"# The ROCm {profile['ROCM_VERSION']} images' lock (Python {profile['PYTHON_VERSION']}, manylinux x86_64).",
-        "# Made by `make lock-rocm` (docker/lock/rocm_lock.py): pyproject.toml's dependencies and `gpu` extra,",
+        "# Made by `make lock-rocm` (docker/lock/rocm_lock.py): pyproject.toml's dependencies, `gpu` extra and",
+        "# build requirements (the image's flash-attn and DeepSpeed builds use them, without build isolation),",
         f"# resolved by uv from PyPI as of {AS_OF}, without what only PyPI's CUDA torch brings (nvidia-*, cuda-*,",
         "# triton); the torch triple and triton-rocm below come from the profile's TORCH_INDEX_URL. Do not edit.",
     ]

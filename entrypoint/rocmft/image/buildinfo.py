@@ -8,7 +8,7 @@ listing every broken promise. It inspects the artefacts themselves: the code obj
 * ``python``: the interpreter is the profile's PYTHON_VERSION (the lock was resolved for it);
 * ``torch``: torch/torchvision/torchaudio import; a ROCm image's torch is the HIP build of the profile's
   ROCM_VERSION, and its ``libtorch_hip.so`` carries code for the gfx target (PYTORCH_ROCM_ARCH);
-* ``cuda-wheels``: no ``nvidia-*`` distribution where the profile forbids them;
+* ``cuda-wheels``: no ``nvidia-*`` or ``cuda-*`` distribution where the profile forbids them;
 * ``triton``: in a ROCm image, no PyPI ``triton`` distribution beside triton-rocm (both own ``triton/``);
 * ``bitsandbytes``: the library bitsandbytes will load for the image's HIP version carries the gfx target, and
   its shared-library dependencies resolve (``ldd``);
@@ -208,14 +208,22 @@ def check_torch(profile: dict[str, str]) -> list[Check]:
     return checks
 
 
+# Name prefixes of the CUDA runtime's distributions. PyPI's torch 2.11.0 (Linux x86_64 wheel, its Requires-Dist)
+# requires both kinds: ``cuda-toolkit[cublas,cudart,...]==13.0.2`` and ``cuda-bindings>=13.0.3,<14`` (which brings
+# ``cuda-pathfinder``) besides ``nvidia-cudnn-cu13``, ``nvidia-nccl-cu13`` and the like; NVIDIA's own packages
+# (cuda-python, cuda-core) share the prefix. docker/lock/rocm_lock.py drops the same names from the ROCm lock.
+CUDA_PREFIXES = ("nvidia-", "cuda-")
+
+
 def check_cuda_wheels(profile: dict[str, str]) -> Check:
-    """No ``nvidia-*`` distribution where the profile forbids them."""
+    """No ``nvidia-*`` or ``cuda-*`` distribution (:data:`CUDA_PREFIXES`, PEP 503 names) where the profile forbids
+    them (``NVIDIA_WHEELS=forbidden``): they are CUDA's runtime, which a ROCm image must not carry."""
     if profile.get("NVIDIA_WHEELS") != "forbidden":
         return Check("cuda-wheels", PASS, "allowed by the profile (NVIDIA_WHEELS=allowed)")
-    nvidia = sorted(name for name in _distribution_names() if name.startswith("nvidia-"))
-    if nvidia:
-        return Check("cuda-wheels", FAIL, f"CUDA wheels slipped into a ROCm image: {', '.join(nvidia)}")
-    return Check("cuda-wheels", PASS, "no nvidia-* distribution")
+    cuda = sorted(name for name in _distribution_names() if name.startswith(CUDA_PREFIXES))
+    if cuda:
+        return Check("cuda-wheels", FAIL, f"CUDA wheels slipped into a ROCm image: {', '.join(cuda)}")
+    return Check("cuda-wheels", PASS, "no nvidia-* or cuda-* distribution")
 
 
 def check_triton(profile: dict[str, str]) -> Check:
