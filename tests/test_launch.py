@@ -353,3 +353,20 @@ def test_a_first_stop_signal_goes_to_torchruns_ranks_not_to_torchrun_or_their_ch
             for pid in map(int, record.read_text().split()):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_while_a_run_is_prepared_removes_its_staging_folder_and_exits_143(start_rocmft, tmp_path, tiny_model):
+    """Issue 31, finding 9: on Slurm, when one task refuses its configuration, srun --kill-on-bad-exit sends SIGTERM
+    to the others while they still prepare (render, LLaMA-Factory's parse). Python's default for SIGTERM is to die
+    at once, which left the staging folder in OUTPUT_DIR (an 'empty' saves/<run>/ to `ls`). Now it goes through the
+    same cleanup as a refusal: the staging folder and the OUTPUT_DIR this run created are removed, exit 143."""
+    output = tmp_path / "saves" / "stopped"
+    proc = start_rocmft("train", env={"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(output)})
+    deadline = time.monotonic() + 300
+    while not list(output.glob(".rocmft-staging-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"rocmft ended before its staging folder appeared:\n{proc.communicate()[0][-3000:]}"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, f"{proc.returncode}\n{out[-3000:]}"
+    assert not output.exists(), f"{sorted(p.name for p in output.iterdir())}\n{out[-3000:]}"
