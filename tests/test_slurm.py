@@ -329,3 +329,22 @@ def test_the_arch_profiles_runtime_settings_reach_a_task_started_through_apptain
     assert launch["communication"]["NCCL_DEBUG"] == {"value": "INFO", "source": "user"}
     assert "NCCL_DEBUG" not in launch["environment"]
     assert f"GPU_MAX_HW_QUEUES=2: the cpu profile's runtime default (RUNTIME_ line of {profile})" in job.logs(10**9)
+
+
+def test_a_refused_configuration_ends_the_job_with_the_tasks_code_and_leaves_no_run_folder(
+    cluster, tmp_path, cache_dir, tiny_model
+):
+    """Issue 31, finding 9: four ranks (task mode) whose configuration LLaMA-Factory refuses (a model and no
+    DATASET): the first rank to refuse exits 2 and srun --kill-on-bad-exit stops the others with SIGTERM (143), and
+    srun returns the highest code, 143. The job must end with the task's own code, 2, and leave no saves/<run>/
+    behind: not the run folder, not a staging folder of a rank stopped while preparing, not the exit-code folder."""
+    folder = tmp_path / "job"
+    run = folder / "saves" / "refused"
+    job = submit(folder, cache_dir, 2, {"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(run),
+                                        "SAVES": str(folder / "saves")})  # fmt: skip
+    info = job.wait()
+    logs = job.logs(tail=10**9)
+    assert "CONFIGURATION ERROR" in logs and "Please specify dataset" in logs, logs
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", f"{ExitCode.CONFIG_ERROR}:0"), f"{info}\n{logs}"
+    assert not run.exists(), f"{sorted(str(p) for p in run.rglob('*'))}\n{logs}"
+    assert not list((folder / "saves").iterdir()) and not list((folder / "logs").glob(".rocmft-*")), logs
