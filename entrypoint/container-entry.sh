@@ -1,22 +1,10 @@
 #!/bin/sh
-# Container entry (ENTRYPOINT, behind tini): apply the architecture's runtime profile, then run rocmft.
-# Each RUNTIME_<NAME>=<value> line of /etc/rocmft/arch.env (docker/arch/<ARCH>.env) becomes NAME=<value>,
-# unless NAME is already set: a user's own value always wins. Then `rocmft "$@"` (default: train) replaces
-# this shell, so signals from `docker compose stop` reach rocmft directly.
+# Container entry (ENTRYPOINT, behind tini): run rocmft, `rocmft "$@"` (default: train), replacing this shell so
+# that signals from `docker compose stop` reach rocmft directly.
+# The architecture's runtime profile (RUNTIME_<NAME>=<value> lines of /etc/rocmft/arch.env, docker/arch/<ARCH>.env)
+# is applied by rocmft's launch itself (rocmft.launch.spec.runtime_environment), not here: `apptainer exec ...
+# rocmft train` (deploy/slurm/train.sbatch) and a bare-metal install never run this script.
 set -eu
-profile=${ARCH_PROFILE:-/etc/rocmft/arch.env}
-if [ -r "$profile" ]; then
-  while IFS='=' read -r key value; do
-    case "$key" in
-      RUNTIME_*)
-        name=${key#RUNTIME_}
-        if ! printenv "$name" >/dev/null 2>&1; then
-          export "$name=$value"
-        fi
-        ;;
-    esac
-  done < "$profile"
-fi
 if [ "${ROCMFT_HOLD_ON_CONFIG_ERROR:-0}" != 1 ]; then
   exec rocmft "$@"
 fi

@@ -77,7 +77,8 @@ def test_torchrun_command_for_a_node_of_a_multi_node_job(launch_plan):
 
 def test_single_node_adds_no_network_variables_and_the_users_values_win(launch_plan):
     _, launch = launch_plan({"ROCMFT_DISTRIBUTED": "ddp", "ROCMFT_NPROC_PER_NODE": "2"})
-    assert not any(k.startswith(("NCCL_", "GLOO_")) for k in launch["environment"])
+    profile = {c["variable"] for c in launch["changes"] if c["source"].startswith("RUNTIME_ line of ")}  # NCCL_DEBUG
+    assert not any(k.startswith(("NCCL_", "GLOO_")) for k in set(launch["environment"]) - profile)
     assert "--nnodes 1 --node_rank 0 --nproc_per_node 2" in " ".join(launch["command"])
     _, mine = launch_plan({"ROCMFT_DISTRIBUTED": "ddp"}, {"NNODES": "2", "NCCL_SOCKET_IFNAME": "ib0",
                                                       "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})  # fmt: skip
@@ -108,14 +109,51 @@ def test_communication_settings_name_their_source(tmp_path):
     profile.write_text("ARCH=gfx942\nRUNTIME_NCCL_MIN_NCHANNELS=112\nRUNTIME_NCCL_DEBUG=WARN\n")
     environ = {"NCCL_MIN_NCHANNELS": "112", "NCCL_DEBUG": "INFO", "HIP_VISIBLE_DEVICES": "0,1", "PATH": "/bin"}
     found = communication_environment(environ, {"NCCL_SOCKET_IFNAME": "=eth0"}, profile)
-    assert found == {
+    assert found == {  # the user's own values, even the one equal to the profile's: the launch added neither
         "NCCL_DEBUG": {"value": "INFO", "source": "user"},
-        "NCCL_MIN_NCHANNELS": {"value": "112", "source": "arch profile"},
+        "NCCL_MIN_NCHANNELS": {"value": "112", "source": "user"},
         "NCCL_SOCKET_IFNAME": {"value": "=eth0", "source": "rocmft"},
     }
+    found = communication_environment({}, {"NCCL_DEBUG": "WARN"}, profile)
+    assert found == {"NCCL_DEBUG": {"value": "WARN", "source": "arch profile"}}
     why = {"NCCL_SOCKET_IFNAME": "the default route's interface"}
     found = communication_environment(environ, {"NCCL_SOCKET_IFNAME": "=eth0"}, profile, reasons=why)
     assert found["NCCL_SOCKET_IFNAME"]["source"] == "rocmft: the default route's interface"
+
+
+def test_the_arch_profiles_runtime_settings_reach_the_worker_and_the_users_own_value_wins(launch_plan, tmp_path,
+                                                                                          monkeypatch):  # fmt: skip
+    """Issue 31, finding 4: rocmft's launch itself applies the profile's RUNTIME_<NAME> lines, not only the image's
+    entry script (which `apptainer exec ... rocmft train` and a bare-metal install skip). An injected profile
+    (ARCH_PROFILE) reaches the worker's environment with its source in launch.changes and launch.communication;
+    the user's NCCL_DEBUG wins and is not said. Without ARCH_PROFILE and outside an image, the shipped profile of the
+    GPUs the probe found (8 x MI300X: docker/arch/gfx942.env) applies; an unreadable ARCH_PROFILE is refused."""
+    from rocmft.launch import LaunchSpec
+
+    profile = tmp_path / "site.env"
+    profile.write_text("ARCH=gfx942\nRUNTIME_HSA_NO_SCRATCH_RECLAIM=1\nRUNTIME_GPU_MAX_HW_QUEUES=3\n"
+                       "RUNTIME_NCCL_DEBUG=WARN\n")  # fmt: skip
+    _, record = launch_plan({"ROCMFT_DISTRIBUTED": "ddp"}, {"ARCH_PROFILE": str(profile), "NCCL_DEBUG": "INFO"})
+    worker = LaunchSpec.from_record(record).process_environment({"NCCL_DEBUG": "INFO", "PATH": "/bin"})
+    assert worker["HSA_NO_SCRATCH_RECLAIM"] == "1" and worker["GPU_MAX_HW_QUEUES"] == "3", worker
+    assert worker["NCCL_DEBUG"] == "INFO"
+    changes = {c["variable"]: c for c in record["changes"]}
+    assert changes["GPU_MAX_HW_QUEUES"]["source"] == f"RUNTIME_ line of {profile}", changes
+    assert changes["GPU_MAX_HW_QUEUES"]["why"] == "the gfx942 profile's runtime default"
+    assert "NCCL_DEBUG" not in changes and "NCCL_DEBUG" not in record["environment"]
+    assert record["communication"]["GPU_MAX_HW_QUEUES"] == {"value": "3", "source": "arch profile"}
+    assert record["communication"]["NCCL_DEBUG"] == {"value": "INFO", "source": "user"}
+
+    monkeypatch.delenv("ARCH_PROFILE")
+    monkeypatch.delenv("NCCL_DEBUG")
+    _, shipped = launch_plan({"ROCMFT_DISTRIBUTED": "ddp"})
+    assert shipped["environment"]["HIP_FORCE_DEV_KERNARG"] == "1" and shipped["environment"]["NCCL_DEBUG"] == "WARN"
+    source = {c["variable"]: c["source"] for c in shipped["changes"]}["HIP_FORCE_DEV_KERNARG"]
+    assert source.endswith("gfx942.env"), source
+
+    with pytest.raises(ConfigError) as caught:
+        launch_plan({"ROCMFT_DISTRIBUTED": "ddp"}, {"ARCH_PROFILE": str(tmp_path / "missing.env")})
+    assert f"ARCH_PROFILE={tmp_path / 'missing.env'} cannot be read" in str(caught.value)
 
 
 def test_full_node_settings_apply_only_when_every_gpu_of_the_node_runs():
@@ -315,3 +353,20 @@ def test_a_first_stop_signal_goes_to_torchruns_ranks_not_to_torchrun_or_their_ch
             for pid in map(int, record.read_text().split()):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_while_a_run_is_prepared_removes_its_staging_folder_and_exits_143(start_rocmft, tmp_path, tiny_model):
+    """Issue 31, finding 9: on Slurm, when one task refuses its configuration, srun --kill-on-bad-exit sends SIGTERM
+    to the others while they still prepare (render, LLaMA-Factory's parse). Python's default for SIGTERM is to die
+    at once, which left the staging folder in OUTPUT_DIR (an 'empty' saves/<run>/ to `ls`). Now it goes through the
+    same cleanup as a refusal: the staging folder and the OUTPUT_DIR this run created are removed, exit 143."""
+    output = tmp_path / "saves" / "stopped"
+    proc = start_rocmft("train", env={"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(output)})
+    deadline = time.monotonic() + 300
+    while not list(output.glob(".rocmft-staging-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"rocmft ended before its staging folder appeared:\n{proc.communicate()[0][-3000:]}"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, f"{proc.returncode}\n{out[-3000:]}"
+    assert not output.exists(), f"{sorted(p.name for p in output.iterdir())}\n{out[-3000:]}"

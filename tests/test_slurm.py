@@ -265,3 +265,86 @@ def test_scancel_term_stops_with_a_checkpoint_and_the_requeued_job_resumes_to_th
     step, loss = final_loss(job.output)
     whole_step, whole_loss = final_loss(whole.output)
     assert step == whole_step and loss == pytest.approx(whole_loss, rel=1e-5), job.logs()
+
+
+def standin_apptainer(folder: Path) -> Path:
+    """A stand-in ``apptainer`` (this host has none) in ``folder``/bin, for ``apptainer exec [options] IMAGE
+    COMMAND...``: it runs COMMAND on this host with only what ``--containall`` lets in, the ``APPTAINERENV_*``
+    variables without their prefix (Apptainer's user guide, "Environment and metadata"), APPTAINER_CONTAINER as
+    Apptainer sets it inside, HOME in the --workdir, and this checkout's .venv on PATH as the image's own. Like the
+    real one it never runs the image's entry script (docker's ENTRYPOINT): the point of issue 31, finding 4."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "apptainer"
+    script.write_text(f"""#!/bin/bash
+[[ $1 == exec ]] || {{ echo "stand-in apptainer: only exec" >&2; exit 64; }}
+shift
+workdir=/tmp
+while [[ $1 == -* ]]; do
+  case $1 in
+    --workdir) workdir=$2; shift 2 ;;
+    --bind) shift 2 ;;
+    *) shift ;;
+  esac
+done
+[[ -f $1 ]] || {{ echo "stand-in apptainer: no image $1" >&2; exit 255; }}
+image=$1
+shift
+inside=(PATH={REPO / ".venv" / "bin"}:/usr/bin:/bin HOME="$workdir" APPTAINER_CONTAINER="$image")
+for name in $(compgen -e); do
+  [[ $name == APPTAINERENV_* ]] && inside+=("${{name#APPTAINERENV_}}=${{!name}}")
+done
+exec env -i "${{inside[@]}}" "$@"
+""")
+    script.chmod(0o755)
+    return bin_dir
+
+
+def test_the_arch_profiles_runtime_settings_reach_a_task_started_through_apptainer_exec(cluster, tmp_path, cache_dir,
+                                                                                         tiny_model):  # fmt: skip
+    """Issue 31, finding 4: train.sbatch runs ``apptainer exec ... rocmft train``, which skips the image's entry
+    script, until then the only place the profile's RUNTIME_ lines were exported. rocmft's launch applies them
+    itself: an injected profile (ARCH_PROFILE, passed into the container with PASS_VARS) reaches each node's launch,
+    recorded with its source in the manifest, and the user's own NCCL_DEBUG wins."""
+    profile = tmp_path / "site-gfx.env"
+    profile.write_text("ARCH=cpu\nRUNTIME_GPU_MAX_HW_QUEUES=2\nRUNTIME_HSA_NO_SCRATCH_RECLAIM=1\n"
+                       "RUNTIME_NCCL_DEBUG=WARN\n")  # fmt: skip
+    image = tmp_path / "rocmft.sif"
+    image.write_text("stand-in image\n")
+    bin_dir = standin_apptainer(tmp_path)
+    passed = "OUTPUT_DIR PYTHONPATH PYTHONUNBUFFERED TMPDIR OMP_NUM_THREADS PREPROCESSING_NUM_WORKERS MAX_STEPS " \
+             "LOGGING_STEPS ARCH_PROFILE"  # fmt: skip
+    env = {"ROCMFT_CONTAINER": "apptainer", "IMAGE": str(image), "PASS_VARS": passed, "ARCH_PROFILE": str(profile),
+           "NCCL_DEBUG": "INFO", "MAX_STEPS": "2", "LOGGING_STEPS": "1",
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
+    job = submit(tmp_path / "job", cache_dir, 1, env)
+    info = job.wait()
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), f"{info}\n{job.logs()}"
+    manifest = json.loads((job.output / "rocmft" / "manifest.json").read_text())
+    launch = manifest["launch"]
+    assert launch["environment"].get("GPU_MAX_HW_QUEUES") == "2", f"{launch['environment']}\n{job.logs()}"
+    assert launch["environment"].get("HSA_NO_SCRATCH_RECLAIM") == "1"
+    changes = {c["variable"]: c for c in launch["changes"]}
+    assert changes["GPU_MAX_HW_QUEUES"]["source"] == f"RUNTIME_ line of {profile}", changes
+    assert launch["communication"]["NCCL_DEBUG"] == {"value": "INFO", "source": "user"}
+    assert "NCCL_DEBUG" not in launch["environment"]
+    assert f"GPU_MAX_HW_QUEUES=2: the cpu profile's runtime default (RUNTIME_ line of {profile})" in job.logs(10**9)
+
+
+def test_a_refused_configuration_ends_the_job_with_the_tasks_code_and_leaves_no_run_folder(
+    cluster, tmp_path, cache_dir, tiny_model
+):
+    """Issue 31, finding 9: four ranks (task mode) whose configuration LLaMA-Factory refuses (a model and no
+    DATASET): the first rank to refuse exits 2 and srun --kill-on-bad-exit stops the others with SIGTERM (143), and
+    srun returns the highest code, 143. The job must end with the task's own code, 2, and leave no saves/<run>/
+    behind: not the run folder, not a staging folder of a rank stopped while preparing, not the exit-code folder."""
+    folder = tmp_path / "job"
+    run = folder / "saves" / "refused"
+    job = submit(folder, cache_dir, 2, {"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(run),
+                                        "SAVES": str(folder / "saves")})  # fmt: skip
+    info = job.wait()
+    logs = job.logs(tail=10**9)
+    assert "CONFIGURATION ERROR" in logs and "Please specify dataset" in logs, logs
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", f"{ExitCode.CONFIG_ERROR}:0"), f"{info}\n{logs}"
+    assert not run.exists(), f"{sorted(str(p) for p in run.rglob('*'))}\n{logs}"
+    assert not list((folder / "saves").iterdir()) and not list((folder / "logs").glob(".rocmft-*")), logs

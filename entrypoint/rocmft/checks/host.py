@@ -30,6 +30,49 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def allowed_cpus(environ) -> tuple[int, str]:
+    """The CPUs this process may use and where the number comes from: its affinity (os.sched_getaffinity: a
+    container's cpuset, Slurm's task binding), and under Slurm ``SLURM_CPUS_PER_TASK`` (srun's --cpus-per-task, which
+    deploy/slurm/train.sbatch passes: the allocation's CPUs per task) when smaller, since a cluster without task
+    binding (task/none) leaves the whole node in the affinity."""
+    count = len(os.sched_getaffinity(0))
+    source = "this process's CPU affinity"
+    given = str(environ.get("SLURM_CPUS_PER_TASK") or "")
+    if given.isdigit() and 0 < int(given) < count:
+        count, source = int(given), "SLURM_CPUS_PER_TASK, Slurm's CPUs per task"
+    return count, source
+
+
+# ---------------------------------------------------------------------------------------------------------
+@check("cpus", "CPUs for the processes, threads and loader workers", timeout_s=10)
+def cpus(subject) -> Outcome:
+    """The CPUs this task may use (:func:`allowed_cpus`) against what the launch runs on them: per local process
+    (torchrun's processes on this node; one for a single process or a scheduler's task, which has its own CPUs) its
+    threads (OMP_NUM_THREADS, else 1: torchrun's own default for several processes, torch.distributed.run) plus its
+    data-loader workers (``dataloader_num_workers``, one process each). More than the CPUs warns: they take turns
+    on the cores and the GPUs wait for batches. A site's CPUs per node differ from the hardware's (Frontier and LUMI-G
+    reserve 8 of 64 cores: docs/clusters.md, "CPUs per task"), which is why train.sbatch takes the allocation's."""
+    from rocmft.facts.job import local_processes
+
+    plan = subject.plan
+    environ = plan.settings.environ
+    count, source = subject.probes.get("cpus_allowed", lambda: allowed_cpus(environ))
+    processes = local_processes(plan.settings, plan.device, plan.launcher, plan.layout)  # 1 without torchrun
+    threads_text = str(environ.get("OMP_NUM_THREADS") or "1")
+    threads = int(threads_text) if threads_text.isdigit() and int(threads_text) > 0 else 1
+    workers = int(plan.arguments.get("dataloader_num_workers") or 0)
+    need = processes * (threads + workers)
+    value = f"{count} CPU(s), need {need}"
+    detail = (f"{processes} process(es) x ({threads} thread(s), OMP_NUM_THREADS, + {workers} loader worker(s), "
+              f"DATALOADER_NUM_WORKERS) on {count} CPU(s) ({source})")  # fmt: skip
+    if need <= count:
+        return Outcome(PASS, value, detail)
+    return Outcome(WARN, value, f"More work than CPUs: {detail}; they take turns and the GPUs wait for data.",
+                   "Give the task more CPUs (Slurm: --cpus-per-task, or --exclusive for the whole node; Docker: "
+                   "--cpus/--cpuset-cpus), or lower OMP_NUM_THREADS or DATALOADER_NUM_WORKERS.",
+                   {"cpus": count, "need": need})  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------------
 @check("output", "output folder writable", timeout_s=15)
 def output_writable(subject) -> Outcome:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -77,6 +78,9 @@ def _attempt(restarts: list[Restart], given: CommandLine,
 
     started_at = now()
     workspace, timings = Workspace(), {}
+    default_term = signal.getsignal(signal.SIGTERM)
+    if default_term is signal.SIG_DFL:  # an ignored SIGTERM (nohup-like parents) stays ignored
+        signal.signal(signal.SIGTERM, _stop_preparing)
     try:
         prepared = _prepare(workspace, timings, given, keep_validator=True, overrides=overrides)
         checks = _run_checks(prepared, workspace, timings)
@@ -85,6 +89,8 @@ def _attempt(restarts: list[Restart], given: CommandLine,
     except BaseException:
         workspace.discard()
         raise
+    finally:
+        signal.signal(signal.SIGTERM, default_term)
     manifest_path = plan.run_dir / MANIFEST_FILE
     checks_summary = {
         "status": checks["status"],
@@ -121,6 +127,15 @@ def _attempt(restarts: list[Restart], given: CommandLine,
         say(lost or f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}",
             all_ranks=True)  # fmt: skip
     return code, None
+
+
+def _stop_preparing(signum, _frame) -> None:
+    """SIGTERM while the run is being prepared (render, validate, checks): raise KeyboardInterrupt, as SIGINT does,
+    so that the staging folder and an OUTPUT_DIR this run created are removed (Workspace.discard) and rocmft exits
+    143 (rocmft.cli.main), instead of dying with them half-written. Slurm sends it when another task of the job
+    failed (srun --kill-on-bad-exit: a configuration every node refuses, refused first on one node) or on scancel.
+    From the launch on, rocmft.launch.run.run_spec handles the signals (a stop with a checkpoint)."""
+    raise KeyboardInterrupt(f"signal {signum} before training began")
 
 
 def _write_summary(plan) -> None:

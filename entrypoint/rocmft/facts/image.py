@@ -7,11 +7,16 @@ profiles stand in for the profile of a given gfx target.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# The image's copy of docker/arch/<ARCH>.env (the Dockerfile installs it; container-entry.sh reads it).
+from rocmft.errors import ConfigError
+
+# The image's copy of docker/arch/<ARCH>.env (the Dockerfile installs it; rocmft's launch reads it).
 ARCH_PROFILE = Path("/etc/rocmft/arch.env")
+# The variable naming another profile file (a site's own tuning, a bare-metal install's choice, a test's profile).
+PROFILE_VARIABLE = "ARCH_PROFILE"
 BUILD_RECORD = Path("/etc/rocmft/build.json")  # written by rocmft.image.buildinfo at image build time
 
 
@@ -64,4 +69,41 @@ def profile_for(arch: str, image_profile: Path = ARCH_PROFILE) -> dict[str, str]
     return None
 
 
-__all__ = ["ARCH_PROFILE", "BUILD_RECORD", "build_record", "profile_for", "read_profile", "shipped_profiles"]
+def launch_profile(environ: Mapping[str, str], arch: str, image_profile: Path = ARCH_PROFILE) -> Path | None:
+    """The architecture profile whose ``RUNTIME_``/``FULL_NODE_`` lines the launch applies (rocmft.launch.spec),
+    wherever rocmft runs: ``ARCH_PROFILE=<file>`` when set, else the image's own profile (``/etc/rocmft/arch.env``;
+    also under ``apptainer exec``, which skips the image's entry script), else the shipped
+    docker/arch/<arch>.env of the GPU target ``arch`` the device probe found (a bare-metal or site install);
+    None when there is none (a CPU, an unknown target).
+
+    Args:
+        environ: the run's environment (ARCH_PROFILE is read from it).
+        arch: the gfx target of the GPUs (``gfx942``), or ``""``.
+        image_profile: the image's profile (tests pass another).
+
+    Raises:
+        ConfigError: ARCH_PROFILE names a file that cannot be read, or one without an ``ARCH=`` line.
+    """
+    chosen = environ.get(PROFILE_VARIABLE, "")
+    if chosen:
+        path = Path(chosen)
+        try:
+            values = read_profile(path)
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{PROFILE_VARIABLE}={chosen} cannot be read: {getattr(err, 'strerror', None) or err}.",
+                              f"Point {PROFILE_VARIABLE} at an architecture profile (docker/arch/<ARCH>.env), "
+                              f"or unset it to use the image's.") from err  # fmt: skip
+        if not values.get("ARCH"):
+            raise ConfigError(f"{PROFILE_VARIABLE}={chosen} has no ARCH= line: not an architecture profile.",
+                              f"Point {PROFILE_VARIABLE} at a docker/arch/<ARCH>.env, or unset it.")  # fmt: skip
+        return path
+    if image_profile.is_file():
+        return image_profile
+    shipped = shipped_profiles()
+    if arch and shipped and (shipped / f"{arch}.env").is_file():
+        return shipped / f"{arch}.env"
+    return None
+
+
+__all__ = ["ARCH_PROFILE", "BUILD_RECORD", "PROFILE_VARIABLE", "build_record", "launch_profile", "profile_for",
+           "read_profile", "shipped_profiles"]  # fmt: skip

@@ -4,8 +4,8 @@ Two kinds, both in :attr:`rocmft.launch.LaunchSpec.changes` (printed as one bloc
 recorded in the manifest's ``launch.changes``):
 
 * **variables the launch adds** to the workers' environment: every one goes through :meth:`Added.add` (the value and
-  its change together, so no variable is added unsaid), and the arch profile's runtime defaults that
-  container-entry.sh exported (:func:`profile_changes`);
+  its change together, so no variable is added unsaid), the arch profile's runtime defaults among them
+  (rocmft.launch.spec.runtime_environment);
 * **training arguments rocmft set** rather than the user (:func:`argument_changes`): every value whose source
   (rocmft.config.provenance.Source) is the planner, a restart, or rocmft itself and not the user's (the precision
   policy's flag, the resume decision, a value derived for ROCMFT_ON_HANG), but :data:`PLUMBING`; and the settings a
@@ -93,14 +93,6 @@ def safe_collectives(plan: Plan, environ: Mapping[str, str], added: Added) -> No
             added.add(name, value, why, source)
 
 
-def profile_changes(communication: Mapping[str, Mapping[str, str]], arch: str) -> list[Change]:
-    """The arch profile's runtime defaults among the effective ``communication`` variables
-    (rocmft.launch.spec.communication_environment's ``arch profile`` source): container-entry.sh exported them."""
-    return [Change(name, entry["value"], f"the {arch or 'image'} profile's runtime default",
-                   "docker/arch/<ARCH>.env RUNTIME_ line, exported by container-entry.sh")
-            for name, entry in communication.items() if entry.get("source") == "arch profile"]  # fmt: skip
-
-
 def argument_changes(plan: Plan) -> list[Change]:
     """The settings a restart overrode (``ROCMFT_PRECISION``), then the training arguments rocmft set for this run
     (see the module docstring), each named by its variable (``PER_DEVICE_TRAIN_BATCH_SIZE``)."""
@@ -123,5 +115,4 @@ def _text(value: Any) -> str:
     return spelled(value)
 
 
-__all__ = ["PLUMBING", "SAFE_COLLECTIVES", "Added", "argument_changes", "cache_why", "profile_changes",
-           "safe_collectives"]  # fmt: skip
+__all__ = ["PLUMBING", "SAFE_COLLECTIVES", "Added", "argument_changes", "cache_why", "safe_collectives"]  # fmt: skip

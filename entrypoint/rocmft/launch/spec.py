@@ -1,8 +1,9 @@
 """The launch, decided: a pure builder of how the worker starts (accelerate's ``prepare_*_cmd_env`` is the model).
 
-:func:`build_launch_spec` reads the plan, the environment it is given, the host layout under ``root`` and the image's
-arch profile, and returns a frozen :class:`LaunchSpec` (command, the variables it adds, each communication
-variable with its source, the NUMA binding); it starts nothing and changes nothing. rocmft.launch.run starts it.
+:func:`build_launch_spec` reads the plan, the environment it is given, the host layout under ``root`` and the
+arch profile (rocmft.facts.image.launch_profile), and returns a frozen :class:`LaunchSpec` (command, the variables it
+adds, each communication variable with its source, the NUMA binding); it starts nothing and changes nothing.
+rocmft.launch.run starts it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 from rocmft.changes import Change
 from rocmft.errors import ConfigError
 from rocmft.facts.caches import node_local_caches
-from rocmft.facts.image import ARCH_PROFILE, read_profile
+from rocmft.facts.image import launch_profile, read_profile
 from rocmft.facts.scheduler import JobLayout, job_layout
-from rocmft.launch.changes import LAUNCH, Added, argument_changes, cache_why, profile_changes, safe_collectives
+from rocmft.launch.changes import LAUNCH, Added, argument_changes, cache_why, safe_collectives
 from rocmft.proc import free_port
 from rocmft.render import Plan, processes_per_node
 
@@ -36,8 +37,9 @@ class LaunchSpec:
 
     Attributes:
         command: the command line (``python -m rocmft.worker RUN_DIR``, or torchrun's).
-        environment: the variables the launch adds to the entrypoint's environment (PYTHONUNBUFFERED,
-            FORCE_TORCHRUN, network and full-node settings); the user's own values are never replaced.
+        environment: the variables the launch adds to the entrypoint's environment (PYTHONUNBUFFERED, the arch
+            profile's runtime settings, FORCE_TORCHRUN, network and full-node settings); the user's own values are
+            never replaced.
         numa: the NUMA binding plan's record (rocmft.facts.topology.BindingPlan.as_dict), or
             ``{"enabled": False, "reason"}``.
         network_notes: what the network detection found, one line each.
@@ -84,7 +86,27 @@ class LaunchSpec:
         return {**environ, **self.environment}
 
 
-def full_node_environment(per_node: int, environ: dict[str, str], profile: Path = ARCH_PROFILE) -> dict[str, str]:
+def _profile_values(profile: Path | None) -> dict[str, str]:
+    return read_profile(profile) if profile is not None and profile.is_file() else {}
+
+
+def runtime_environment(environ: Mapping[str, str], profile: Path | None) -> dict[str, str]:
+    """The architecture profile's runtime settings this launch adds: each ``RUNTIME_<NAME>=<value>`` line of
+    ``profile`` (rocmft.facts.image.launch_profile: docker/arch/<ARCH>.env) as NAME=value, unless ``environ`` sets
+    NAME (even to ""): the user's value always wins. They reach the worker(s) through the launch's child
+    environment (:meth:`LaunchSpec.process_environment`), so they apply wherever rocmft runs: the image's entry
+    point, ``apptainer exec ... rocmft train`` (deploy/slurm/train.sbatch, which skips the entry point), a
+    bare-metal install. Each value's reason and source are in the profile's comments.
+
+    Args:
+        environ: the environment the launch starts from.
+        profile: the profile file, or None (nothing to add).
+    """
+    settings = {k.removeprefix("RUNTIME_"): v for k, v in _profile_values(profile).items() if k.startswith("RUNTIME_")}
+    return {name: value for name, value in settings.items() if name not in environ}
+
+
+def full_node_environment(per_node: int, environ: dict[str, str], profile: Path | None = None) -> dict[str, str]:
     """The profile's settings for a node whose GPUs are all in use: each ``FULL_NODE_<NAME>=<value>`` line of the
     image's docker/arch/<ARCH>.env as NAME=value, when this node runs ``FULL_NODE_GPUS`` processes and the user
     has not set NAME; else nothing. gfx942's ``NCCL_MIN_NCHANNELS=112`` is tuned for the 8-GPU Infinity Fabric
@@ -93,25 +115,26 @@ def full_node_environment(per_node: int, environ: dict[str, str], profile: Path 
     Args:
         per_node: processes (GPUs) this node's launch starts.
         environ: the environment the launch starts from (a user's value wins).
+        profile: the profile file (rocmft.facts.image.launch_profile), or None (nothing to add).
     """
-    values = read_profile(profile) if profile.is_file() else {}
+    values = _profile_values(profile)
     if per_node < 1 or per_node != int(values.get("FULL_NODE_GPUS") or 0):
         return {}
     settings = {k.removeprefix("FULL_NODE_"): v for k, v in values.items() if k.startswith("FULL_NODE_")}
     return {name: value for name, value in settings.items() if name != "GPUS" and name not in environ}
 
 
-def communication_environment(environ: dict[str, str], added: dict[str, str], profile: Path = ARCH_PROFILE,
+def communication_environment(environ: dict[str, str], added: dict[str, str], profile: Path | None = None,
                               reasons: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:  # fmt: skip
     """The effective RCCL/NCCL/HIP variables of the launch, each with where it came from.
 
-    Sources: ``arch profile`` (a ``RUNTIME_<NAME>`` line of the image's docker/arch/<ARCH>.env, which
-    container-entry.sh exports unless the user set the name), ``arch profile, full node`` (a ``FULL_NODE_<NAME>``
-    line, :func:`full_node_environment`), ``rocmft`` (the rest of ``added``: network detection for multi-node
-    runs; ``rocmft: <reason>`` where ``reasons`` gives one, e.g. the fabric found), or ``user`` (anything else:
-    the user's value always wins over the profile's).
+    Sources: ``arch profile`` (a ``RUNTIME_<NAME>`` line of ``profile``, docker/arch/<ARCH>.env, which the launch
+    adds unless the user set the name: :func:`runtime_environment`), ``arch profile, full node`` (a
+    ``FULL_NODE_<NAME>`` line, :func:`full_node_environment`), ``rocmft`` (the rest of ``added``: network detection
+    for multi-node runs; ``rocmft: <reason>`` where ``reasons`` gives one, e.g. the fabric found), or ``user``
+    (anything ``environ`` sets: the user's value always wins over the profile's, even when it is the same).
     """
-    values = read_profile(profile) if profile.is_file() else {}
+    values = _profile_values(profile)
     defaults = {k.removeprefix("RUNTIME_"): v for k, v in values.items() if k.startswith("RUNTIME_")}
     full_node = {k.removeprefix("FULL_NODE_"): v for k, v in values.items() if k.startswith("FULL_NODE_")}
     effective = {}
@@ -119,12 +142,14 @@ def communication_environment(environ: dict[str, str], added: dict[str, str], pr
         if not name.startswith(COMMUNICATION_PREFIXES) or name.endswith("_VISIBLE_DEVICES"):
             continue
         value = added.get(name, environ.get(name, ""))
-        if name in added:
-            source = "arch profile, full node" if full_node.get(name) == value else "rocmft"
-            if source == "rocmft" and (reasons or {}).get(name):
-                source = f"rocmft: {reasons[name]}"
+        if name not in added:
+            source = "user"
+        elif full_node.get(name) == value:
+            source = "arch profile, full node"
+        elif defaults.get(name) == value:
+            source = "arch profile"
         else:
-            source = "arch profile" if defaults.get(name) == value else "user"
+            source = f"rocmft: {reasons[name]}" if (reasons or {}).get(name) else "rocmft"
         effective[name] = {"value": value, "source": source}
     return effective
 
@@ -190,9 +215,14 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
 
     environ = dict(environ)
     layout = plan.layout or job_layout(environ)
+    arch = (plan.device.archs or [""])[0].split(":")[0]
+    profile = launch_profile(environ, arch)
     added = Added()
     added.add("PYTHONUNBUFFERED", "1", "the workers' lines reach the console and train.log as they are printed",
               LAUNCH)  # fmt: skip
+    profile_arch = _profile_values(profile).get("ARCH") or arch or "image"
+    added.add_all(runtime_environment(environ, profile), f"the {profile_arch} profile's runtime default",
+                  f"RUNTIME_ line of {profile}")  # fmt: skip
     for choice in node_local_caches(environ).values():  # under Apptainer/Slurm (rocmft.facts.caches)
         added.add(choice.name, choice.value, cache_why(choice.reason), "node-local caches, rocmft.facts.caches")
     numa = None
@@ -211,7 +241,7 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         added.add("FORCE_TORCHRUN", "1", "LLaMA-Factory refuses DeepSpeed and several GPUs without it "
                   "(hiyouga/LlamaFactory#6268)", LAUNCH)  # fmt: skip
         added.add_all(network.env(), reasons, "network detection, rocmft.facts.netenv")
-        added.add_all(full_node_environment(processes_per_node(plan), environ),
+        added.add_all(full_node_environment(processes_per_node(plan), environ, profile),
                       "tuned for a node whose GPUs all train", "docker/arch/<ARCH>.env FULL_NODE_ line")  # fmt: skip
         gpus = (devices or {}).get("gpus", [])[: processes_per_node(plan)]
         addresses = [g.get("pci") for g in gpus]
@@ -224,7 +254,7 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         added.add("HSA_OVERRIDE_GFX_VERSION", *override, "ROCMFT_GFX_OVERRIDE=auto, rocmft.launch.spec.gfx_override")
         reasons["HSA_OVERRIDE_GFX_VERSION"] = override[1]
     safe_collectives(plan, environ, added)  # ROCMFT_COLLECTIVES=safe (a retry after a hang sets it)
-    communication = communication_environment(environ, added.values, reasons=reasons)
+    communication = communication_environment(environ, added.values, profile, reasons=reasons)
     return LaunchSpec(
         command=tuple(worker_command(plan, numa.torchrun_args() if numa else [], environ)),
         environment=added.values,
@@ -234,7 +264,6 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         job=layout.as_record(),
         changes=(
             *argument_changes(plan),
-            *profile_changes(communication, (plan.device.archs or [""])[0].split(":")[0]),
             *added.changes.values(),
         ),
     )
@@ -285,4 +314,4 @@ def worker_command(plan: Plan, numa_args: list[str] | None, environ: Mapping[str
 
 
 __all__ = ["COMMUNICATION_PREFIXES", "LOG_DIR", "LaunchSpec", "build_launch_spec", "communication_environment",
-           "full_node_environment", "worker_command"]  # fmt: skip
+           "full_node_environment", "runtime_environment", "worker_command"]  # fmt: skip
