@@ -217,14 +217,7 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
     layout = plan.layout or job_layout(environ)
     arch = (plan.device.archs or [""])[0].split(":")[0]
     profile = launch_profile(environ, arch)
-    added = Added()
-    added.add("PYTHONUNBUFFERED", "1", "the workers' lines reach the console and train.log as they are printed",
-              LAUNCH)  # fmt: skip
-    profile_arch = _profile_values(profile).get("ARCH") or arch or "image"
-    added.add_all(runtime_environment(environ, profile), f"the {profile_arch} profile's runtime default",
-                  f"RUNTIME_ line of {profile}")  # fmt: skip
-    for choice in node_local_caches(environ).values():  # under Apptainer/Slurm (rocmft.facts.caches)
-        added.add(choice.name, choice.value, cache_why(choice.reason), "node-local caches, rocmft.facts.caches")
+    added = _every_launch_adds(environ, profile, arch)
     numa = None
     network_notes: list[str] = []
     reasons: dict[str, str] = {}
@@ -262,11 +255,22 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         network_notes=tuple(network_notes),
         communication=communication,
         job=layout.as_record(),
-        changes=(
-            *argument_changes(plan),
-            *added.changes.values(),
-        ),
+        changes=(*argument_changes(plan), *added.changes.values()),
     )
+
+
+def _every_launch_adds(environ: Mapping[str, str], profile: Path | None, arch: str) -> Added:
+    """What every launch adds, whatever its mode: PYTHONUNBUFFERED, the arch profile's runtime settings
+    (:func:`runtime_environment`) and, under Apptainer/Slurm, node-local caches (rocmft.facts.caches)."""
+    added = Added()
+    added.add("PYTHONUNBUFFERED", "1", "the workers' lines reach the console and train.log as they are printed",
+              LAUNCH)  # fmt: skip
+    profile_arch = _profile_values(profile).get("ARCH") or arch or "image"
+    added.add_all(runtime_environment(environ, profile), f"the {profile_arch} profile's runtime default",
+                  f"RUNTIME_ line of {profile}")  # fmt: skip
+    for choice in node_local_caches(environ).values():
+        added.add(choice.name, choice.value, cache_why(choice.reason), "node-local caches, rocmft.facts.caches")
+    return added
 
 
 def task_environment(layout: JobLayout, visible_gpus: int) -> dict[str, str]:
