@@ -3,8 +3,9 @@ profiles to the plan: the build record made from docker/arch/<arch>.env, the GPU
 planner's attention and memory for the device.
 
 INJECTED: no RDNA4 card or Strix Halo machine is here. The probe records follow rocmft.records.GpuRecord, shaped as
-tests/test_gpu_checks.py injects them; the R9700's 32 GB is AMD's product page figure (torch reports ~31.9 GiB),
-the Strix Halo's numbers are test_gpu_checks' (a 64 GB machine with amdgpu's default GTT pool, half of it)."""
+tests/test_gpu_checks.py injects them; the R9700's 32 GB as its owner gives it in Dao-AILab/flash-attention#2588
+(torch's GiB figure assumed); the Strix Halo's numbers are test_gpu_checks' (a 64 GB machine with amdgpu's default
+GTT pool, half of it)."""
 
 from __future__ import annotations
 
