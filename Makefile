@@ -205,6 +205,7 @@ ifeq ($(FLAVOUR),cpu)
 	docker compose --progress '$(PROGRESS)' -f docker/serve/build.yaml build serve
 else
 	@test -n '$(SERVE_IMAGE)' || { echo "ERROR: $(ARCH_FILE) has no SERVE_IMAGE (the vLLM image for $(ARCH))" >&2; exit 2; }
+	@test '$(SERVE_IMAGE)' != none || { echo "ERROR: no vLLM image is published for $(ARCH) (SERVE_IMAGE=none in $(ARCH_FILE)): set SERVE_IMAGE there to an image built for $(ARCH), or ROCMFT_SERVE_IMAGE for compose's serve" >&2; exit 2; }
 	@# the engine only: the training image's ROCm base (make docker-ready) is not needed to serve
 	bash docker/ensure-docker.sh
 	docker pull '$(SERVE_IMAGE)'

@@ -24,6 +24,9 @@ DEVICES = {  # name -> (gfx target or CUDA arch, memory in GB as sold)
     "MI250X GCD / MI210 (gfx90a, 64 GB)": ("gfx90a", 64.0),
     "Radeon PRO W7900 (gfx1100, 48 GB)": ("gfx1100", 48.0),
     "RX 7900 XTX (gfx1100, 24 GB)": ("gfx1100", 24.0),
+    "Radeon AI PRO R9700 (gfx1201, 32 GB)": ("gfx1201", 32.0),
+    # an APU's budget is amdgpu's GTT pool (rocmft.facts.device.memory_budget): by default half the system memory
+    "Ryzen AI Max+ 395 (gfx1151, 128 GB, GTT 64)": ("gfx1151", 64.0),
 }
 
 

@@ -25,7 +25,7 @@ ROCM_ARCHS = [a for a in ARCHS if a != "cpu"]
 
 def test_unknown_architecture_is_refused():
     result = subprocess.run(["make", "-s", "plan", "ARCH=gfx908"], cwd=REPO, capture_output=True, text=True)
-    assert result.returncode != 0 and "gfx1100 gfx90a gfx942 gfx950" in result.stderr
+    assert result.returncode != 0 and " ".join(ROCM_ARCHS) in result.stderr and "gfx1201" in ROCM_ARCHS
 
 
 def test_the_shipped_profiles_are_valid():
@@ -51,6 +51,7 @@ def _broken(tmp_path: Path, arch: str, old: str, new: str) -> list[str]:
     ("gfx1100", "FLASH_ATTN_BACKEND=none", "FLASH_ATTN_BACKEND=ck", "supports gfx90a, gfx942, gfx950 only"),
     ("gfx90a", "ARCH=gfx90a", "ARCH=gfx942", "ARCH=gfx942 but the file is gfx90a.env"),
     ("gfx950", "BASE_DIGEST=", "BASE_DIGEST=latest", "not a sha256:<64 hex> digest"),
+    ("gfx1201", "SERVE_IMAGE=none", "SERVE_IMAGE=", "SERVE_IMAGE is empty"),
 ])  # fmt: skip
 def test_a_broken_profile_is_refused_naming_the_key(tmp_path, arch, old, new, words):
     """A profile with a key missing or wrong would have built on silent defaults (a missing NVIDIA_WHEELS read as
@@ -64,6 +65,16 @@ def test_make_refuses_an_invalid_profile_before_building(tmp_path):
     result = subprocess.run(["make", "-s", "profile-check", "ARCH=gfx942", "ARCH_FILE=/dev/null"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode != 0 and "ARCH is missing" in result.stderr, result.stderr
+
+
+def test_serve_image_refuses_an_architecture_without_a_vllm_image():
+    """SERVE_IMAGE=none (gfx1151, gfx1201: no published vLLM image names them) stops make serve-image with exit 2
+    and the way out, before Docker is touched; the profile itself is valid."""
+    result = subprocess.run(["make", "-s", "serve-image", "ARCH=gfx1201"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "no vLLM image is published for gfx1201" in result.stderr and "ROCMFT_SERVE_IMAGE" in result.stderr
+    assert "docker" not in result.stdout
 
 
 def test_an_unpinned_rocm_base_is_refused_where_a_pin_is_required():

@@ -84,7 +84,8 @@ FLASH_ATTN_CK_TARGETS = ("gfx90a", "gfx942", "gfx950")
 def validate_profile(path: Path) -> list[str]:
     """What is wrong with the architecture profile ``path``, each a sentence naming the key and the fix; empty
     when it is usable. Checks: every key of :data:`PROFILE_KEYS` present with an allowed value, ARCH the file's
-    name, SERVE_IMAGE empty on cpu (make serve-image builds that one) and set on ROCm (it pulls that one), and in a
+    name, SERVE_IMAGE empty on cpu (make serve-image builds that one) and set on ROCm (it pulls that one; ``none``
+    where no vLLM image is published for the target, which make serve-image refuses with exit 2), and in a
     ROCm profile the four spellings of its ROCm version agreeing (ROCM_VERSION, the base image's tag,
     TORCH_INDEX_URL, LOCK), a gfx target, and a CK flash-attention backend only on a target flash-attn has."""
     try:
@@ -119,7 +120,8 @@ def validate_profile(path: Path) -> list[str]:
     if not get("SERVE_IMAGE"):
         problems.append(
             f"{path}: SERVE_IMAGE is empty: name the vLLM ROCm image for {get('ARCH')} "
-            "(make serve-image pulls it; see docker/arch/gfx942.env)"
+            "(make serve-image pulls it; see docker/arch/gfx942.env), or none where no published image is known "
+            "(see docker/arch/gfx1201.env)"
         )
     spellings = {
         "the base image's tag": re.search(rf":{re.escape(rocm)}[.-]", get("BASE_IMAGE")) is not None,
