@@ -225,3 +225,23 @@ def test_the_publishing_workflow_lint_catches_a_broken_workflow(tmp_path):
     )
     refused = subprocess.run([*validator, str(broken)], capture_output=True, text=True)
     assert refused.returncode != 0 and "stepz" in refused.stdout
+
+
+def test_every_path_the_dockerfile_copies_is_in_the_build_context():
+    """A COPY whose source .dockerignore leaves out fails the build of every image (docker/patches, added without
+    its .dockerignore line, broke the cpu image and every Docker test of a CI rehearsal). docker-py's own reading of
+    .dockerignore (docker.utils.build.exclude_paths, Docker's matching rules) gives the files the context holds."""
+    from docker.utils.build import exclude_paths
+
+    context = exclude_paths(str(REPO), (REPO / ".dockerignore").read_text().splitlines())
+    values = {"ARCH": "gfx942", "LOCK": "docker/lock/rocm7.2.txt"}
+    sources = []
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        words = line.split()
+        if words[:1] != ["COPY"] or any(w.startswith("--from") for w in words):
+            continue
+        paths = [w for w in words[1:-1] if not w.startswith("--")]
+        sources += [re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], p).rstrip("/") for p in paths]
+    assert len(sources) >= 10, sources  # the recipe's COPY lines were read
+    missing = [s for s in sources if s not in context]
+    assert not missing, f"COPY sources the build context lacks (add them to .dockerignore's allow-list): {missing}"
