@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -436,13 +437,24 @@ def _as_another_user(environ: dict[str, str]) -> subprocess.CompletedProcess:
     """docker/vllm-serve.py --print as uid/gid 1000 when this is root (the serve container's user against files
     root wrote; with the system's python3, which that user may run: the script needs the standard library only),
     else as this user (who cannot read a 000 folder of its own either)."""
-    python, other = sys.executable, {}
+    python, other, script = sys.executable, {}, SERVE
     if os.geteuid() == 0:
         python, other = shutil.which("python3", path="/usr/bin:/bin"), {"user": 1000, "group": 1000, "extra_groups": []}
         if python is None:
             pytest.skip("no system python3 for uid 1000 to run the script with")
-    return subprocess.run([python, str(SERVE), "--print"], env={"PATH": "/usr/bin:/bin", **environ},
-                          capture_output=True, text=True, timeout=60, **other)  # fmt: skip
+        # a copy uid 1000 can read wherever this checkout is (a clone under a 0700 folder, as mktemp -d makes, made
+        # the script itself unreadable: "can't open file ... Permission denied" instead of the verdict under test)
+        folder = Path(tempfile.mkdtemp(prefix="rocmft-serve-script-"))
+        folder.chmod(0o755)
+        script = folder / SERVE.name
+        shutil.copyfile(SERVE, script)
+        script.chmod(0o644)
+    try:
+        return subprocess.run([python, str(script), "--print"], env={"PATH": "/usr/bin:/bin", **environ},
+                              capture_output=True, text=True, timeout=60, **other)  # fmt: skip
+    finally:
+        if script != SERVE:
+            shutil.rmtree(script.parent, ignore_errors=True)
 
 
 def test_files_the_serving_user_may_not_read_are_named_with_owner_mode_and_fix(tiny_model, lora_like_base):
