@@ -228,7 +228,7 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 	bash docker/ensure-docker.sh
 	bash docker/apptainer/build-sif.sh '$(IMAGE)' '$(SIF)'
 
-test: docker-ready slurm-ready vllm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~49 min, 2 workers)
+test: docker-ready slurm-ready vllm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~72 min on 2 cores with set-up, 2 workers)
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 test-fast: venv ## the in-process tests only (rules, render, planner, checks on injected records): the inner loop
