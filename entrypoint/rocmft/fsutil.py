@@ -79,3 +79,15 @@ def default_cache_dir() -> Path:
     """rocmft's cache folder when ROCMFT_CACHE_DIR is unset: ``$XDG_CACHE_HOME/rocmft`` or ``~/.cache/rocmft``
     (the XDG base directory convention)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rocmft"
+
+
+def write_error(folder: Path) -> str:
+    """'' when a file can be created in ``folder`` (made with its parents if missing; the test file is removed),
+    else the error as ``"<OSError subclass>: <strerror>"``, for a check's measured value."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".rocmft-write-test-"):
+            pass
+    except OSError as err:
+        return f"{type(err).__name__}: {err.strerror or err}"
+    return ""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import socket
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -16,6 +15,7 @@ from urllib.parse import urlparse
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
 from rocmft.container import AS_YOU, mount
 from rocmft.facts.modeldir import TOKENIZER_FILES, ModelDir, looks_like_path
+from rocmft.fsutil import write_error
 from rocmft.render.datasets import available_names, record_problem, sample_records, sample_token_lengths
 from rocmft.values import truthy
 
@@ -78,14 +78,10 @@ def cpus(subject) -> Outcome:
 def output_writable(subject) -> Outcome:
     """OUTPUT_DIR can be created and written by the running user (a test file is written and removed)."""
     target = subject.plan.output_dir
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=target, prefix=".rocmft-write-test-"):
-            pass
-    except OSError as err:
+    if error := write_error(target):
         uid, gid = os.getuid(), os.getgid()
         return Outcome(
-            FAIL, f"{type(err).__name__}: {err.strerror or err}",
+            FAIL, error,
             f"OUTPUT_DIR {target} is not writable by uid {uid} gid {gid} ({subject.plan.sources.get('output_dir')}).",
             f"Run as the owner of the mounted folder: {AS_YOU}; mount it read-write: "
             f"{mount('./saves', '/saves')}; or set OUTPUT_DIR to a writable folder.",

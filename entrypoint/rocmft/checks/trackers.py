@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import importlib.util
 import netrc
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rocmft.checks import FAIL, PASS, SKIP, Outcome, check
+from rocmft.fsutil import write_error
 from rocmft.values import truthy
 
 # MLflow 3.18's tracking URI when MLFLOW_TRACKING_URI is unset (mlflow.get_tracking_uri() in this stack's
@@ -66,17 +66,6 @@ def _auth_header(uri: str, environ: Mapping[str, str]) -> dict[str, str]:
     return {}
 
 
-def _writable(folder: Path) -> str:
-    """'' when a file can be created in ``folder`` (made if missing), else the error's text."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".rocmft-write-test-"):
-            pass
-    except OSError as err:
-        return f"{type(err).__name__}: {err.strerror or err}"
-    return ""
-
-
 def _mlflow_problem(environ: Mapping[str, str], workdir: Path) -> tuple[str, str] | None:
     """(what is wrong, the fix) for the run's MLflow store, or None when the client can write to it."""
     uri = environ.get("MLFLOW_TRACKING_URI", "").strip()
@@ -112,7 +101,7 @@ def _mlflow_problem(environ: Mapping[str, str], workdir: Path) -> tuple[str, str
                     "(its file store is in maintenance mode).",
                     f"Set MLFLOW_ALLOW_FILE_STORE=true, or {server_fix[0].lower() + server_fix[1:]}.")  # fmt: skip
         folder = Path(urlsplit(uri).path or ".")
-        error = _writable(folder if folder.is_absolute() else workdir / folder)
+        error = write_error(folder if folder.is_absolute() else workdir / folder)
         if error:
             return (f"{said}: the folder cannot be written ({error}).",
                     "Point it at a mounted, writable folder (file:/saves/mlruns under compose).")  # fmt: skip
@@ -125,7 +114,7 @@ def _wandb_problem(environ: Mapping[str, str], workdir: Path) -> tuple[str, str]
     if truthy(environ.get("WANDB_DISABLED", "")) or mode == "disabled":
         return None
     folder = Path(environ.get("WANDB_DIR") or workdir)
-    error = _writable(folder)
+    error = write_error(folder)
     if error:
         where = "WANDB_DIR" if environ.get("WANDB_DIR") else "the working folder (WANDB_DIR unset)"
         return (
@@ -151,7 +140,7 @@ def _tensorboard_problem(environ: Mapping[str, str], workdir: Path) -> tuple[str
     """(what is wrong, the fix) for TENSORBOARD_LOGGING_DIR, or None. Unset, transformers 5.6's TensorBoardCallback
     writes under OUTPUT_DIR/runs/ (integration_utils.default_logdir), which the ``output`` check covers."""
     folder = environ.get("TENSORBOARD_LOGGING_DIR", "").strip()
-    error = _writable(Path(folder).expanduser()) if folder else ""
+    error = write_error(Path(folder).expanduser()) if folder else ""
     if error:
         return (
             f"TENSORBOARD_LOGGING_DIR={folder} cannot be written ({error}).",
