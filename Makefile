@@ -231,8 +231,9 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 test: docker-ready slurm-ready vllm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~72 min on 2 cores with set-up, 2 workers)
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
+# the inner loop tries 30 generated inputs per fuzz property (make test: 120 and 25, tests/test_fuzz_*.py)
 test-fast: venv ## the in-process tests only (rules, render, planner, checks on injected records): the inner loop
-	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	ROCMFT_FUZZ_EXAMPLES=30 ROCMFT_FUZZ_ENTRY_EXAMPLES=10 SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 lint: venv ## ruff, hadolint (Dockerfile), shellcheck, the workflow's lint (jactionlint, schema, zizmor), and `docker compose config`
 	$(BIN)/ruff check entrypoint tests bench docker

@@ -303,8 +303,9 @@ def cpu_image(docker_client):
 SPAWNING_FIXTURES = frozenset({"run_rocmft", "start_rocmft", "lora_run", "exported", "cpu_image", "docker_client",
                                "checkout_copy"})  # fmt: skip
 SLOW_MARKERS = ("train", "docker", "slurm", "vllm", "gpu", "slow")
-# Files whose tests run make, `docker compose` or the ROCm lock's resolver (PyPI) as processes without a fixture
-SLOW_FILES = frozenset({"test_images.py"})
+# Files whose tests run make, `docker compose`, the ROCm lock's resolver (PyPI), gloo nodes or vllm-serve.py as
+# processes without a fixture
+SLOW_FILES = frozenset({"test_images.py", "test_network.py", "test_serve_command.py"})
 
 
 # `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): a worker takes a whole group, so the
@@ -364,6 +365,40 @@ def pytest_collection_modifyitems(config, items):
         weight[group] = weight.get(group, 0) + measured[name]
     # a stable sort: a group's tests keep their order; every worker sorts alike (xdist checks the orders agree)
     items.sort(key=lambda item: -weight.get(_group(item.nodeid), 0))
+
+
+def _starts_python(args) -> bool:
+    """Whether a Popen's ``args`` start a Python interpreter (``python``, ``python3.11``, this venv's python)."""
+    program = args[0] if isinstance(args, (list, tuple)) and args else str(args).split(" ", 1)[0]
+    return Path(str(program)).name.startswith("python")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """The fast layer keeps its definition: a test left in it (not ``slow``) that starts a Python process fails,
+    naming the command, unless it is marked ``light_process``. Each rocmft, torchrun or vllm-serve.py process
+    costs seconds to tens of seconds of imports on 2 cores; 13 such tests had made `make test-fast` take minutes
+    (a probe of every subprocess a fast test started, 2026-12-05)."""
+    if item.get_closest_marker("slow") or item.get_closest_marker("light_process"):
+        return (yield)
+    started: list[str] = []
+    real_init = subprocess.Popen.__init__
+
+    def recording_init(self, args, *rest, **options):
+        if _starts_python(args):
+            started.append(" ".join(map(str, args))[:200] if isinstance(args, (list, tuple)) else str(args)[:200])
+        real_init(self, args, *rest, **options)
+
+    subprocess.Popen.__init__ = recording_init
+    try:
+        result = yield
+    finally:
+        subprocess.Popen.__init__ = real_init
+    if started:
+        pytest.fail(f"this fast-layer test started a Python process ({started[0]}): mark it @pytest.mark.slow "
+                    "(or light_process if it imports neither torch nor rocmft's CLI); see tests/conftest.py",
+                    pytrace=False)  # fmt: skip
+    return result
 
 
 # pytest-xdist's own loadgroup reads an xdist_group marker into the node id (item._nodeid), which pytest 9 no longer

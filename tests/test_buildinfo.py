@@ -230,6 +230,7 @@ def flash_attn_source(tmp_path_factory) -> Path:
     return target / "flash_attn-2.8.3"
 
 
+@pytest.mark.slow  # imports flash-attn's Triton backend in a fresh Python
 @pytest.mark.parametrize(("switch", "status"), [("TRUE", PASS), (None, FAIL)])
 def test_the_triton_backend_imports_only_with_its_switch_in_the_environment(flash_attn_source, tmp_path, switch,
                                                                              status):  # fmt: skip
@@ -337,6 +338,7 @@ def test_a_real_build_with_a_skipped_step_fails():
     (["/nonexistent.env", "{out}"], "/nonexistent.env: cannot read it"),
     (["{empty}", "{out}"], "ARCH is missing"),
 ])  # fmt: skip
+@pytest.mark.light_process  # the build check's own command line, on files that stop it at once (< 1 s)
 def test_bad_input_to_the_build_check_is_a_message_not_a_traceback(tmp_path, args, words):
     (tmp_path / "empty").write_text("{}\n")
     argv = [a.format(empty=tmp_path / "empty", out=tmp_path / "out.json") for a in args]

@@ -73,6 +73,7 @@ def test_the_cli_prints_every_refusal_and_the_json_holds_the_same_codes_and_sett
     assert all(f["message"] and f["fix"] for f in document["findings"])
 
 
+@pytest.mark.slow  # rocmft check as a process
 def test_a_single_refusal_reads_exactly_as_before(render_env, tmp_path, cache_dir, tiny_model):
     err = _refused(render_env, {"LORA_DROPOUT": "5"})
     assert type(err) is ConfigError and str(err) == DROPOUT  # the rule's own error, as it raised it

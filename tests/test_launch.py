@@ -323,6 +323,7 @@ def test_the_parser_process_becomes_the_worker_only_with_the_same_environment(re
     assert child.proc.poll() is not None  # cancel ends it
 
 
+@pytest.mark.slow  # torchrun and two ranks
 def test_a_first_stop_signal_goes_to_torchruns_ranks_not_to_torchrun_or_their_children(tmp_path):
     """Real torchrun on the CPU: each rank starts a child (as DataLoader workers are); the graceful stop's
     targets are exactly the ranks (rocmft.launch.graceful_stop_targets). One plain worker is its own target."""

@@ -294,6 +294,7 @@ def holder(tmp_path):
         child.wait()
 
 
+@pytest.mark.light_process  # the holder: a Python that opens a file and sleeps
 def test_the_proc_scan_finds_a_real_process_holding_the_device(holder, tmp_path):
     child, glob = holder
     found = amdgpu.device_holders([glob], exclude={os.getpid()})
@@ -306,6 +307,7 @@ def test_the_proc_scan_finds_a_real_process_holding_the_device(holder, tmp_path)
     assert f"Held by: pid {child.pid} python" in gpu_checks.gpu_memory(busy).message
 
 
+@pytest.mark.light_process  # the holder: a Python that opens a file and sleeps
 def test_rocmfts_own_processes_never_count(holder):
     """By default the scan leaves out this process and its descendants (rocmft's probes are its children): the
     child holding the 'device' is one of ours, so nothing is found."""

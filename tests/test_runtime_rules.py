@@ -62,6 +62,7 @@ def test_tunableop_online_tuning_is_refused_across_ranks():
     assert "PYTORCH_TUNABLEOP_TUNING=0" in caught.value.remedy
 
 
+@pytest.mark.slow  # rocmft render as a process
 def test_render_refuses_a_bad_allocator_string_with_exit_2(tmp_path, cache_dir, tiny_model, demo_data):
     """Through the CLI as a user runs it: exit 2, the variable named, no traceback, no rendered files."""
     from conftest import rocmft_in
@@ -80,6 +81,7 @@ def test_render_refuses_a_bad_allocator_string_with_exit_2(tmp_path, cache_dir, 
     assert not (tmp_path / "out" / "rocmft" / "train.yaml").exists()
 
 
+@pytest.mark.slow  # rocmft train as a process
 def test_train_refuses_online_tunableop_in_a_two_rank_job(tmp_path, cache_dir, tiny_model, demo_data):
     """The launch rule with the job's real world size (DDP, 2 processes on the CPU): exit 2 before a process starts."""
     from conftest import rocmft_in

@@ -45,6 +45,7 @@ def _files(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow  # production rocmft as a process
 @pytest.mark.parametrize("entry", ["python -m rocmft", "console script"])
 def test_production_rocmft_refuses_the_test_hooks_and_passes_no_gpu_check(tmp_path, cache_dir, tiny_model,
                                                                           demo_data, entry):  # fmt: skip
