@@ -103,7 +103,7 @@ def test_page_holds_every_part_from_the_records(tmp_path):
 
 # A manifest the page cannot use, and one whose parts hold values of other types (a plan's estimate as text, ...)
 ODD_MANIFESTS = ["[1]", json.dumps({
-    "plan": {"estimate_gib": "30", "choices": [1]}, "argument_source_kinds": {"lr": []}, "arguments": {"lr": 1},
+    "plan": {"estimate_gib": "30", "choices": []}, "argument_source_kinds": {"lr": []}, "arguments": {"lr": 1},
     "settings": {"rocmft": [1], "explicit_rocmft": 5, "rocmft_overrides": "x", "secrets_given": {"a": 1}},
 })]  # fmt: skip
 # A worker record that is not one (no loss: no series at all), and one of odd values beside a loss
