@@ -182,7 +182,7 @@ def _settings_part(manifest: Manifest, key: str, kind: type) -> Any:
 
 def ending(manifest: Manifest, worker: WorkerResult) -> list[tuple[str, str]]:
     """How the run ended, as (what, value) rows: status and exit code (rocmft.errors.ExitCode's name), the last
-    step of the planned, and the worker's error, non-finite value or graceful stop when there was one."""
+    step reached of those planned, and the worker's error, non-finite value or graceful stop when there was one."""
     code = manifest.exit_code
     try:
         code_text = f"{code} ({ExitCode(code).name})" if code is not None else "– (still running, or killed)"
@@ -231,6 +231,8 @@ def page_html(output_dir: Path, facts: dict[str, Any]) -> str:
         facts=facts,
         headline=headline,
         cards=dict(headline),
+        # matplotlib's own SVG, markup to keep: every text in it is this module's (axis labels, legend), escaped by
+        # matplotlib; every other value goes through autoescape
         charts=[(c, Markup(c.svg) if c.svg else None) for c in charts(facts, plan)],
         ending=ending(manifest, worker),
         restarts=manifest.restarts,
