@@ -54,7 +54,7 @@ STANDIN      := $(shell sed -n "s/^image=//p" docker/rehearsal/standin.sh)
 .DEFAULT_GOAL := help
 .PHONY: help venv train render check test test-fast lint format docs lock lock-rocm clean docker-ready image images plan \
         smoke rehearse rehearsals pull pin-bases pin-check profile-check rehearse-arch slurm-ready \
-        vllm-ready serve-image
+        vllm-ready serve-image browser-ready
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -113,6 +113,16 @@ docker-ready: venv ## make sure a Docker engine, Compose v2 and ARCH's base imag
 
 slurm-ready: ## start the two-node Slurm cluster on this host for tests/test_slurm.py (root; installs slurm-wlm)
 	bash deploy/slurm/local-cluster.sh start
+
+# Headless Chromium renders the run report page (run_summary.html) in tests/test_export.py: Debian's package, with
+# DejaVu for the text; no recommends (upower, udev, mesa, printing are for a desktop). ~480 MB, about a minute.
+browser-ready: ## Debian's chromium for the report page's browser test (root; installs chromium)
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  echo "browser-ready: installing Debian's chromium and fonts-dejavu-core (~480 MB, about a minute)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    chromium fonts-dejavu-core; \
+	fi
+	@chromium --version
 
 # The build itself: $(1) the image name, $(2) the base, $(3) 1 for a rehearsal. Every value comes from the profile.
 define build_image
@@ -228,7 +238,7 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 	bash docker/ensure-docker.sh
 	bash docker/apptainer/build-sif.sh '$(IMAGE)' '$(SIF)'
 
-test: docker-ready slurm-ready vllm-ready lint ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~72 min on 2 cores with set-up, 2 workers)
+test: docker-ready slurm-ready vllm-ready browser-ready lint ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~72 min on 2 cores with set-up, 2 workers)
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # the inner loop tries 30 generated inputs per fuzz property (make test: 120 and 25, tests/test_fuzz_*.py)

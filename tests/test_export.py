@@ -8,6 +8,7 @@ both, refuse a quantized base, and render the serve command.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -231,6 +232,64 @@ def test_training_leaves_a_run_summary(lora_run):
     from PIL import Image
 
     assert Image.open(lora_run / "run_summary.png").size == (1100, 700)  # 11x7 in at 100 dpi: four panels
+
+
+BROWSER_WINDOW = (1280, 2400)  # px: the screenshot's size (headless Chromium's --window-size)
+
+
+def _chromium(page: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium (Debian's package; `make browser-ready` installs it, `make test` depends on that) on
+    ``page``, with a profile of its own and no background fetches; skips where it is absent, except on CI."""
+
+    if shutil.which("chromium") is None:
+        if os.environ.get("CI"):  # set by CI systems (GitHub Actions, GitLab, ...): there the test must run
+            pytest.fail("chromium is missing on CI: `make browser-ready` (part of `make test`) installs it")
+        pytest.skip("no chromium here: `make browser-ready` installs Debian's chromium (root, apt-get)")
+    profile = page.parent / ".chromium-profile"
+    command = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--no-first-run", f"--user-data-dir={profile}", *args, page.as_uri()]  # fmt: skip
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def test_report_page_renders_in_a_browser(lora_run, tmp_path):
+    """Issue 33: the run report page of the session's LoRA run (written by `rocmft train`, HF_TOKEN set), as headless
+    Chromium renders it: the DOM it built holds the loss chart, the final loss, every check's row and the settings
+    with their sources; its screenshot is a PNG of the window's size that is not blank; the token is nowhere."""
+    from PIL import Image
+
+    from support.htmldom import parse
+
+    page = tmp_path / "run_summary.html"
+    shutil.copy(lora_run / "run_summary.html", page)  # Chromium's own files stay out of the shared run
+    html = page.read_text()
+    dom = parse(_chromium(page, "--dump-dom").stdout)
+    assert SECRET not in html and SECRET not in dom.text()
+
+    loss = dom.by_id("chart-loss")
+    assert loss is not None and len([p for p in loss.iter("path") if p.attrs.get("d")]) > 2, "no loss curve drawn"
+    log = [json.loads(line) for line in (lora_run / "trainer_log.jsonl").read_text().splitlines()]
+    assert dom.by_id("final-loss").text() == f"{[r['loss'] for r in log if 'loss' in r][-1]:.4g}"
+    checks = json.loads((lora_run / "rocmft" / "checks.json").read_text())["checks"]
+    rows = dom.by_id("checks").rows()[1:]
+    assert [row[:2] for row in rows] == [[c["id"], c["status"]] for c in checks]
+    settings = {row[0]: row[1:] for row in dom.by_id("settings").rows()[1:]}
+    assert settings["learning_rate"] == ["0.02", "environment variable", "LEARNING_RATE"]
+    assert settings["max_steps"][:2] == ["40", "environment variable"]
+    manifest = json.loads((lora_run / "rocmft" / "manifest.json").read_text())
+    assert set(settings) == set(manifest["arguments"])  # every argument, each with its source
+
+    shot = tmp_path / "page.png"
+    width, height = BROWSER_WINDOW
+    _chromium(page, f"--screenshot={shot}", f"--window-size={width},{height}", "--hide-scrollbars")
+    image = Image.open(shot).convert("RGB")
+    assert image.size == BROWSER_WINDOW
+    colours = image.getcolors(maxcolors=1 << 20) or []
+    assert len(colours) > 100, f"{len(colours)} colours: a blank page"  # text, charts and tables in many shades
 
 
 SERVE = REPO / "docker" / "vllm-serve.py"

@@ -395,10 +395,13 @@ def test_damaged_run_records_exit_as_documented_and_leave_nothing_half_written(
     shutil.rmtree(work, ignore_errors=True)
 
 
-@pytest.mark.parametrize("name", ["trainer_state.json", "rocmft/manifest.json", "trainer_log.jsonl"])
+@pytest.mark.parametrize(
+    "name", ["trainer_state.json", "rocmft/manifest.json", "trainer_log.jsonl", "rocmft/checks.json"]
+)
 def test_report_on_records_of_the_wrong_shape(fuzz_root, cache_dir, tiny_model, demo_data, adapter_source, name):
     """The issue's case: a record of valid JSON and the wrong shape (``[1]``): the manifest is refused naming the
-    file (rocmft.records.read_manifest); the trainer's own records read as missing (the summary is written)."""
+    file (rocmft.records.read_manifest); the trainer's own records and the checks' report read as missing (the
+    summary and its page are written)."""
     work = new_folder(fuzz_root)
     run = make_run(work, adapter_source, tiny_model)
     (run / name).write_text("[1]\n")
@@ -410,6 +413,7 @@ def test_report_on_records_of_the_wrong_shape(fuzz_root, cache_dir, tiny_model, 
         assert code == ExitCode.CONFIG_ERROR and f"{run / name}" in printed and "not a JSON object" in printed
     else:
         assert code == ExitCode.OK and (run / "run_summary.md").is_file(), printed
+        assert (run / "run_summary.html").is_file(), printed
     shutil.rmtree(work, ignore_errors=True)
 
 

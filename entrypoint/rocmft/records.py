@@ -13,6 +13,7 @@ parser child's result.json  the child (:meth:`ParseResult.write`)       the pare
 probe child's stdout line   the probe (:func:`probe_line`)              the parent (:func:`read_probe_line`)
 RUN_DIR/manifest.json       rocmft train (:meth:`Manifest.write`,       :func:`read_manifest` (render's resume,
                             assembled by rocmft.outputs.manifest)       the workspace, status, report, export)
+RUN_DIR/checks.json         check, train (rocmft.checks.report)         :func:`read_checks_report` (the report page)
 ==========================  ==========================================  =========================================
 
 Each carries ``version`` (:data:`VERSION`, the layout's number; a record without one has the layout of version 1,
@@ -23,11 +24,13 @@ here but the ground floor.
 The records live in siblings by the processes they join, all ground floor and all importable from here:
 :mod:`rocmft.records_common` (the version, :class:`RunStatus`), :mod:`rocmft.records_worker` (run.json,
 worker-result.json), :mod:`rocmft.records_parser` (the parser child's lines and result) and
-:mod:`rocmft.records_probe` (the probe's line) and :mod:`rocmft.records_manifest` (the run manifest).
+:mod:`rocmft.records_probe` (the probe's line), :mod:`rocmft.records_manifest` (the run manifest) and
+:mod:`rocmft.records_checks` (the health checks' report).
 """
 
 from __future__ import annotations
 
+from rocmft.records_checks import CHECKS_FILE, CheckRow, ChecksReport, read_checks_report
 from rocmft.records_common import VERSION, RunStatus, run_status, with_reason
 from rocmft.records_manifest import MANIFEST_FILE, SCHEMA_VERSION, Manifest, Restart, read_manifest
 from rocmft.records_parser import ParseRequest, ParseResult, TrainOrder, read_parse_result
@@ -62,6 +65,7 @@ from rocmft.records_worker import (
 )
 
 __all__ = [
+    "CHECKS_FILE",
     "MANIFEST_FILE",
     "PROBES",
     "RESULT_FILE",
@@ -69,6 +73,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "VERSION",
     "AllreduceProbe",
+    "CheckRow",
+    "ChecksReport",
     "DevicesProbe",
     "GemmRecord",
     "GpuRecord",
@@ -87,6 +93,7 @@ __all__ = [
     "TrainOrder",
     "WorkerResult",
     "probe_line",
+    "read_checks_report",
     "read_manifest",
     "read_parse_result",
     "read_probe_line",

@@ -17,14 +17,13 @@ from rocmft.changes import say_changes
 from rocmft.console import say
 from rocmft.errors import ChecksFailed, ConfigError
 from rocmft.fsutil import make_private_dir_public
-from rocmft.records import MANIFEST_FILE, read_manifest
+from rocmft.records import CHECKS_FILE, MANIFEST_FILE, read_manifest
 
 if TYPE_CHECKING:
     from rocmft.facts.probes import Probes
     from rocmft.launch import LaunchSpec
     from rocmft.render import Plan
 
-CHECKS_FILE = "checks.json"
 
 CONFIG_HELP = """\
 CONFIG.yaml is a LLaMA-Factory training YAML, the same as ROCMFT_CONFIG (given both, they must name one file).

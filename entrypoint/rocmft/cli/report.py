@@ -1,5 +1,5 @@
-"""``rocmft report``: (re)write a run's summary, run_summary.md/.png, from its files (rocmft.outputs.report;
-``train`` writes it too)."""
+"""``rocmft report``: (re)write a run's summary, run_summary.md/.png and the report page run_summary.html, from its
+files (rocmft.outputs.report, rocmft.outputs.report_page; ``train`` writes them too)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,21 @@ from rocmft.errors import ConfigError, ExitCode
 
 def register(sub) -> None:
     """Add ``report`` and its argument to the subcommands ``sub``."""
-    report = sub.add_parser("report", help="write run_summary.md/.png (loss, eval loss, lr, tokens/s, GPU memory)")
+    report = sub.add_parser(
+        "report",
+        help="write run_summary.md/.png and the report page run_summary.html (loss, "
+        "grad norm, lr, tokens/s, memory, checks, plan, settings)",
+    )
     report.add_argument("run", nargs="?", help="the run's OUTPUT_DIR (default: the run of these settings)")
     report.set_defaults(handler=run)
 
 
 def run(args) -> int:
-    """Write run_summary.md/.png for the run (argument, else the run of these settings)."""
+    """Write run_summary.md/.png/.html for the run (argument, else the run of these settings)."""
     from rocmft.config.settings import load_settings
     from rocmft.outputs.export import find_run
     from rocmft.outputs.report import write_summary
+    from rocmft.outputs.report_page import SUMMARY_HTML
 
     run = find_run(given_path(args.run, "rocmft report"), load_settings(os.environ))
     try:
@@ -33,5 +38,8 @@ def run(args) -> int:
             "Run `rocmft report` where the run's folder is writable (compose mounts ./saves read-write in `export`: "
             "`docker compose run --rm export report /saves/<run>`).",
         ) from err
-    say(f"run summary in {written}", all_ranks=True)
+    say(
+        f"run summary in {written}; the report page, {written.with_name(SUMMARY_HTML)}, opens in any browser offline",
+        all_ranks=True,
+    )
     return ExitCode.OK

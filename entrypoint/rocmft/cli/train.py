@@ -139,14 +139,17 @@ def _stop_preparing(signum, _frame) -> None:
 
 
 def _write_summary(plan) -> None:
-    """run_summary.md/.png in OUTPUT_DIR (node 0 only); a failure costs only the summary, never the run's code."""
+    """run_summary.md/.png and the report page run_summary.html in OUTPUT_DIR (node 0 only); a failure costs only
+    the summary, never the run's code."""
     from rocmft.outputs.report import write_summary
+    from rocmft.outputs.report_page import SUMMARY_HTML
     from rocmft.render import RUN_SUBDIR
 
     if plan.run_dir.name != RUN_SUBDIR:
         return
     try:
-        say(f"run summary in {write_summary(plan.output_dir)}", all_ranks=True)
+        written = write_summary(plan.output_dir)
+        say(f"run summary in {written}; report page {written.with_name(SUMMARY_HTML)}", all_ranks=True)
     except Exception as err:  # matplotlib, a full disk: the run's outcome stands
         warn(f"the run summary could not be written ({type(err).__name__}: {err})", all_ranks=True)
 

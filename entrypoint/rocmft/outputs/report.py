@@ -10,7 +10,8 @@
 
 and :func:`write_summary` turns them into ``run_summary.md`` and ``run_summary.png`` (loss train/eval,
 learning rate, tokens/s, GPU memory; drawn with matplotlib, which LLaMA-Factory itself uses for
-``training_loss.png``). ``rocmft export`` puts the same headline numbers in the exported model's card.
+``training_loss.png``) and the self-contained report page ``run_summary.html`` (rocmft.outputs.report_page).
+``rocmft export`` puts the same headline numbers in the exported model's card.
 Nothing here is a secret: the manifest holds none (rocmft.outputs.manifest), and no environment is read.
 """
 
@@ -88,7 +89,8 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
     """Everything the summary and the model card show, from the files of the run in ``output_dir``.
 
     Returns a dict with ``series`` (``train``: step, loss, lr; ``eval``: step, eval_loss; ``throughput``: step,
-    tokens/s over the logging interval; ``memory``: step, GiB allocated and peak — GPU runs only) and the
+    tokens/s over the logging interval; ``grad_norm``: step, the gradient norm transformers logged before clipping
+    (``log_history``); ``memory``: step, GiB allocated and peak — GPU runs only) and the
     headline values ``model``, ``data_sets``, ``method``, ``steps``, ``max_steps``, ``final_loss``,
     ``final_eval_loss``, ``tokens``, ``train_seconds``, ``peak_gpu_memory_gib``, ``status``, ``versions``.
     Missing files give missing values (None or empty series), never an error.
@@ -130,6 +132,7 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
             "train": train,
             "eval": evals,
             "throughput": _throughput_series(state, log),
+            "grad_norm": _grad_norm_series(state),
             "memory": _memory_series(worker),
         },
     }
@@ -148,6 +151,14 @@ def _loss_series(log: list[dict[str, Any]], worker: WorkerResult) -> tuple[list[
     if not train:  # no LLaMA-Factory log: the worker's own record of the losses
         train = [{"step": e.step, "loss": e.loss, "lr": None} for e in worker.losses]
     return train, evals
+
+
+def _grad_norm_series(state: dict[str, Any]) -> list[dict]:
+    """The gradient norm per log (step, grad_norm): transformers' ``log_history`` ``grad_norm``, the total norm
+    before clipping (what torch.nn.utils.clip_grad_norm_ returns, logged by transformers' Trainer)."""
+    return [
+        {"step": h["step"], "grad_norm": h["grad_norm"]} for h in _history(state) if _numbers(h, "step", "grad_norm")
+    ]
 
 
 def _history(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -238,14 +249,13 @@ def _number(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def summary_markdown(facts: dict[str, Any], image: str | None) -> str:
-    """The Markdown of ``run_summary.md`` for ``facts`` (from :func:`run_facts`); ``image`` is the plot's file
-    name next to it, or None."""
-    series = facts["series"]
-    rates = [r["tokens_per_s"] for r in series["throughput"]]
+def summary_rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
+    """The headline table of the summary and the report page: (what, value as text) rows from ``facts``
+    (:func:`run_facts`); ``–`` where a value was not recorded."""
+    rates = [r["tokens_per_s"] for r in facts["series"]["throughput"]]
     rows = [
         ("status", facts["status"]),
-        ("model", f"`{facts['model']}`" if facts["model"] else None),
+        ("model", facts["model"]),
         ("data sets", ", ".join(facts["data_sets"]) or None),
         ("method", ", ".join(f"{k} {v}" for k, v in facts["method"].items()) or None),
         ("precision", facts["precision"].get("policy")),
@@ -259,8 +269,16 @@ def summary_markdown(facts: dict[str, Any], image: str | None) -> str:
         ("world size", facts["world_size"]),
         ("versions", ", ".join(f"{k} {v}" for k, v in facts["versions"].items() if v)),
     ]
+    return [(name, _number(value)) for name, value in rows]
+
+
+def summary_markdown(facts: dict[str, Any], image: str | None) -> str:
+    """The Markdown of ``run_summary.md`` for ``facts`` (from :func:`run_facts`); ``image`` is the plot's file
+    name next to it, or None."""
+    series = facts["series"]
     lines = [f"# Run summary: {Path(facts['output_dir']).name}", "", "| | |", "|---|---|"]
-    lines += [f"| {name} | {_number(value)} |" for name, value in rows]
+    lines += [f"| {name} | {f'`{text}`' if name == 'model' and facts['model'] else text} |"
+              for name, text in summary_rows(facts)]  # fmt: skip
     if image:
         lines += ["", f"![loss, learning rate, tokens/s and GPU memory by step]({image})"]
     lines += [
@@ -294,7 +312,8 @@ def summary_markdown(facts: dict[str, Any], image: str | None) -> str:
 
 
 def write_summary(output_dir: Path) -> Path:
-    """Write ``run_summary.md`` (and ``run_summary.png`` when any step was logged) into ``output_dir``.
+    """Write ``run_summary.md`` (and ``run_summary.png`` when any step was logged) and the report page
+    ``run_summary.html`` (rocmft.outputs.report_page) into ``output_dir``.
 
     Returns the Markdown file's path. Raises OSError when ``output_dir`` cannot be written.
     """
@@ -310,4 +329,8 @@ def write_summary(output_dir: Path) -> Path:
         image = None
     finally:  # a plot that failed half-way leaves nothing behind
         drawing.unlink(missing_ok=True)
-    return atomic_write_text(output_dir / SUMMARY_MD, summary_markdown(facts, image))
+    from rocmft.outputs.report_page import write_page
+
+    written = atomic_write_text(output_dir / SUMMARY_MD, summary_markdown(facts, image))
+    write_page(output_dir, facts)
+    return written

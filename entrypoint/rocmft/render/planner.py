@@ -126,6 +126,32 @@ class PerfPlan:
         """A JSON-ready copy for the manifest."""
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: Any) -> PerfPlan:
+        """The plan of an :meth:`as_dict` object (the manifest's ``plan``, read back by the run report); keys it
+        does not know are left out, missing ones take their defaults.
+
+        Raises:
+            ValueError: ``data`` is not an object, a key holds a value of another JSON type (the numbers: a number
+                or null), or ``choices`` holds an entry that is not a choice.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"the plan is {type(data).__name__}, not a JSON object")
+        number, text, table = (int, float, type(None)), (str, type(None)), (dict, type(None))
+        kinds = {"active": (bool,), "note": (str,), "estimate_gib": number, "usable_gib": number, "arch": text,
+                 "breakdown_gib": table, "packed_attention": text, "sample_tokens": number}  # fmt: skip
+        for key, allowed in kinds.items():
+            value = data.get(key)
+            if key in data and (not isinstance(value, allowed) or (allowed is number and isinstance(value, bool))):
+                raise ValueError(f"the plan's {key!r} is {type(value).__name__} {str(value)[:40]!r}")
+        try:
+            choices = [Choice(str(c["name"]), c.get("value"), str(c.get("reason", "")), bool(c.get("planned")))
+                       for c in data.get("choices") or []]  # fmt: skip
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"the plan's 'choices' holds an entry that is not a choice ({err!r})") from err
+        values = {k: data[k] for k in kinds if k in data}
+        return cls(**{"active": False, "note": "", **values}, choices=choices)
+
 
 def has_module(name: str) -> bool:
     """Whether ``name`` can be imported (looked up without importing it: triton/flash_attn imports are slow)."""
