@@ -1,5 +1,7 @@
 """A small DOM of an HTML page (the standard library's html.parser): enough for tests to find an element by id and
-read its text, its table rows and its descendants, as a browser's DOM holds them."""
+read its text, its table rows and its descendants, as a browser's DOM holds them. Hand-written on purpose: no DOM
+library (BeautifulSoup, lxml) is in the stack, and adding one to every image and .venv for a test helper of ~60 lines
+over the standard library's parser is the worse trade."""
 
 from __future__ import annotations
 
