@@ -60,7 +60,13 @@ help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 	@echo "  architectures: $(ARCHS) (ARCH=... or ARCH= in .env; now $(ARCH))"
 
+# pip and apt run quiet (-q, -qq); each long install says first what it installs and about how long it takes.
+# Sizes measured 2026-12-05 (du -sh .venv: 6.5 GB); times: `make venv` about 3 min with pip's cache warm (make help's
+# figure since 7a8f01d), `make vllm-ready` cold 3 min 11 s (the serve work's measurement, stop 25), both on our
+# 2-core build machine; a first download of the wheels adds what the network takes.
 $(BIN)/.installed: pyproject.toml constraints.txt
+	@echo "make venv: installing the pinned training stack (torch, transformers, LLaMA-Factory, DeepSpeed;" \
+	  "constraints.txt) into $(VENV): about 6.5 GB, 3 min or more (pip is quiet meanwhile)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,gpu]'
@@ -82,6 +88,8 @@ SERVE_TORCH_SOURCE := $(if $(SERVE_WHEELS),--find-links '$(SERVE_WHEELS)',--extr
 COMPAT_TRANSFORMERS := 4.57.1
 
 $(VLLM_VENV)/bin/.installed: $(SERVE_LOCK)
+	@echo "make vllm-ready: installing the CPU vLLM ($(SERVE_LOCK), torch $(SERVE_TORCH) +cpu) into $(VLLM_VENV);" \
+	  "with $(COMPAT_VENV) about 3 min (pip is quiet meanwhile)"
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps $(SERVE_TORCH_SOURCE) -r $(SERVE_LOCK)
@@ -90,6 +98,8 @@ $(VLLM_VENV)/bin/.installed: $(SERVE_LOCK)
 	touch $@
 
 $(COMPAT_VENV)/bin/.installed-$(COMPAT_TRANSFORMERS):
+	@echo "make vllm-ready: installing transformers $(COMPAT_TRANSFORMERS) and torch $(SERVE_TORCH) +cpu into" \
+	  "$(COMPAT_VENV) (the release the ROCm serve images' vLLM accepts; pip is quiet meanwhile)"
 	rm -rf $(COMPAT_VENV)
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install -q $(SERVE_TORCH_SOURCE) 'torch==$(SERVE_TORCH)' \
@@ -124,12 +134,30 @@ browser-ready: ## Debian's chromium for the report page's browser test (root; in
 	fi
 	@chromium --version
 
+# The image's date (its org.opencontainers.image.created label and build.json): the commit's time when the tracked
+# files are the commit's, the time of the build otherwise. The date is a build argument of the last RUN, so a date
+# that changed with every build rebuilt that step and made a new image on every `make image` of unchanged sources
+# (`make smoke` then `make test` built rocmft:cpu twice). The same source now gives the same image, as the
+# reproducible-builds convention has it (https://reproducible-builds.org/docs/source-date-epoch/).
+BUILD_DATE_SH := if git diff --quiet HEAD -- 2>/dev/null; then TZ=UTC git log -1 --format=%cd \
+  --date=format-local:%Y-%m-%dT%H:%M:%SZ; else date -u +%Y-%m-%dT%H:%M:%SZ; fi
+
+# A rebuild moves the tags to the new image and leaves the old one untagged, "dangling" (listed at the image's full
+# size, 7.1 GB for cpu, its unchanged layers shared with the new one). Those of this architecture and kind (the
+# argument: 1 rehearsal, 0 image) are removed, found by the Dockerfile's labels: docker image prune removes only
+# untagged images that no container uses, and its label filters must all match (tried on Docker 20.10: listing the
+# dangling images with these filters names the cpu image's one only, not the rehearsals').
+define prune_replaced
+	docker image prune --force --filter label=org.opencontainers.image.title=rocmft \
+	  --filter 'label=io.rocmft.arch=$(ARCH)' --filter 'label=io.rocmft.rehearsal=$(1)' >/dev/null
+endef
+
 # The build itself: $(1) the image name, $(2) the base, $(3) 1 for a rehearsal. Every value comes from the profile.
 define build_image
 	IMAGE='$(1)' BASE_IMAGE='$(2)' REHEARSAL='$(3)' ARCH='$(ARCH)' FLAVOUR='$(FLAVOUR)' LOCK='$(LOCK)' \
 	TORCH_INDEX_URL='$(TORCH_INDEX_URL)' PYTHON_VERSION='$(PYTHON_VERSION)' ROCM_VERSION='$(ROCM_VERSION)' \
 	FA_TRITON='$(FA_TRITON)' ROCMFT_VERSION='$(VERSION)' \
-	GIT_COMMIT="$$(git rev-parse HEAD 2>/dev/null || echo unknown)" BUILD_DATE="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+	GIT_COMMIT="$$(git rev-parse HEAD 2>/dev/null || echo unknown)" BUILD_DATE="$$($(BUILD_DATE_SH))" \
 	BUILD_CA_BUNDLE='$(BUILD_CA_BUNDLE)' docker compose --progress '$(PROGRESS)' -f docker/build.yaml build image
 endef
 
@@ -152,6 +180,7 @@ image: pin-check profile-check docker-ready ## build the image for ARCH (make im
 	$(call build_image,$(IMAGE),$(BASE_REF),0)
 	docker run --rm --entrypoint python $(IMAGE) -m rocmft.image.buildinfo --report /etc/rocmft/build.json
 	docker tag $(IMAGE) $(IMAGE_TAG)
+	$(call prune_replaced,0)
 
 images: ## build the ROCm images, one per architecture
 	$(foreach a,$(ROCM_ARCHS),$(MAKE) image ARCH=$(a) &&) true
@@ -166,6 +195,7 @@ rehearse: rehearse-arch profile-check ## build ARCH's ROCm recipe against a stan
 	[ "$$stands_for" = '$(BASE_IMAGE)' ] || { echo "rehearse: $(STANDIN) stands in for $$stands_for, but $(ARCH_FILE)" \
 	  "builds from $(BASE_IMAGE): make docker/rehearsal/standin.sh carry that base's ROCm (its image name and packages)" >&2; exit 2; }
 	$(call build_image,$(REHEARSAL_IMAGE),$(STANDIN),1)
+	$(call prune_replaced,1)
 	@docker run --rm --entrypoint python $(REHEARSAL_IMAGE) -m rocmft.image.buildinfo --report /etc/rocmft/build.json
 
 rehearsals: ## make rehearse for every ROCm architecture

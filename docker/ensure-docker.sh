@@ -20,7 +20,9 @@ need_root() {
 if ! docker info >/dev/null 2>&1; then
   if ! command -v dockerd >/dev/null 2>&1; then
     need_root "installing the Docker engine"
-    say "installing docker.io (Debian's Docker engine)"
+    # sizes: apt-cache show docker.io containerd runc on Debian 12 (docker.io 36 MB, containerd 26 MB, runc 3 MB)
+    say "installing docker.io (Debian's Docker engine, with containerd and runc: about 65 MB to download, 250 MB" \
+      "installed; apt is quiet meanwhile)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
   fi
   need_root "starting dockerd"

@@ -245,3 +245,48 @@ def test_every_path_the_dockerfile_copies_is_in_the_build_context():
     assert len(sources) >= 10, sources  # the recipe's COPY lines were read
     missing = [s for s in sources if s not in context]
     assert not missing, f"COPY sources the build context lacks (add them to .dockerignore's allow-list): {missing}"
+
+
+FAKE_DOCKER = """#!/bin/sh
+# records each call with the BUILD_DATE it was given; every call succeeds (an engine, Compose and the base are "there")
+echo "$* BUILD_DATE=${BUILD_DATE:-}" >> "$DOCKER_CALLS"
+"""
+
+
+def test_make_image_dates_unchanged_sources_by_their_commit_and_prunes_the_image_it_replaced(checkout_copy, tmp_path):
+    """`make smoke` then `make test` built rocmft:cpu twice and left the first as a 6.9 GB <none> image (issue 33):
+    the real recipe of `make image`, with a docker on PATH that records its calls, in a git checkout. Unchanged
+    sources get their commit's date (a cache hit, the same image); changed ones the build's; after the tags move,
+    only rocmft's own untagged images of this architecture and kind are pruned."""
+    root, calls, shim = checkout_copy.root, tmp_path / "calls.log", tmp_path / "bin"
+    shim.mkdir()
+    (shim / "docker").write_text(FAKE_DOCKER)
+    (shim / "docker").chmod(0o755)
+    committed = "2026-01-02T03:04:05Z"
+    git_env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_COMMITTER_DATE": committed}  # fmt: skip
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "x"]):
+        subprocess.run(["git", *command], cwd=root, env=git_env, check=True, capture_output=True)
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "DOCKER_CALLS": str(calls)}
+    venv = REPO / ".venv"
+
+    def make_image() -> list[str]:
+        calls.write_text("")
+        result = subprocess.run(["make", "-o", str(venv / "bin" / ".installed"), "image", "ARCH=cpu", f"VENV={venv}"],
+                                cwd=root, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        return calls.read_text().splitlines()
+
+    clean = make_image()
+    build = next(line for line in clean if " build image " in line)
+    assert build.endswith(f"BUILD_DATE={committed}"), build
+    tag = next(i for i, line in enumerate(clean) if line.startswith("tag rocmft:cpu "))
+    prune = [i for i, line in enumerate(clean) if line.startswith("image prune ")]
+    assert prune and prune[0] > tag, clean
+    assert clean[prune[0]].split(" BUILD_DATE=")[0] == (
+        "image prune --force --filter label=org.opencontainers.image.title=rocmft --filter label=io.rocmft.arch=cpu "
+        "--filter label=io.rocmft.rehearsal=0"
+    )
+    (root / "templates" / "demo.yaml").write_text((root / "templates" / "demo.yaml").read_text() + "# changed\n")
+    changed = next(line for line in make_image() if " build image " in line)
+    assert f"BUILD_DATE={committed}" not in changed and re.search(r"BUILD_DATE=20\d\d-\d\d-\d\dT", changed), changed

@@ -323,6 +323,24 @@ def test_the_parser_process_becomes_the_worker_only_with_the_same_environment(re
     assert child.proc.poll() is not None  # cancel ends it
 
 
+@pytest.mark.slow  # imports mlflow in a process of its own (about 4 s)
+def test_a_variable_mlflows_import_sets_is_no_change_of_the_launch():
+    """`rocmft train` said "a fresh worker process: the launch changes _MLFLOW_TELEMETRY_SESSION_ID" after the
+    entrypoint had imported mlflow: a real `import mlflow` in a process started with this environment, and the
+    environment it leaves is no change for the launch; a real setting still is."""
+    from rocmft.validate import environment_changes
+
+    # a user's machine: mlflow turns its telemetry (and the variable) off under pytest and CI markers
+    # (mlflow/telemetry/utils.py, _is_ci_env_or_testing: PYTEST_CURRENT_TEST, CI, GITHUB_ACTIONS, ...)
+    started = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "LANG") if k in os.environ}
+    code = "import json, os, mlflow; print(json.dumps(dict(os.environ)))"
+    after = json.loads(subprocess.run([sys.executable, "-c", code], env=started, capture_output=True, text=True,
+                                      check=True).stdout)  # fmt: skip
+    assert "_MLFLOW_TELEMETRY_SESSION_ID" in after.keys() - started.keys()  # the premise: mlflow's import sets it
+    assert environment_changes(started, after) == []
+    assert environment_changes(started, {**after, "HSA_NO_SCRATCH_RECLAIM": "1"}) == ["HSA_NO_SCRATCH_RECLAIM"]
+
+
 @pytest.mark.slow  # torchrun and two ranks
 def test_a_first_stop_signal_goes_to_torchruns_ranks_not_to_torchrun_or_their_children(tmp_path):
     """Real torchrun on the CPU: each rank starts a child (as DataLoader workers are); the graceful stop's

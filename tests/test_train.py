@@ -32,11 +32,39 @@ def test_builtin_default_trains_and_leaves_a_complete_record(run_rocmft, tmp_pat
     assert manifest["environment"]["HF_TOKEN"] == "<redacted>"
     assert manifest["settings"]["secrets_given"] == ["HF_HUB_TOKEN"]
     assert "[rocmft] step " in result.stdout and "tok/s" in result.stdout
+    # what a new user saw (issue 33): each step said once, rocmft's line, not also the trainer's raw {'loss': ...}
+    # dict, which still reaches LLaMA-Factory's trainer_log.jsonl (the losses above) and transformers' log history;
+    # no GPU here, and no DeepSpeed "Setting accelerator to CPU" warning (rocmft.worker.patches)
+    step_lines = [line for line in result.stdout.splitlines() if line.startswith("[rocmft] step ")]
+    said = {"one line per logged step": len(step_lines) == len(losses),
+            "no raw step dict": "{'loss':" not in result.stdout,
+            "no DeepSpeed CPU warning": "Setting accelerator to CPU" not in result.stdout}  # fmt: skip
+    assert all(said.values()), said
+    history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+    assert [entry["loss"] for entry in history if "loss" in entry] == losses
+    assert "'train_runtime':" in result.stdout  # the trainer's other dicts are still printed
     # one process: the worker is the child that imported LLaMA-Factory and parsed the configuration
     assert "the worker is the process that validated the configuration" in result.stdout
     assert SECRET not in all_text_under(output) and SECRET not in result.stdout
     status = run_rocmft("status")  # the healthcheck finds the run this container started
     assert status.returncode == 0 and status.stdout.startswith("finished: step 240/240, loss "), status.stdout
+
+
+def test_deepspeed_is_told_cpu_only_where_it_would_pick_cpu(monkeypatch):
+    """DS_ACCELERATOR=cpu is set exactly where DeepSpeed's own detection would fall back to the CPU (and warn): not
+    over a user's DS_ACCELERATOR, not when torch sees a GPU (its detection and messages stay DeepSpeed's)."""
+    import torch
+
+    from rocmft.worker.patches import deepspeed_accelerator_without_gpu
+
+    assert deepspeed_accelerator_without_gpu({"DS_ACCELERATOR": "cuda"}) is None
+    environ: dict[str, str] = {}
+    if torch.cuda.device_count() == 0:  # this machine, as CI's: no GPU
+        assert deepspeed_accelerator_without_gpu(environ) == "cpu" and environ == {"DS_ACCELERATOR": "cpu"}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu_environ: dict[str, str] = {}
+    assert deepspeed_accelerator_without_gpu(gpu_environ) is None and gpu_environ == {}
 
 
 def test_fp32_policy_really_trains_fp32_weights(run_rocmft, tmp_path, bf16_checkpoint, demo_data):

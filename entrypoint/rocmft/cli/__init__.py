@@ -71,8 +71,39 @@ def report_refusal(err: ConfigError, as_json: bool = False) -> None:
         print(json.dumps(document(err.reported(), err.code)), flush=True)
 
 
+# DeepSpeed's notice when its accelerator detection finds no GPU (deepspeed/accelerator/real_accelerator.py,
+# get_accelerator, DeepSpeed 0.18.4), logged at `import deepspeed` on its "DeepSpeed" logger
+DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU"
+
+
+class _WithoutDeepSpeedsCpuNotice:
+    """A logging filter for DeepSpeed's logger that drops :data:`DEEPSPEED_CPU_NOTICE` and nothing else."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        return DEEPSPEED_CPU_NOTICE not in record.getMessage()
+
+
+def quiet_deepspeed_cpu_notice() -> None:
+    """Drop DeepSpeed's "Setting accelerator to CPU" notice in this process (the entrypoint, which never trains).
+
+    The entrypoint imports DeepSpeed only as a side effect (transformers' ``save_pretrained`` building the tiny demo
+    model reaches accelerate's ``extract_model_from_parallel``, which imports it; the libraries check's CPU Adam
+    probe), and the notice came first thing in `rocmft plan`, `check` and `train` on a machine without a GPU.
+    DeepSpeed's own detection is left as it is; only that line goes (the filter sits on the "DeepSpeed" logger,
+    which DeepSpeed's LoggerFactory configures on import without removing filters). Whether a GPU is visible is
+    said by rocmft's own gpu-runtime check; the worker, which trains, names the CPU accelerator itself
+    (rocmft.worker.patches.deepspeed_accelerator_without_gpu)."""
+    import logging
+
+    logger = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _WithoutDeepSpeedsCpuNotice) for f in logger.filters):
+        logger.addFilter(_WithoutDeepSpeedsCpuNotice())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rocmft`` console script; returns the exit code."""
+    quiet_deepspeed_cpu_notice()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and hasattr(args, "config_args") and not any(token.startswith("-") for token in extra):

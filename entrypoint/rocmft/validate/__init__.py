@@ -38,6 +38,28 @@ if TYPE_CHECKING:  # not imported at run time: the parser child (rocmft.validate
 
 TIMEOUT_S = 180
 
+# Variables a library sets in the process that imports it, which are no setting of the run: a worker started with
+# or without them trains the same, so a launch that differs from the parser child only in these keeps the child.
+# _MLFLOW_TELEMETRY_SESSION_ID: `import mlflow` (transformers' MLflowCallback, rocmft's tracker check) sets it to a
+# new id in the importing process (mlflow/telemetry/client.py, _set_telemetry_client, mlflow-skinny 3.18.0;
+# measured: `python -c "import mlflow"` adds it); the worker's own import sets one too.
+LIBRARY_OWN_VARIABLES = frozenset({"_MLFLOW_TELEMETRY_SESSION_ID"})
+
+
+def environment_changes(started: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
+    """The names, sorted, whose value in ``wanted`` (the launch's environment) differs from ``started`` (the
+    environment the parser child started with): added, removed or changed. Secrets (handed over on
+    :meth:`Validator.train`), PYTHONUNBUFFERED (the worker's output is line-buffered either way) and
+    :data:`LIBRARY_OWN_VARIABLES` are not changes."""
+    from rocmft.config.lfargs import is_secret_name
+
+    def kept(env: Mapping[str, str]) -> dict[str, str]:
+        return {k: v for k, v in env.items()
+                if not is_secret_name(k) and k != "PYTHONUNBUFFERED" and k not in LIBRARY_OWN_VARIABLES}  # fmt: skip
+
+    a, b = kept(started), kept(wanted)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
 
 def stale_extension_locks() -> list[Path]:
     """Lock files of torch C++ extension builds (DeepSpeed JIT-compiles ops there, e.g. its CPU shm op).
@@ -218,16 +240,12 @@ class Validator:
         """Why this child cannot run the worker ``command`` with ``environ``, or None when it can: alive after a
         successful parse, one process (no numactl/torchrun prefix), and the environment it started with, secrets
         and PYTHONUNBUFFERED aside (secrets are handed over on :meth:`train`; the worker's output is
-        line-buffered)."""
-        from rocmft.config.lfargs import is_secret_name
-
+        line-buffered; :func:`environment_changes`)."""
         if not self.result_path.is_file() or self.proc.poll() is not None:
             return "the parser's process is gone"
         if command[1:3] != ["-m", "rocmft.worker"]:
             return "the launch is not one plain worker process"
-        wanted = {k: v for k, v in environ.items() if not is_secret_name(k) and k != "PYTHONUNBUFFERED"}
-        started = {k: v for k, v in self.environ.items() if k != "PYTHONUNBUFFERED"}
-        changed = sorted(k for k in wanted.keys() | started.keys() if wanted.get(k) != started.get(k))
+        changed = environment_changes(self.environ, environ)
         return f"the launch changes {', '.join(changed)}" if changed else None
 
     def train(self, run_dir: Path, environ: dict[str, str]) -> subprocess.Popen:

@@ -10,6 +10,7 @@ the run), and a token count left to transformers costs only the tokens/s figure.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from importlib import metadata
 
 from rocmft.console import warn
@@ -104,6 +105,58 @@ def count_tokens_under_4d_masks() -> None:
         self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
 
     Trainer._track_num_input_tokens = track_with_4d_masks
+
+
+def step_logs_said_once() -> None:
+    """Print each training step's log once: rocmft's step line (rocmft.worker.callbacks), not also the trainer's raw
+    ``{'loss': ...}`` dict beside it.
+
+    transformers 5.6 prints every ``logs`` dict on the console: ``ProgressCallback.on_log`` (tqdm's ``write``) or,
+    with ``disable_tqdm``, ``PrinterCallback.on_log`` (transformers/trainer_callback.py). A dict with ``loss`` is a
+    training step's, which rocmft's line already says (and train.log holds); those two are skipped for it. Every
+    other dict (evaluation, the final ``train_runtime`` summary) is printed as before, and the trackers' callbacks
+    (TensorBoard, MLflow, W&B), LLaMA-Factory's trainer_log.jsonl and ``state.log_history`` get every dict, as
+    they are other callbacks.
+    """
+    from transformers import trainer_callback
+
+    printers = {"ProgressCallback": trainer_callback, "PrinterCallback": trainer_callback}
+    if not _applies("the one step line", "transformers", TRANSFORMERS, printers):
+        return
+    for name in printers:
+        owner = getattr(trainer_callback, name)
+        if getattr(owner.on_log, "_rocmft", False):
+            continue
+
+        def on_log(self, args, state, control, logs=None, _print=owner.on_log, **kwargs):
+            if logs is not None and "loss" in logs:
+                return None
+            return _print(self, args, state, control, logs=logs, **kwargs)
+
+        on_log._rocmft = True
+        owner.on_log = on_log
+
+
+def deepspeed_accelerator_without_gpu(environ: MutableMapping[str, str]) -> str | None:
+    """Name DeepSpeed's accelerator ``cpu`` in ``environ`` (the worker's os.environ) when this process sees no GPU
+    and DS_ACCELERATOR is not set; returns what was set (None: nothing).
+
+    DeepSpeed 0.18's ``get_accelerator`` (deepspeed/accelerator/real_accelerator.py), run when transformers and
+    accelerate import DeepSpeed, picks ``cuda`` when ``torch.cuda.device_count() > 0 and torch.cuda.is_available()``
+    and otherwise ``cpu``, printing "[WARNING] ... Setting accelerator to CPU. If you have GPU or other accelerator,
+    we were unable to detect it." — a line every CPU run printed while training started. DS_ACCELERATOR is its
+    documented override (read first, no detection, no line). The same test here gives the same accelerator, so a
+    GPU run is untouched (its detection and any line it prints are DeepSpeed's as before), and a user's
+    DS_ACCELERATOR always wins.
+    """
+    if "DS_ACCELERATOR" in environ:
+        return None
+    import torch
+
+    if torch.cuda.device_count() > 0 and torch.cuda.is_available():
+        return None
+    environ["DS_ACCELERATOR"] = "cpu"
+    return "cpu"
 
 
 def resume_optimizer_on_cpu_ranks() -> None:
