@@ -152,7 +152,7 @@ def run_lf(name: str, out: Path, model: Path, data: Path, dataset: str, args, gp
     config_path.write_text(yaml.safe_dump(config))
     env = clean_environment()
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": args.gpu,
-                "HIP_VISIBLE_DEVICES": args.gpu})  # fmt: skip
+                "HIP_VISIBLE_DEVICES": args.gpu, "TRITON_CACHE_DIR": _fresh_triton_cache(out, name)})  # fmt: skip
     result_path = out / f"{name}-result.json"
     result_path.unlink(missing_ok=True)
     started = time.monotonic()
@@ -163,6 +163,16 @@ def run_lf(name: str, out: Path, model: Path, data: Path, dataset: str, args, gp
         result.update(json.loads(result_path.read_text()))
     result["predicted_gib"] = _predict(model, config, "bfloat16" if gpu else "float32", plain_lf=True)
     return result
+
+
+def _fresh_triton_cache(out: Path, name: str) -> str:
+    """An empty Triton cache for one run: every run compiles its kernels (Liger's) as on a fresh machine, whatever
+    ran before it. With one shared cache (~/.triton) the first run paid for the others: rocmft, run first, took
+    4.91 s for its first step against 1.55 s on a warm cache (one H200, 2026-12-05, BENCHMARKS.md)."""
+    folder = out / "triton-cache" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return str(folder)
 
 
 def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
@@ -176,6 +186,7 @@ def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
         "LOGGING_STEPS": "1", "SAVE_STRATEGY": "no", "PLOT_LOSS": "false", "OUTPUT_DIR": str(output),
         "ROCMFT_CACHE_DIR": str(out / "cache"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
         "CUDA_VISIBLE_DEVICES": args.gpu, "HIP_VISIBLE_DEVICES": args.gpu,
+        "TRITON_CACHE_DIR": _fresh_triton_cache(out, "rocmft"),
     })  # fmt: skip
     user = dict(args.rocmft_env)
     env.update(user)
