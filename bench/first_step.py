@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--fp8", action="store_true", help="torchao float8 (rowwise) on the frozen base Linears")
-    parser.add_argument("--warm-only", action="store_true", help="one child, on the Triton cache in TRITON_CACHE_DIR")
+    parser.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="one child, on the Triton cache in TRITON_CACHE_DIR (unset: a new, empty one)",
+    )
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = os.environ.get("TRITON_CACHE_DIR") if args.warm_only else None
     env = dict(os.environ, TRITON_CACHE_DIR=cache or tempfile.mkdtemp(prefix="triton-cold-"), PYTHONUNBUFFERED="1")
     report = {"triton_cache_dir": env["TRITON_CACHE_DIR"], "fp8": args.fp8}
-    names = ("warm_cache",) if args.warm_only else ("cold_cache", "warm_cache")
+    names = ("warm_cache",) if args.warm_only else ("cold_cache", "warm_cache")  # --warm-only: as TRITON_CACHE_DIR is
     for name in names:
         result = args.out / f"first_step_{name}.json"
         started = time.perf_counter()
