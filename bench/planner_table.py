@@ -27,6 +27,7 @@ DEVICES = {  # name -> (gfx target or CUDA arch, memory in GB as sold)
     "Radeon AI PRO R9700 (gfx1201, 32 GB)": ("gfx1201", 32.0),
     # an APU's budget is amdgpu's GTT pool (rocmft.facts.device.memory_budget): by default half the system memory
     "Ryzen AI Max+ 395 (gfx1151, 128 GB, GTT 64)": ("gfx1151", 64.0),
+    "H200 (sm_90, 141 GB; the measurement machine)": ("sm_90", 141.0),
 }
 
 
@@ -37,7 +38,8 @@ def main() -> None:
         (model / "config.json").write_text(json.dumps(QWEN2_7B))
         for name, (arch, gb) in DEVICES.items():
             # GPU memory as sold is GiB in practice (torch reports an MI300X's "192 GB" as 191.98 GiB)
-            device = DeviceFacts(backend="rocm", count=1, names=[name], archs=[arch], memory_gib=[gb],
+            backend = "cuda" if arch.startswith("sm_") else "rocm"
+            device = DeviceFacts(backend=backend, count=1, names=[name], archs=[arch], memory_gib=[gb],
                                  bf16=True)  # fmt: skip
             for liger, flash in ((True, False), (False, False), (True, True)):
                 arguments = {**SEED, "model_name_or_path": str(model)}

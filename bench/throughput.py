@@ -57,7 +57,11 @@ STOCK = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}  # 
 # attend to the samples packed before them), no checkpointing, Liger (issue 20's configuration (c))
 EXPERT = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "packing": True, "neat_packing": False,
           "disable_gradient_checkpointing": True, "enable_liger_kernel": True, "flash_attn": "sdpa"}  # fmt: skip
-LF_RUNS = {"stock": STOCK, "expert": EXPERT}
+# (d) fp8: the expert's configuration with LLaMA-Factory 0.9.5's ``fp8: true`` and its torchao backend
+# (train/fp8_utils.py: accelerate's AORecipeKwargs, torchao's "rowwise" Float8LinearConfig; embeddings, lm_head and
+# Linears whose sides are not multiples of 16 stay bf16, so peft's rank-8 lora_A/lora_B do too)
+FP8 = {**EXPERT, "fp8": True, "fp8_backend": "torchao"}
+LF_RUNS = {"stock": STOCK, "expert": EXPERT, "fp8": FP8}
 H200_BF16_TFLOPS = 989.0
 PLANNED_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "packing", "neat_packing",
                 "disable_gradient_checkpointing", "flash_attn", "enable_liger_kernel")  # fmt: skip
@@ -79,8 +83,13 @@ def lf_child(config_path: Path, result_path: Path) -> int:
     from llamafactory.train.tuner import run_exp
 
     run_exp(yaml.safe_load(config_path.read_text()))
-    peak = round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
-    result_path.write_text(json.dumps({"peak_gpu_memory_gib": peak}))
+    result = {"peak_gpu_memory_gib": None}
+    if torch.cuda.is_available():
+        stats = torch.cuda.memory_stats()
+        result = {"peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+                  "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3),
+                  "alloc_retries": stats.get("num_alloc_retries")}  # fmt: skip
+    result_path.write_text(json.dumps(result))
     return 0
 
 
@@ -143,7 +152,7 @@ def run_lf(name: str, out: Path, model: Path, data: Path, dataset: str, args, gp
     config_path.write_text(yaml.safe_dump(config))
     env = clean_environment()
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": args.gpu,
-                "HIP_VISIBLE_DEVICES": args.gpu})  # fmt: skip
+                "HIP_VISIBLE_DEVICES": args.gpu, "TRITON_CACHE_DIR": _fresh_triton_cache(out, name)})  # fmt: skip
     result_path = out / f"{name}-result.json"
     result_path.unlink(missing_ok=True)
     started = time.monotonic()
@@ -154,6 +163,16 @@ def run_lf(name: str, out: Path, model: Path, data: Path, dataset: str, args, gp
         result.update(json.loads(result_path.read_text()))
     result["predicted_gib"] = _predict(model, config, "bfloat16" if gpu else "float32", plain_lf=True)
     return result
+
+
+def _fresh_triton_cache(out: Path, name: str) -> str:
+    """An empty Triton cache for one run: every run compiles its kernels (Liger's) as on a fresh machine, whatever
+    ran before it. With one shared cache (~/.triton) the first run paid for the others: rocmft, run first, took
+    4.91 s for its first step against 1.55 s on a warm cache (one H200, 2026-12-05, BENCHMARKS.md)."""
+    folder = out / "triton-cache" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return str(folder)
 
 
 def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
@@ -167,6 +186,7 @@ def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
         "LOGGING_STEPS": "1", "SAVE_STRATEGY": "no", "PLOT_LOSS": "false", "OUTPUT_DIR": str(output),
         "ROCMFT_CACHE_DIR": str(out / "cache"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
         "CUDA_VISIBLE_DEVICES": args.gpu, "HIP_VISIBLE_DEVICES": args.gpu,
+        "TRITON_CACHE_DIR": _fresh_triton_cache(out, "rocmft"),
     })  # fmt: skip
     user = dict(args.rocmft_env)
     env.update(user)
@@ -245,6 +265,18 @@ def compare_losses(stock: list, planned: list) -> dict:
             "pairs": [(t, round(x, 4), round(r, 4)) for t, x, r in pairs]}  # fmt: skip
 
 
+def _fp8_report(report: dict, expert: dict, fp8: dict) -> None:
+    """(d) fp8 against (c) expert: the same batches in the same order, so the losses compare step by step."""
+    diffs = [abs(f[1] - e[1]) for e, f in zip(expert["points"], fp8["points"], strict=False)]
+    report["fp8_against_expert"] = {
+        "steps": len(diffs), "max_abs_loss_diff": round(max(diffs), 4) if diffs else None,
+        "last_loss": {"expert": expert["points"][-1][1], "fp8": fp8["points"][-1][1]},
+        "steady_ratio": round(fp8["steady_tokens_per_s"] / expert["steady_tokens_per_s"], 3)
+        if fp8.get("steady_tokens_per_s") and expert.get("steady_tokens_per_s") else None,
+    }  # fmt: skip
+    print(f"fp8 / expert: {report['fp8_against_expert']}")
+
+
 # What both runs must share for the comparison to mean anything; --rocmft-env may not change them.
 FIXED = ("MODEL_NAME_OR_PATH", "DATASET", "DATASET_DIR", "TEMPLATE", "CUTOFF_LEN", "MAX_STEPS", "LEARNING_RATE",
          "SEED", "LOGGING_STEPS", "OUTPUT_DIR", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")  # fmt: skip
@@ -267,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=[*SHAPES, "tiny"], default="7b")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps of each run (default 20)")
     parser.add_argument("--cutoff", type=int, default=None, help="cutoff_len (default 2048; tiny: 128)")
-    parser.add_argument("--runs", default="stock,rocmft,expert", help="comma-separated: stock, rocmft, expert")
+    parser.add_argument("--runs", default="stock,rocmft,expert", help="comma-separated: stock, rocmft, expert, fp8")
     parser.add_argument("--gpu", default="0", help="the one GPU both runs use (CUDA/HIP_VISIBLE_DEVICES; default 0)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
@@ -321,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] rocmft train with planned defaults, {args.steps} steps ...", flush=True)
             results[name] = run_rocmft(out, model, data, dataset, args)
         else:
-            parser.error(f"--runs: {name!r} is not one of stock, rocmft, expert")
+            parser.error(f"--runs: {name!r} is not one of stock, rocmft, expert, fp8")
 
     flops = flops_per_token(model)
     print(f"\n{device}; model {args.shape} (N = {flops['N'] / 1e9:.2f}B matmul weights); cutoff {args.cutoff}; "
@@ -368,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loss curves over the same tokens: {c.get('compared')} points, max |diff| {c.get('max_abs_diff')}, "
               f"tolerance {c.get('tolerance')} (3σ of the stock run's step noise, σ={c.get('sigma')}): "
               f"{'agree' if c.get('agree') else 'DISAGREE' if c.get('compared') else c.get('note')}")  # fmt: skip
+    if x.get("points") and results.get("fp8", {}).get("points"):
+        _fp8_report(report, x, results["fp8"])
     if b.get("timings_s"):
         print(f"rocmft's own steps (manifest timings_s): {b['timings_s']}")
     (out / "throughput.json").write_text(json.dumps(report, indent=2, default=str))

@@ -390,3 +390,48 @@ def test_estimate_matches_the_h200_measurements_of_other_methods(arguments, dtyp
                                peft_casts_inputs=True)  # fmt: skip
     est = estimate(QWEN2_05B, spec)
     assert measured <= est.total / GiB <= 1.04 * measured  # errs high, by the margin: +2.5..+4.0% measured
+
+
+# bench/throughput.py on one NVIDIA H200 (torch 2.11.0+cu130, Qwen2-7B shape, LoRA all-linear rank 8, cutoff 2048,
+# micro-batch 4 x accumulation 1, no checkpointing, Liger): max_memory_allocated in GiB, BENCHMARKS.md, measured
+# 2026-12-02 (58.31) and 2026-12-05 (51.676, 55.684).
+MEASURED_THROUGHPUT_7B_GIB = [  # (LF arguments beyond the shared ones, rocmft's varlen path, peft's casts, GiB)
+    ({"neat_packing": True}, "varlen", False, 51.676),  # rocmft's planned run: varlen rows, casts skipped
+    ({"neat_packing": True}, "varlen", True, 58.31),  # the same before the cast change
+    ({"packing": True}, None, True, 55.684),  # the expert: plain packing, SDPA's GQA flash kernel
+]
+
+
+LLAMA3_8B = ModelShape(hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
+                       head_dim=128, vocab_size=128256, qkv_bias=False, model_type="llama")  # fmt: skip
+MEASURED_THROUGHPUT_8B_GIB = [  # the same on Llama-3-8B's shape, 2026-12-02: rocmft's varlen run, bf16 and QLoRA
+    ({"neat_packing": True}, "varlen", True, 61.27),
+    ({"neat_packing": True, "quantization_bit": 4}, "varlen", True, 43.15),
+]
+
+
+@pytest.mark.parametrize(("arguments", "packed", "casts", "measured", "shape"),
+                         [(*row, QWEN2_7B) for row in MEASURED_THROUGHPUT_7B_GIB]
+                         + [(*row, LLAMA3_8B) for row in MEASURED_THROUGHPUT_8B_GIB])  # fmt: skip
+def test_estimate_matches_the_h200_throughput_runs(arguments, packed, casts, measured, shape):
+    shared = {"finetuning_type": "lora", "lora_target": "all", "cutoff_len": 2048, "per_device_train_batch_size": 4,
+              "gradient_accumulation_steps": 1, "disable_gradient_checkpointing": True, "flash_attn": "sdpa",
+              "enable_liger_kernel": True}  # fmt: skip
+    spec = spec_from_arguments({**shared, **arguments}, compute_dtype="bf16", zero_stage=0, packed_attention=packed,
+                               peft_casts_inputs=casts)  # fmt: skip
+    assert measured <= estimate(shape, spec).total / GiB <= 1.04 * measured  # the README's promise
+
+
+def test_varlen_keeps_k_and_v_repeated_to_every_head(monkeypatch):
+    """torch 2.11's varlen_attn has no enable_gqa: rocmft repeats K/V to the 28 query heads and the kernel saves
+    the copies, 2 x 2 x (q - kv) bytes per token and layer (measured: +2.63 GiB on the H200, see above)."""
+    import rocmft.render.memfit_layer as layer
+
+    spec = spec_from_arguments({"neat_packing": True, "per_device_train_batch_size": 4, "cutoff_len": 2048,
+                                "disable_gradient_checkpointing": True}, compute_dtype="bf16", zero_stage=0,
+                               packed_attention="varlen")  # fmt: skip
+    repeated = sum(b for _, b in layer_saved_tensors(QWEN2_7B, spec))
+    monkeypatch.setattr(layer, "VARLEN_REPEATS_KV", False)
+    grouped = sum(b for _, b in layer_saved_tensors(QWEN2_7B, spec))
+    assert repeated - grouped == 2 * 2 * (28 - 4) * 128 == 12288
+    assert round(12288 * 4 * 2048 * 28 / GiB, 2) == 2.62

@@ -233,15 +233,20 @@ def test_plan_command_on_the_builtin_default_says_why_nothing_is_planned(run_roc
 
 
 def test_neat_packing_under_sdpa_plans_varlen_attention_for_the_worker(qwen7b):
-    """Neat-packed rows under SDPA take rocmft's varlen attention (no dense block mask); the memory estimate
-    drops the mask's repeated K/V. Not with FlashAttention-2 (LLaMA-Factory drops the mask itself), not in fp32
-    (no flash kernels), not without neat packing."""
+    """Neat-packed rows under SDPA take rocmft's varlen attention (no dense block mask); the memory estimate is
+    the varlen path's, which drops the mask but, on torch 2.11, keeps K/V repeated to every head like the masked
+    path (memfit_layer.VARLEN_REPEATS_KV, measured on an H200). Not with FlashAttention-2 (LLaMA-Factory drops the
+    mask itself), not in fp32 (no flash kernels), not without neat packing."""
     plan = planner.plan_defaults({**SEED, "model_name_or_path": str(qwen7b)}, set(), H200, compute_dtype="bfloat16",
                                  liger_available=True, flash_available=False, sample_tokens=457.0)  # fmt: skip
     assert (plan.packed_attention, plan.sample_tokens) == ("varlen", 457.0)
     assert chosen(plan)["per_device_train_batch_size"] * chosen(plan)["gradient_accumulation_steps"] == 4
     masked = memfit.spec_from_arguments({**SEED, **plan.planned_arguments()}, compute_dtype="bfloat16", zero_stage=0)
-    assert plan.estimate_gib < memfit.estimate(memfit.read_model_shape(qwen7b), masked).total / memfit.GiB
+    varlen = memfit.spec_from_arguments({**SEED, **plan.planned_arguments()}, compute_dtype="bfloat16", zero_stage=0,
+                                        packed_attention="varlen")  # fmt: skip
+    shape = memfit.read_model_shape(qwen7b)
+    assert plan.estimate_gib == round(memfit.estimate(shape, varlen).total / memfit.GiB, 2)
+    assert memfit.estimate(shape, varlen).total <= memfit.estimate(shape, masked).total
     assert run(qwen7b, H200, flash=True).packed_attention is None
     assert run(qwen7b, H200, dtype="float32").packed_attention is None
     assert run(qwen7b, H200, explicit={"packing"}, packing=False).packed_attention is None
