@@ -237,8 +237,8 @@ def test_compose_tensorboard_and_mlflow_show_the_loss_of_compose_up_train(cpu_im
     (REST) and the one in TensorBoard's event files (read by the tensorboard service too) is trainer_state.json's."""
     from rocmft.proc import free_port
 
-    env = {**_host_user_dirs(tmp_path), "ROCMFT_MLFLOW_PORT": str(free_port()),
-           "ROCMFT_TENSORBOARD_PORT": str(free_port())}  # fmt: skip
+    env = {**_host_user_dirs(tmp_path), "MLFLOW_PORT": str(free_port()),
+           "TENSORBOARD_PORT": str(free_port())}  # fmt: skip
     (tmp_path / ".env").write_text("REPORT_TO=tensorboard,mlflow\nMAX_STEPS=6\nLOGGING_STEPS=1\n")
     up = compose("up", "-d", "--wait", "tensorboard", "mlflow", env=env)
     assert up.returncode == 0, (up.stdout + up.stderr)[-4000:]
@@ -248,7 +248,7 @@ def test_compose_tensorboard_and_mlflow_show_the_loss_of_compose_up_train(cpu_im
     history = json.loads((saves / "rocmft-demo" / "trainer_state.json").read_text())["log_history"]
     expected = {e["step"]: e["loss"] for e in history if "loss" in e}
     assert len(expected) == 6, history
-    mlflow = _mlflow_losses(f"http://127.0.0.1:{env['ROCMFT_MLFLOW_PORT']}")
-    served, from_files = _tensorboard_losses(f"http://127.0.0.1:{env['ROCMFT_TENSORBOARD_PORT']}", saves)
+    mlflow = _mlflow_losses(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
+    served, from_files = _tensorboard_losses(f"http://127.0.0.1:{env['TENSORBOARD_PORT']}", saves)
     for name, logged in (("mlflow", mlflow), ("tensorboard files", from_files), ("tensorboard http", served)):
         assert logged == pytest.approx(expected, rel=1e-6), (name, logged, expected)
