@@ -237,8 +237,9 @@ def test_compose_tensorboard_and_mlflow_show_the_loss_of_compose_up_train(cpu_im
     (REST) and the one in TensorBoard's event files (read by the tensorboard service too) is trainer_state.json's."""
     from rocmft.proc import free_port
 
+    # ROCMFT_HOLD_ON_CONFIG_ERROR=0: a refused check (an unreachable MLflow) ends `up train` with exit 3 at once
     env = {**_host_user_dirs(tmp_path), "MLFLOW_PORT": str(free_port()),
-           "TENSORBOARD_PORT": str(free_port())}  # fmt: skip
+           "TENSORBOARD_PORT": str(free_port()), "ROCMFT_HOLD_ON_CONFIG_ERROR": "0"}  # fmt: skip
     (tmp_path / ".env").write_text("REPORT_TO=tensorboard,mlflow\nMAX_STEPS=6\nLOGGING_STEPS=1\n")
     up = compose("up", "-d", "--wait", "tensorboard", "mlflow", env=env)
     assert up.returncode == 0, (up.stdout + up.stderr)[-4000:]
