@@ -54,7 +54,7 @@ STANDIN      := $(shell sed -n "s/^image=//p" docker/rehearsal/standin.sh)
 .DEFAULT_GOAL := help
 .PHONY: help venv train render check test test-fast lint format docs lock lock-rocm clean docker-ready image images plan \
         smoke rehearse rehearsals pull pin-bases pin-check profile-check rehearse-arch slurm-ready \
-        vllm-ready serve-image browser-ready
+        vllm-ready serve-image browser-ready trackers-image
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -253,6 +253,17 @@ else
 endif
 	@echo "serve image: $(SERVE_TAG)"
 
+# The image compose's `tensorboard` and `mlflow` services run (rocmft-trackers:<mlflow>-<tensorboard>, the same for
+# every ARCH): docker/trackers/Dockerfile from the cpu profile's Debian base and the lock docker/trackers/requirements.txt.
+TRACKERS_TAG  ?= rocmft-trackers:mlflow3.18.0-tb2.21.0
+TRACKERS_BASE := $(shell sed -n 's/^BASE_IMAGE=//p' docker/arch/cpu.env)$(addprefix @,$(shell sed -n 's/^BASE_DIGEST=//p' docker/arch/cpu.env))
+trackers-image: ## the MLflow server + TensorBoard image of compose's tensorboard and mlflow services (any ARCH)
+	bash docker/ensure-docker.sh '$(TRACKERS_BASE)'
+	TRACKERS_TAG='$(TRACKERS_TAG)' BASE_IMAGE='$(TRACKERS_BASE)' \
+	BUILD_CA_BUNDLE='$(abspath $(or $(BUILD_CA_BUNDLE),docker/no-ca-bundle.pem))' \
+	docker compose --progress '$(PROGRESS)' -f docker/trackers/build.yaml build trackers
+	@echo "trackers image: $(TRACKERS_TAG)"
+
 smoke: ## build the cpu image and run the built-in default through `docker compose up train`
 	$(MAKE) image ARCH=cpu
 	mkdir -p saves data models
@@ -278,7 +289,7 @@ test-fast: venv ## the in-process tests only (rules, render, planner, checks on 
 lint: venv ## ruff, hadolint (Dockerfile), shellcheck, the workflow's lint (jactionlint, schema, zizmor), and `docker compose config`
 	$(BIN)/ruff check entrypoint tests bench docker
 	$(BIN)/ruff format --check entrypoint tests bench docker
-	$(BIN)/hadolint --config docker/hadolint.yaml Dockerfile docker/serve/Dockerfile.cpu
+	$(BIN)/hadolint --config docker/hadolint.yaml Dockerfile docker/serve/Dockerfile.cpu docker/trackers/Dockerfile
 	$(BIN)/shellcheck -x -P SCRIPTDIR docker/steps/*.sh docker/rehearsal/*.sh docker/ensure-docker.sh entrypoint/container-entry.sh
 	$(BIN)/shellcheck -x -P SCRIPTDIR docker/apptainer/*.sh
 	$(BIN)/shellcheck -x -P SCRIPTDIR deploy/slurm/local-cluster.sh deploy/slurm/train.sbatch deploy/k8s/render.sh

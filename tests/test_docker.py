@@ -181,3 +181,77 @@ def test_a_configuration_error_under_the_restart_policy_does_not_loop(cpu_image,
                               text=True).stdout.strip()  # fmt: skip
     assert state["State"] == "running" and restarts == "0", (state, restarts)
     assert "LEARNING_RATE='abc'" in logs
+
+
+@pytest.fixture(scope="session")
+def trackers_image(docker_client):
+    """`make trackers-image`, once per session (cold 2m05s on a 2-core machine; seconds from BuildKit's cache)."""
+    from conftest import make
+
+    result = make("trackers-image", timeout=1800)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+
+
+def _get_json(url: str, body: dict | None = None) -> dict:
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.load(answer)
+
+
+def _mlflow_losses(base: str) -> dict[int, float]:
+    """The one run on the MLflow server at ``base``: its `loss` history through the REST API, {step: value}."""
+    experiments = _get_json(f"{base}/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]
+    ids = [e["experiment_id"] for e in experiments]
+    runs = _get_json(f"{base}/api/2.0/mlflow/runs/search", {"experiment_ids": ids}).get("runs", [])
+    assert len(runs) == 1, runs
+    run_id = runs[0]["info"]["run_id"]
+    history = _get_json(f"{base}/api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key=loss")["metrics"]
+    return {m["step"]: m["value"] for m in history}
+
+
+def _tensorboard_losses(base: str, saves: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """`train/loss` as the TensorBoard server at ``base`` serves it (its scalars plugin's HTTP API) and as its
+    EventAccumulator reads the event files under ``saves``: two {step: value}."""
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = saves.rglob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events.parent))
+    accumulator.Reload()
+    from_files = {e.step: e.value for e in accumulator.Scalars("train/loss")}
+    run = str(events.parent.relative_to(saves))
+    served: list = []
+    deadline = time.monotonic() + 60  # TensorBoard rereads its folder every 5 s (--reload_interval)
+    while len(served) < len(from_files) and time.monotonic() < deadline:
+        if "train/loss" in _get_json(f"{base}/data/plugin/scalars/tags").get(run, {}):
+            served = _get_json(f"{base}/data/plugin/scalars/scalars?run={run}&tag=train/loss")
+        time.sleep(2)
+    return {step: value for _, step, value in served}, from_files
+
+
+def test_compose_tensorboard_and_mlflow_show_the_loss_of_compose_up_train(cpu_image, trackers_image, compose, tmp_path):
+    """The README's way to watch a run: `docker compose up -d tensorboard mlflow`, then `docker compose up train` with
+    REPORT_TO=tensorboard,mlflow (train reaches the server as http://mlflow:5000). The loss the MLflow server holds
+    (REST) and the one in TensorBoard's event files (read by the tensorboard service too) is trainer_state.json's."""
+    from rocmft.proc import free_port
+
+    # ROCMFT_HOLD_ON_CONFIG_ERROR=0: a refused check (an unreachable MLflow) ends `up train` with exit 3 at once
+    env = {**_host_user_dirs(tmp_path), "MLFLOW_PORT": str(free_port()),
+           "TENSORBOARD_PORT": str(free_port()), "ROCMFT_HOLD_ON_CONFIG_ERROR": "0"}  # fmt: skip
+    (tmp_path / ".env").write_text("REPORT_TO=tensorboard,mlflow\nMAX_STEPS=6\nLOGGING_STEPS=1\n")
+    up = compose("up", "-d", "--wait", "tensorboard", "mlflow", env=env)
+    assert up.returncode == 0, (up.stdout + up.stderr)[-4000:]
+    result = compose("up", "--exit-code-from", "train", "train", env=env)
+    assert result.returncode == ExitCode.OK, (result.stdout + result.stderr)[-4000:]
+    saves = tmp_path / "saves"
+    history = json.loads((saves / "rocmft-demo" / "trainer_state.json").read_text())["log_history"]
+    expected = {e["step"]: e["loss"] for e in history if "loss" in e}
+    assert len(expected) == 6, history
+    mlflow = _mlflow_losses(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
+    served, from_files = _tensorboard_losses(f"http://127.0.0.1:{env['TENSORBOARD_PORT']}", saves)
+    for name, logged in (("mlflow", mlflow), ("tensorboard files", from_files), ("tensorboard http", served)):
+        assert logged == pytest.approx(expected, rel=1e-6), (name, logged, expected)

@@ -227,22 +227,31 @@ def test_the_publishing_workflow_lint_catches_a_broken_workflow(tmp_path):
     assert refused.returncode != 0 and "stepz" in refused.stdout
 
 
-def test_every_path_the_dockerfile_copies_is_in_the_build_context():
+@pytest.mark.parametrize(
+    ("dockerfile", "ignore", "copies"),
+    [
+        ("Dockerfile", ".dockerignore", 10),
+        ("docker/serve/Dockerfile.cpu", "docker/serve/Dockerfile.cpu.dockerignore", 2),
+        ("docker/trackers/Dockerfile", "docker/trackers/Dockerfile.dockerignore", 2),
+    ],
+)
+def test_every_path_the_dockerfile_copies_is_in_the_build_context(dockerfile, ignore, copies):
     """A COPY whose source .dockerignore leaves out fails the build of every image (docker/patches, added without
     its .dockerignore line, broke the cpu image and every Docker test of a CI rehearsal). docker-py's own reading of
-    .dockerignore (docker.utils.build.exclude_paths, Docker's matching rules) gives the files the context holds."""
+    .dockerignore (docker.utils.build.exclude_paths, Docker's matching rules) gives the files the context holds; the
+    serve and trackers images read their own <Dockerfile>.dockerignore (BuildKit's rule for a Dockerfile's name)."""
     from docker.utils.build import exclude_paths
 
-    context = exclude_paths(str(REPO), (REPO / ".dockerignore").read_text().splitlines())
+    context = exclude_paths(str(REPO), (REPO / ignore).read_text().splitlines())
     values = {"ARCH": "gfx942", "LOCK": "docker/lock/rocm7.2.txt"}
     sources = []
-    for line in (REPO / "Dockerfile").read_text().splitlines():
+    for line in (REPO / dockerfile).read_text().splitlines():
         words = line.split()
         if words[:1] != ["COPY"] or any(w.startswith("--from") for w in words):
             continue
         paths = [w for w in words[1:-1] if not w.startswith("--")]
         sources += [re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], p).rstrip("/") for p in paths]
-    assert len(sources) >= 10, sources  # the recipe's COPY lines were read
+    assert len(sources) >= copies, sources  # the recipe's COPY lines were read
     missing = [s for s in sources if s not in context]
     assert not missing, f"COPY sources the build context lacks (add them to .dockerignore's allow-list): {missing}"
 
