@@ -332,5 +332,5 @@ def write_summary(output_dir: Path) -> Path:
     from rocmft.outputs.report_page import write_page
 
     written = atomic_write_text(output_dir / SUMMARY_MD, summary_markdown(facts, image))
-    write_page(output_dir, facts)
+    write_page(output_dir, facts, summary_rows(facts))
     return written

@@ -204,15 +204,16 @@ def ending(manifest: Manifest, worker: WorkerResult) -> list[tuple[str, str]]:
     return rows
 
 
-def page_html(output_dir: Path, facts: dict[str, Any]) -> str:
-    """The page of the run in ``output_dir`` (its ``facts`` from :func:`rocmft.outputs.report.run_facts`), from
+def page_html(output_dir: Path, facts: dict[str, Any], headline: list[tuple[str, str]]) -> str:
+    """The page of the run in ``output_dir`` (its ``facts`` from :func:`rocmft.outputs.report.run_facts` and its
+    ``headline`` rows from :func:`rocmft.outputs.report.summary_rows`, passed in so that this module does not import
+    the one that writes it), from
     templates/run_summary.html.j2 with Jinja2's autoescape on. Missing or damaged records leave their parts empty
     ("not recorded"), never an error."""
     import jinja2
     from markupsafe import Markup
 
     from rocmft.config.layers import builtin_templates
-    from rocmft.outputs.report import summary_rows
     from rocmft.render import RUN_SUBDIR
 
     run_dir = Path(output_dir) / RUN_SUBDIR
@@ -223,7 +224,6 @@ def page_html(output_dir: Path, facts: dict[str, Any]) -> str:
     worker = read_worker_result(run_dir) or WorkerResult()
     plan = _read_plan(manifest)
     arguments, knobs = settings_rows(manifest)
-    headline = summary_rows(facts)
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(builtin_templates()), autoescape=True,
                                      undefined=jinja2.StrictUndefined, keep_trailing_newline=True)  # fmt: skip
     return environment.get_template(PAGE_TEMPLATE).render(
@@ -245,10 +245,10 @@ def page_html(output_dir: Path, facts: dict[str, Any]) -> str:
     )
 
 
-def write_page(output_dir: Path, facts: dict[str, Any]) -> Path:
-    """Write ``run_summary.html`` into ``output_dir`` atomically (a reader never sees half a page); returns its
-    path. Raises OSError when ``output_dir`` cannot be written."""
-    return atomic_write_text(Path(output_dir) / SUMMARY_HTML, page_html(output_dir, facts))
+def write_page(output_dir: Path, facts: dict[str, Any], headline: list[tuple[str, str]]) -> Path:
+    """Write ``run_summary.html`` (see :func:`page_html`) into ``output_dir`` atomically (a reader never sees half a
+    page); returns its path. Raises OSError when ``output_dir`` cannot be written."""
+    return atomic_write_text(Path(output_dir) / SUMMARY_HTML, page_html(output_dir, facts, headline))
 
 
 __all__ = ["SUMMARY_HTML", "Chart", "charts", "ending", "page_html", "settings_rows", "write_page"]
