@@ -31,7 +31,7 @@ worker-result.json), :mod:`rocmft.records_parser` (the parser child's lines and 
 from __future__ import annotations
 
 from rocmft.records_checks import CHECKS_FILE, CheckRow, ChecksReport, read_checks_report
-from rocmft.records_common import VERSION, RunStatus, run_status, with_reason
+from rocmft.records_common import VERSION, RunStatus, json_number, run_status, with_reason
 from rocmft.records_manifest import MANIFEST_FILE, SCHEMA_VERSION, Manifest, Restart, read_manifest
 from rocmft.records_parser import ParseRequest, ParseResult, TrainOrder, read_parse_result
 from rocmft.records_probe import (
@@ -92,6 +92,7 @@ __all__ = [
     "RunStatus",
     "TrainOrder",
     "WorkerResult",
+    "json_number",
     "probe_line",
     "read_checks_report",
     "read_manifest",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rocmft.records_common import _json_object
+from rocmft.records_common import _json_object, json_number
 
 CHECKS_FILE = "checks.json"  # RUN_DIR/checks.json
 
@@ -32,10 +32,8 @@ class CheckRow:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CheckRow:
         """Raises KeyError without ``id`` or ``status``; TypeError when ``data`` is not an object."""
-        seconds = data.get("seconds")
-        number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
         text = {key: str(data.get(key) or "") for key in ("value", "message", "remedy", "title")}
-        return cls(str(data["id"]), str(data["status"]), **text, seconds=seconds if number else None)
+        return cls(str(data["id"]), str(data["status"]), **text, seconds=json_number(data.get("seconds")))
 
 
 @dataclass(frozen=True)
@@ -56,11 +54,9 @@ class ChecksReport:
             rows = tuple(CheckRow.from_json(row) for row in data.get("checks") or ())
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"not a checks report: {type(err).__name__}: {err}") from err
-        seconds = data.get("seconds")
         text = {k: (str(data[k]) if data.get(k) is not None else None) for k in ("status", "rocmft_version",
                                                                                "finished_at")}  # fmt: skip
-        number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
-        return cls(**text, seconds=seconds if number else None, checks=rows)
+        return cls(**text, seconds=json_number(data.get("seconds")), checks=rows)
 
 
 def read_checks_report(run_dir: Path) -> ChecksReport | None:

@@ -49,6 +49,12 @@ def run_status(code: int) -> RunStatus:
             ExitCode.INTERRUPTED: RunStatus.INTERRUPTED}.get(code, RunStatus.FAILED)  # fmt: skip
 
 
+def json_number(value: Any) -> int | float | None:
+    """``value`` when it is a JSON number (an int or float, not a bool), else None: a damaged record's value reads
+    as missing instead of breaking the arithmetic or number format that uses it."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _json_object(text: str, what: str) -> dict[str, Any]:
     data = json.loads(text)
     if not isinstance(data, dict):
@@ -56,4 +62,4 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
     return data
 
 
-__all__ = ["VERSION", "RunStatus", "run_status", "with_reason"]
+__all__ = ["VERSION", "RunStatus", "json_number", "run_status", "with_reason"]

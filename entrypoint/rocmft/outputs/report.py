@@ -24,7 +24,7 @@ from typing import Any
 from rocmft.console import warn
 from rocmft.errors import ConfigError
 from rocmft.fsutil import atomic_write_text
-from rocmft.records import MANIFEST_FILE, Manifest, WorkerResult, read_manifest, read_worker_result
+from rocmft.records import MANIFEST_FILE, Manifest, WorkerResult, json_number, read_manifest, read_worker_result
 
 SUMMARY_MD = "run_summary.md"
 SUMMARY_PNG = "run_summary.png"
@@ -59,9 +59,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def _num(value: Any) -> int | float | None:
     """``value`` when it is a JSON number a series can hold (not a bool; an int within 64 bits, so that arithmetic
     with floats cannot overflow), else None: a damaged record's value reads as missing."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return value if isinstance(value, float) or abs(value) < 2**63 else None
+    value = json_number(value)
+    return value if value is None or isinstance(value, float) or abs(value) < 2**63 else None
 
 
 def _numbers(row: Any, *keys: str) -> bool:

@@ -32,7 +32,15 @@ from typing import Any
 
 from rocmft.errors import ConfigError, ExitCode
 from rocmft.fsutil import atomic_write_text
-from rocmft.records import MANIFEST_FILE, Manifest, WorkerResult, read_checks_report, read_manifest, read_worker_result
+from rocmft.records import (
+    MANIFEST_FILE,
+    Manifest,
+    WorkerResult,
+    json_number,
+    read_checks_report,
+    read_manifest,
+    read_worker_result,
+)
 
 SUMMARY_HTML = "run_summary.html"
 PAGE_TEMPLATE = "run_summary.html.j2"  # in rocmft's templates (rocmft.config.layers.builtin_templates)
@@ -61,12 +69,6 @@ class Chart:
     title: str
     svg: str | None
     note: str = ""
-
-
-def _real(value: Any) -> float | None:
-    """``value`` when it is a finite-or-not JSON number (not a bool), else None: a damaged record's value reads as
-    missing instead of breaking the page's number formats."""
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _display(value: Any) -> str:
@@ -193,7 +195,7 @@ def ending(manifest: Manifest, worker: WorkerResult) -> list[tuple[str, str]]:
         rows.append(("last step", f"{worker.last_step} of {worker.max_steps if worker.max_steps else '?'}"))
     if worker.non_finite is not None:
         stop = worker.non_finite
-        median = f" (recent median {_real(stop.median):.4g})" if _real(stop.median) is not None else ""
+        median = f" (recent median {json_number(stop.median):.4g})" if json_number(stop.median) is not None else ""
         rows.append(("stopped by", f"{stop.cause}: {stop.key} = {stop.value} at step {stop.step}{median}"))
     if worker.stopped_at_step is not None:
         rows.append(("graceful stop", f"checkpoint saved at step {worker.stopped_at_step}"))
@@ -238,7 +240,7 @@ def page_html(output_dir: Path, facts: dict[str, Any], headline: list[tuple[str,
         restarts=manifest.restarts,
         checks=read_checks_report(run_dir),
         plan=plan,
-        peak=_real(worker.peak_gpu_memory_gib),
+        peak=json_number(worker.peak_gpu_memory_gib),
         arguments=arguments,
         knobs=knobs,
         secrets_given=[str(name) for name in _settings_part(manifest, "secrets_given", list)],
