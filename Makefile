@@ -126,11 +126,14 @@ slurm-ready: ## start the two-node Slurm cluster on this host for tests/test_slu
 
 # Headless Chromium renders the run report page (run_summary.html) in tests/test_export.py: Debian's package, with
 # DejaVu for the text; no recommends (upower, udev, mesa, printing are for a desktop). ~480 MB, about a minute.
+# One apt at a time (make test's set-up runs two installs at once): docker/ensure-docker.sh and
+# deploy/slurm/local-cluster.sh take the same lock, by this name or APT_LOCK from their environment.
+export APT_LOCK ?= /tmp/rocmft-apt.lock
 browser-ready: ## Debian's chromium for the report page's browser test (root; installs chromium)
 	@if ! command -v chromium >/dev/null 2>&1; then \
 	  echo "browser-ready: installing Debian's chromium and fonts-dejavu-core (~480 MB, about a minute)"; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-	    chromium fonts-dejavu-core; \
+	  flock $(APT_LOCK) sh -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    chromium fonts-dejavu-core'; \
 	fi
 	@chromium --version
 
@@ -279,7 +282,14 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 	bash docker/ensure-docker.sh
 	bash docker/apptainer/build-sif.sh '$(IMAGE)' '$(SIF)'
 
-test: docker-ready slurm-ready vllm-ready browser-ready lint ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~72 min on 2 cores with set-up, 2 workers)
+# make test's set-up, two installs at a time: each one (pip, apt, debootstrap) keeps one core busy, and the clean-clone
+# rehearsal of 52bcc14 spent its first 630 s at 50% of 2 cores (/proc/stat every 30 s). The apt installs (Docker,
+# Slurm, chromium) take turns through APT_LOCK: dpkg allows one at a time and apt-get fails rather than waits.
+.PHONY: test-ready
+test-ready: docker-ready slurm-ready vllm-ready browser-ready lint
+
+test: ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~72 min on 2 cores with set-up, 2 workers)
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-ready
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # the inner loop tries 30 generated inputs per fuzz property (make test: 120 and 25, tests/test_fuzz_*.py)

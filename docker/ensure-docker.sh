@@ -8,6 +8,8 @@
 set -euo pipefail
 base_image=${1:-}
 here=$(cd "$(dirname "$0")/.." && pwd)
+# one apt at a time: `make test` installs two things at once (the Makefile's APT_LOCK)
+apt_lock=${APT_LOCK:-/tmp/rocmft-apt.lock}
 say() { echo "[ensure-docker] $*"; }
 need_root() {
   if [ "$(id -u)" != 0 ]; then
@@ -23,7 +25,7 @@ if ! docker info >/dev/null 2>&1; then
     # sizes: apt-cache show docker.io containerd runc on Debian 12 (docker.io 36 MB, containerd 26 MB, runc 3 MB)
     say "installing docker.io (Debian's Docker engine, with containerd and runc: about 65 MB to download, 250 MB" \
       "installed; apt is quiet meanwhile)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+    flock "$apt_lock" sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null'
   fi
   need_root "starting dockerd"
   say "starting dockerd (log: /var/log/rocmft-dockerd.log)"
@@ -53,7 +55,7 @@ if ! docker image inspect "$base_image" >/dev/null 2>&1; then
     say "pulled $base_image"
   elif [ "$base_image" = debian:bookworm-slim ]; then
     need_root "debootstrap"
-    command -v debootstrap >/dev/null 2>&1 || apt-get install -y -qq debootstrap >/dev/null
+    command -v debootstrap >/dev/null 2>&1 || flock "$apt_lock" apt-get install -y -qq debootstrap >/dev/null
     rootfs=$(mktemp -d /tmp/rocmft-rootfs.XXXXXX)
     say "no registry: building $base_image with debootstrap (about a minute)"
     # the packages the Dockerfile's system stage needs, so that the build needs no Debian mirror

@@ -50,8 +50,8 @@ install_packages() {
     return
   fi
   say "installing slurm-wlm and munge from Debian's archive"
-  apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge
+  flock "${APT_LOCK:-/tmp/rocmft-apt.lock}" sh -c 'apt-get update -q &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge'
 }
 
 # Node names resolve through /etc/hosts, as a real cluster's names resolve through its DNS or hosts file: the job
