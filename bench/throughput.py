@@ -17,6 +17,8 @@ Run on one GPU, from the repository root (not a test)::
    (c) **expert**: what a user who knows LLaMA-Factory sets by hand (:data:`EXPERT`: the planner's 4 × 1
    rows, plain ``packing`` — no block mask, so samples attend to the ones packed before them —, no
    checkpointing, Liger), through ``run_exp`` like (a);
+   (e) **peer** (``--runs ...,expert,peer``): Unsloth on the rows (c) packed, in its own PYTHONPATH
+   (bench/peer_unsloth.py; ``--peer-pythonpath``); its losses compare with (c)'s step by step;
 4. prints, for each run asked for (``--runs``, default all three, in that order): tokens/s (non-padding input tokens
    over the trainer's train_runtime, and the steady rate after the first optimizer step, see :func:`history`), MFU
    of the steady rate, peak memory (measured, and rocmft.render.memfit's prediction), the ratios b/a and b/c;
