@@ -17,6 +17,8 @@ Run on one GPU, from the repository root (not a test)::
    (c) **expert**: what a user who knows LLaMA-Factory sets by hand (:data:`EXPERT`: the planner's 4 × 1
    rows, plain ``packing`` — no block mask, so samples attend to the ones packed before them —, no
    checkpointing, Liger), through ``run_exp`` like (a);
+   (e) **peer** (``--runs ...,expert,peer``): Unsloth on the rows (c) packed, in its own PYTHONPATH
+   (bench/peer_unsloth.py; ``--peer-pythonpath``); its losses compare with (c)'s step by step;
 4. prints, for each run asked for (``--runs``, default all three, in that order): tokens/s (non-padding input tokens
    over the trainer's train_runtime, and the steady rate after the first optimizer step, see :func:`history`), MFU
    of the steady rate, peak memory (measured, and rocmft.render.memfit's prediction), the ratios b/a and b/c;
@@ -146,6 +148,9 @@ def run_lf(name: str, out: Path, model: Path, data: Path, dataset: str, args, gp
         "preprocessing_num_workers": 4, "dataloader_num_workers": 2, "overwrite_cache": True,
         "include_num_input_tokens_seen": "non_padding", "disable_tqdm": True, **LF_RUNS[name],
     }  # fmt: skip
+    if name == "expert" and "peer" in args.runs.split(","):  # (e) trains on these very rows: LF saves them here
+        shutil.rmtree(out / "rows-expert", ignore_errors=True)
+        config["tokenized_path"] = str(out / "rows-expert")
     config_path = out / f"{name}.yaml"
     import yaml
 
@@ -212,6 +217,33 @@ def run_rocmft(out: Path, model: Path, data: Path, dataset: str, args) -> dict:
     return result
 
 
+def run_peer(out: Path, model: Path, args) -> dict:
+    """Run (e): Unsloth (bench/peer_unsloth.py) on run (c)'s packed rows, with ``--peer-pythonpath`` (Unsloth's
+    wheels) ahead of this process's PYTHONPATH; the same step count, learning rate, seed and a fresh Triton cache."""
+    output = out / "runs" / "peer"
+    shutil.rmtree(output, ignore_errors=True)
+    output.mkdir(parents=True)
+    env = clean_environment()
+    env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": args.gpu,
+                "HIP_VISIBLE_DEVICES": args.gpu, "TRITON_CACHE_DIR": _fresh_triton_cache(out, "peer"),
+                "UNSLOTH_DISABLE_STATISTICS": "1", "UNSLOTH_ENABLE_LOGGING": "1",
+                "PYTHONPATH": os.pathsep.join(p for p in (args.peer_pythonpath, env.get("PYTHONPATH")) if p),
+                })  # fmt: skip
+    result_path = out / "peer-result.json"
+    result_path.unlink(missing_ok=True)
+    command = [sys.executable, str(Path(__file__).with_name("peer_unsloth.py")), "--model", str(model), "--rows",
+               str(out / "rows-expert"), "--output", str(output), "--result", str(result_path), "--steps",
+               str(args.steps), "--cutoff", str(args.cutoff)]  # fmt: skip
+    started = time.monotonic()
+    code = _run(command, env, out / "peer.log", args.timeout, out)
+    result = {"exit": code, "wall_s": round(time.monotonic() - started, 1), **history(output),
+              "config": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "packing": True,
+                         "disable_gradient_checkpointing": True, "kernels": "unsloth"}}  # fmt: skip
+    if result_path.is_file():
+        result.update(json.loads(result_path.read_text()))
+    return result
+
+
 def _predict(model: Path, arguments: dict, dtype: str, plain_lf: bool = False) -> float | None:
     """memfit's peak for a run; ``plain_lf``: LLaMA-Factory's own run_exp (peft's input casts in effect)."""
     from rocmft.render import memfit
@@ -265,16 +297,34 @@ def compare_losses(stock: list, planned: list) -> dict:
             "pairs": [(t, round(x, 4), round(r, 4)) for t, x, r in pairs]}  # fmt: skip
 
 
-def _fp8_report(report: dict, expert: dict, fp8: dict) -> None:
-    """(d) fp8 against (c) expert: the same batches in the same order, so the losses compare step by step."""
-    diffs = [abs(f[1] - e[1]) for e, f in zip(expert["points"], fp8["points"], strict=False)]
-    report["fp8_against_expert"] = {
+def _same_batches(report: dict, name: str, expert: dict, other: dict) -> None:
+    """Run ``name`` ((d) fp8 or (e) peer) against (c) expert: the same packed rows in the same order, so the losses
+    compare step by step (each step's loss is the mean over that step's label tokens in both)."""
+    diffs = [abs(f[1] - e[1]) for e, f in zip(expert["points"], other["points"], strict=False)]
+    tokens_equal = [e[0] == f[0] for e, f in zip(expert["points"], other["points"], strict=False)]
+    report[f"{name}_against_expert"] = {
         "steps": len(diffs), "max_abs_loss_diff": round(max(diffs), 4) if diffs else None,
-        "last_loss": {"expert": expert["points"][-1][1], "fp8": fp8["points"][-1][1]},
-        "steady_ratio": round(fp8["steady_tokens_per_s"] / expert["steady_tokens_per_s"], 3)
-        if fp8.get("steady_tokens_per_s") and expert.get("steady_tokens_per_s") else None,
+        "same_tokens_each_step": all(tokens_equal),
+        "last_loss": {"expert": expert["points"][-1][1], name: other["points"][-1][1]},
+        "steady_ratio": round(other["steady_tokens_per_s"] / expert["steady_tokens_per_s"], 3)
+        if other.get("steady_tokens_per_s") and expert.get("steady_tokens_per_s") else None,
     }  # fmt: skip
-    print(f"fp8 / expert: {report['fp8_against_expert']}")
+    print(f"{name} / expert: {report[f'{name}_against_expert']}")
+
+
+def _print_losses(results: dict) -> None:
+    """Each run's logged loss per optimizer step (the mean over that step's label tokens) and tokens seen."""
+    runs = [n for n, r in results.items() if r.get("points")]
+    if not runs:
+        return
+    print("\nloss per step (tokens seen):")
+    print("step " + " ".join(f"{n:>22}" for n in runs))
+    for step in range(max(len(results[n]["points"]) for n in runs)):
+        cells = []
+        for n in runs:
+            points = results[n]["points"]
+            cells.append(f"{points[step][1]:>10.4f} ({points[step][0]:>9})" if step < len(points) else " " * 22)
+        print(f"{step + 1:>4} " + " ".join(cells))
 
 
 # What both runs must share for the comparison to mean anything; --rocmft-env may not change them.
@@ -299,7 +349,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=[*SHAPES, "tiny"], default="7b")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps of each run (default 20)")
     parser.add_argument("--cutoff", type=int, default=None, help="cutoff_len (default 2048; tiny: 128)")
-    parser.add_argument("--runs", default="stock,rocmft,expert", help="comma-separated: stock, rocmft, expert, fp8")
+    parser.add_argument(
+        "--runs",
+        default="stock,rocmft,expert",
+        help="comma-separated: stock, rocmft, expert, fp8, peer (peer after expert: its rows)",
+    )
+    parser.add_argument(
+        "--peer-pythonpath",
+        default="",
+        help="folder with Unsloth's wheels installed (--target), put first on the peer's PYTHONPATH",
+    )
     parser.add_argument("--gpu", default="0", help="the one GPU both runs use (CUDA/HIP_VISIBLE_DEVICES; default 0)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
@@ -320,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error("--out is required")
     args.cutoff = args.cutoff or (128 if args.shape == "tiny" else 2048)
+    names = args.runs.split(",")
+    if "peer" in names and ("expert" not in names or names.index("expert") > names.index("peer")):
+        parser.error("--runs: peer trains on the rows run expert packs; name expert before peer")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "cache"
@@ -349,11 +411,14 @@ def main(argv: list[str] | None = None) -> int:
         if name in LF_RUNS:
             print(f"[bench] {name}: LLaMA-Factory with {LF_RUNS[name]}, {args.steps} steps ...", flush=True)
             results[name] = run_lf(name, out, model, data, dataset, args, gpu)
+        elif name == "peer":
+            print(f"[bench] peer: Unsloth on the expert's packed rows, {args.steps} steps ...", flush=True)
+            results[name] = run_peer(out, model, args)
         elif name == "rocmft":
             print(f"[bench] rocmft train with planned defaults, {args.steps} steps ...", flush=True)
             results[name] = run_rocmft(out, model, data, dataset, args)
         else:
-            parser.error(f"--runs: {name!r} is not one of stock, rocmft, expert, fp8")
+            parser.error(f"--runs: {name!r} is not one of stock, rocmft, expert, fp8, peer")
 
     flops = flops_per_token(model)
     print(f"\n{device}; model {args.shape} (N = {flops['N'] / 1e9:.2f}B matmul weights); cutoff {args.cutoff}; "
@@ -390,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
               "peak_tflops": args.peak_tflops, "flops_per_token": flops, "runs": results}  # fmt: skip
     _ratios(report, b, a, "a", "stock", 2, lead="\n")
     _ratios(report, b, x, "c", "expert", 3)
+    _ratios(report, b, results.get("peer", {}), "e", "peer (Unsloth)", 3)
     if b.get("attention"):
         print(f"rocmft's attention on packed rows: {b['attention']}")
     if b.get("quantization"):
@@ -400,8 +466,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loss curves over the same tokens: {c.get('compared')} points, max |diff| {c.get('max_abs_diff')}, "
               f"tolerance {c.get('tolerance')} (3σ of the stock run's step noise, σ={c.get('sigma')}): "
               f"{'agree' if c.get('agree') else 'DISAGREE' if c.get('compared') else c.get('note')}")  # fmt: skip
-    if x.get("points") and results.get("fp8", {}).get("points"):
-        _fp8_report(report, x, results["fp8"])
+    _print_losses(results)
+    for name in ("fp8", "peer"):
+        if x.get("points") and results.get(name, {}).get("points"):
+            _same_batches(report, name, x, results[name])
     if b.get("timings_s"):
         print(f"rocmft's own steps (manifest timings_s): {b['timings_s']}")
     (out / "throughput.json").write_text(json.dumps(report, indent=2, default=str))
