@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,39 @@ def exported(work, cache_dir, lora_env, lora_run) -> Path:
     return lora_run.parent / f"{lora_run.name}-merged"
 
 
+DEFAULT_SECRET = "hf_rocmftTestSecret123"  # the built-in default run's HF_TOKEN and HF_HUB_TOKEN: never written
+
+
+@dataclass(frozen=True)
+class DefaultRun:
+    """The built-in default trained once per session: ``folder`` (its working folder: `rocmft status` there finds
+    it), ``output`` (``folder/saves/rocmft-demo``) and ``stdout`` (what `rocmft train` printed, stderr included)."""
+
+    folder: Path
+    output: Path
+    stdout: str
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory, cache_dir) -> DefaultRun:
+    """`rocmft train` with no settings (the tiny model, the demo data, 240 steps; two to three minutes on 2 cores),
+    given only the secrets HF_TOKEN and HF_HUB_TOKEN, as a new user runs it; read-only for its tests (one that
+    changes it copies it). Trained once for every file that needs it (DEFAULT_FILES: one xdist group)."""
+    folder = tmp_path_factory.mktemp("builtin-default")
+    result = rocmft_in(folder, cache_dir, "train", env={"HF_TOKEN": DEFAULT_SECRET, "HF_HUB_TOKEN": DEFAULT_SECRET},
+                       timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    return DefaultRun(folder, folder / "saves" / "rocmft-demo", result.stdout)
+
+
+@pytest.fixture(scope="session")
+def default_export(default_run, cache_dir) -> Path:
+    """`rocmft export` of :func:`default_run` with no settings: the merged model folder beside the run."""
+    result = rocmft_in(default_run.folder, cache_dir, "export", timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return default_run.output.parent / f"{default_run.output.name}-merged"
+
+
 @pytest.fixture
 def run_rocmft(tmp_path, cache_dir):
     """Run ``rocmft <args>`` in a child process with ``env`` added to a clean environment.
@@ -300,8 +334,8 @@ def cpu_image(docker_client):
 # Docker, Slurm, a vLLM) as a process, found from the fixtures it uses and the markers it carries; what is left
 # constructs its subject in-process (load_settings + render_checked, a check on a synthetic tree or injected probe
 # record). Measured with `make test-fast` (BENCHMARKS.md: "The fast test layer").
-SPAWNING_FIXTURES = frozenset({"run_rocmft", "start_rocmft", "lora_run", "exported", "cpu_image", "docker_client",
-                               "checkout_copy"})  # fmt: skip
+SPAWNING_FIXTURES = frozenset({"run_rocmft", "start_rocmft", "lora_run", "exported", "default_run", "default_export",
+                               "cpu_image", "docker_client", "checkout_copy"})  # fmt: skip
 SLOW_MARKERS = ("train", "docker", "slurm", "vllm", "gpu", "slow")
 # Files whose tests run make, `docker compose`, the ROCm lock's resolver (PyPI), gloo nodes or vllm-serve.py as
 # processes without a fixture
@@ -310,9 +344,10 @@ SLOW_FILES = frozenset({"test_images.py", "test_network.py", "test_serve_command
 
 # `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): a worker takes a whole group, so the
 # module- and session-scoped fixtures a group shares are built once, on one worker. A group is a test file; the files
-# whose tests use the session's LoRA run (lora_run, exported) are one group, so that run is trained once. Tests of
-# different files that use Docker or the Slurm cluster run side by side: they share no compose project, container
-# name or Slurm job (two clean-clone rehearsals and CI passed with every test scheduled on its own, 2026-12-02).
+# whose tests use the session's LoRA run (lora_run, exported) are one group, so that run is trained once, and so are
+# those that use the built-in default's run (default_run, default_export). Tests of different files that use Docker
+# or the Slurm cluster run side by side: they share no compose project, container name or Slurm job (two clean-clone
+# rehearsals and CI passed with every test scheduled on its own, 2026-12-02).
 # The longest groups go out first (longest-processing-time first), so the in-process files fill the other worker's
 # gaps and the end, instead of one long group starting last. A group's length is its files' measured seconds
 # (tests/durations.json, written by bench/test_durations.py from a clean-clone run); a file not measured there is
@@ -331,12 +366,16 @@ def _measured_seconds() -> dict[str, float]:
 
 TRAINED_FIXTURES = frozenset({"lora_run", "exported"})
 TRAINED_FILES = frozenset({"test_export.py", "test_fabric.py", "test_serve_command.py"})
+# the same for the built-in default's run (default_run, default_export)
+DEFAULT_FIXTURES = frozenset({"default_run", "default_export"})
+DEFAULT_FILES = frozenset({"test_train.py", "test_serve.py"})
 
 
 def _group(nodeid: str) -> str:
     """The group of a test from its node id (all the controller has: the workers collect)."""
     path = nodeid.split("::", 1)[0]
-    return "lora-run" if path.rsplit("/", 1)[-1] in TRAINED_FILES else path
+    name = path.rsplit("/", 1)[-1]
+    return "lora-run" if name in TRAINED_FILES else "default-run" if name in DEFAULT_FILES else path
 
 
 def _is_slow(item) -> bool:
@@ -345,10 +384,13 @@ def _is_slow(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    trained = {item.path.name for item in items if TRAINED_FIXTURES & set(item.fixturenames)}
-    if trained - TRAINED_FILES:
-        raise pytest.UsageError(f"tests/conftest.py: add {sorted(trained - TRAINED_FILES)} to TRAINED_FILES (their "
-                                "tests use the session's LoRA run, which one worker should train)")  # fmt: skip
+    for fixtures, files, what in ((TRAINED_FIXTURES, TRAINED_FILES, "TRAINED_FILES (their tests use the session's "
+                                   "LoRA run"), (DEFAULT_FIXTURES, DEFAULT_FILES, "DEFAULT_FILES (their tests use "
+                                   "the session's built-in default run")):  # fmt: skip
+        using = {item.path.name for item in items if fixtures & set(item.fixturenames)}
+        if using - files:
+            raise pytest.UsageError(f"tests/conftest.py: add {sorted(using - files)} to {what}, which one worker "
+                                    "should train)")  # fmt: skip
     measured = _measured_seconds()
     weight: dict[str, float] = {}
     for item in items:

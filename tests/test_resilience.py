@@ -52,9 +52,10 @@ def _signal_at_step(proc, step: int, timeout: float) -> tuple[int, str]:
 def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_to_the_same_loss(run_rocmft, start_rocmft, tmp_path):
     """Same seed and data: the interrupted-then-resumed run ends at the uninterrupted run's loss. On the CPU in
     fp32 the two are the same computation (transformers restores the RNG states and skips the batches already
-    seen), so the tolerance is 1e-5 relative: float summation order is the only thing left to differ. 60 of the
-    built-in default's 240 steps: the stop comes at step 10, and each skipped step was CI time spent three times."""
-    steps = {"MAX_STEPS": "60"}
+    seen), so the tolerance is 1e-5 relative: float summation order is the only thing left to differ. 30 of the
+    built-in default's 240 steps: the stop comes at step 10, the resumed run trains 20 more (restored RNG, skipped
+    batches, optimizer state all in play), and each step was CI time spent twice or three times."""
+    steps = {"MAX_STEPS": "30"}
     whole = run_rocmft("train", env={**steps, "OUTPUT_DIR": str(tmp_path / "whole")})
     assert whole.returncode == ExitCode.OK, whole.stdout[-3000:]
 
@@ -302,8 +303,10 @@ def test_a_lost_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
     network partition; its TCP connections stay open, so gloo waits and LLaMA-Factory's ddp_timeout is 180000000
     s) or killed (SIGKILL: the node's process died, its connections close, gloo fails at once and the watch names
     the node after two missed heartbeats). Node 0 must end within ROCMFT_PEER_TIMEOUT_S + the heartbeat interval +
-    teardown, naming node 1 and the
-    checkpoint to resume from; then both nodes resume from the last complete checkpoint and finish."""
+    teardown, naming node 1 and the checkpoint to resume from; then both nodes resume from the last complete
+    checkpoint and finish. The resume runs in [frozen] only: by then node 1's ranks are killed in both cases, so both
+    leave the same folder (the checkpoints node 0's rank 0 saved) and the resume reads nothing of how the node was
+    lost; a second resume cost two more nodes' starts (4 processes, ~13 CPU-s of imports each) for no new fact."""
     import os
     import time
 
@@ -311,7 +314,8 @@ def test_a_lost_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
     from rocmft.worker.peers import AFTER_ERROR_S, INTERVAL_S
 
     # frozen: the heartbeat timeout is what ends it (10 s here); killed: the timeout stays at its default 120 s and
-    # the collective's closed-connection error brings the verdict after two missed heartbeats
+    # the collective's closed-connection error brings the verdict after two missed heartbeats: ending within that
+    # bound, far below 120 s, shows the verdict did not wait for the timeout (which costs no time there)
     output, timeout_s = tmp_path / "two-nodes", (10 if how == "frozen" else 120)
     bound = timeout_s + INTERVAL_S if how == "frozen" else AFTER_ERROR_S + 2 * INTERVAL_S
     env = {
@@ -324,8 +328,8 @@ def test_a_lost_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
     nodes = [start_rocmft("train", env={**env, "NODE_RANK": str(rank)}) for rank in (0, 1)]
     try:
         deadline = time.monotonic() + 300
-        while not (output / "checkpoint-40" / "trainer_state.json").is_file():
-            assert time.monotonic() < deadline and all(n.poll() is None for n in nodes), "no checkpoint-40"
+        while not (output / "checkpoint-20" / "trainer_state.json").is_file():  # the first: training, watched
+            assert time.monotonic() < deadline and all(n.poll() is None for n in nodes), "no checkpoint-20"
             time.sleep(1)
         frozen = _node_workers(output / "rocmft-node1")
         assert frozen, "node 1's rank was not found"
@@ -344,6 +348,8 @@ def test_a_lost_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
     assert took <= bound + 30, took  # the documented bound, with the teardown's seconds
     assert "LOST: node 1 of 2" in text and "resumes from checkpoint-" in text, text[-3000:]
     assert json.loads((output / "rocmft" / "worker-result.json").read_text())["error"].startswith("LOST")
+    if how != "frozen":
+        return
 
     newest = max(int(p.name.split("-")[1]) for p in output.glob("checkpoint-*") if (p / "trainer_state.json").is_file())
     again = {**env, "MAX_STEPS": str(newest + 10), "MASTER_PORT": str(free_port())}

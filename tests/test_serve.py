@@ -72,11 +72,10 @@ def _ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def base_export(loop, cache_dir) -> Path:
-    """The built-in default, trained and exported (merged): E0."""
-    _ok(rocmft_in(loop, cache_dir, "train", env={"ROCMFT_SAVES_DIR": str(loop / "saves")}))
-    _ok(rocmft_in(loop, cache_dir, "export", env={"ROCMFT_SAVES_DIR": str(loop / "saves")}))
-    return loop / "saves" / "rocmft-demo-merged"
+def base_export(default_export) -> Path:
+    """The built-in default, trained and exported (merged): E0, the session's (conftest.default_export; test_train.py
+    checks that run's record), read-only here."""
+    return default_export
 
 
 def _lora_env(loop: Path, base: Path, demo_data: Path, name: str, rank: int, lr: str, steps: str) -> dict[str, str]:
@@ -253,7 +252,7 @@ def _copy_run(run: Path, to: Path, **adapter_changes) -> Path:
     return to
 
 
-def test_serve_load_refusals_say_what_to_do(server, loop, cache_dir, run_b, base_export, tiny_model):
+def test_serve_load_refusals_say_what_to_do(server, loop, cache_dir, run_b, default_run, tiny_model):
     def load(folder: Path, *extra: str, url: str = server.url) -> subprocess.CompletedProcess:
         return rocmft_in(loop, cache_dir, "serve", "--load", str(folder), "--url", url, *extra)
 
@@ -275,7 +274,7 @@ def test_serve_load_refusals_say_what_to_do(server, loop, cache_dir, run_b, base
     none = load(run_b, url=f"http://127.0.0.1:{free_port()}")
     assert none.returncode == ExitCode.CHECK_FAILED and "docker compose --profile serve up -d serve" in none.stdout
     # a full run has no adapter: serve its export
-    full = load(loop / "saves" / "rocmft-demo")
+    full = load(default_run.output)
     assert full.returncode == ExitCode.CONFIG_ERROR and "rocmft export" in full.stdout
     # the adapter named as the served base: vLLM would refuse it; rocmft says to pick another --name
     taken = next(m["id"] for m in _get(f"{server.url}/v1/models").json()["data"] if not m.get("parent"))

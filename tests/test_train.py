@@ -7,17 +7,17 @@ import json
 import pytest
 from safetensors import safe_open
 
-from conftest import all_text_under, logged_losses
+from conftest import DEFAULT_SECRET as SECRET
+from conftest import all_text_under, logged_losses, rocmft_in
 from rocmft.errors import ExitCode
 
 pytestmark = pytest.mark.train
-SECRET = "hf_rocmftTestSecret123"
 
 
-def test_builtin_default_trains_and_leaves_a_complete_record(run_rocmft, tmp_path):
-    result = run_rocmft("train", env={"HF_TOKEN": SECRET, "HF_HUB_TOKEN": SECRET})
-    assert result.returncode == ExitCode.OK, result.stdout[-3000:]
-    output = tmp_path / "saves" / "rocmft-demo"
+def test_builtin_default_trains_and_leaves_a_complete_record(default_run, cache_dir):
+    """The session's built-in default run (conftest.default_run: `rocmft train` with no settings but two secrets),
+    shared with test_serve.py, which exports it."""
+    output, stdout = default_run.output, default_run.stdout
     losses = logged_losses(output)
     assert losses[-1] <= losses[0] / 2, f"loss did not halve: {losses[0]} -> {losses[-1]}"
     for name in ("model.safetensors", "config.json", "trainer_log.jsonl", "training_loss.png",
@@ -31,22 +31,22 @@ def test_builtin_default_trains_and_leaves_a_complete_record(run_rocmft, tmp_pat
     assert {"settings", "render", "validate", "checks", "train"} <= set(manifest["timings_s"])
     assert manifest["environment"]["HF_TOKEN"] == "<redacted>"
     assert manifest["settings"]["secrets_given"] == ["HF_HUB_TOKEN"]
-    assert "[rocmft] step " in result.stdout and "tok/s" in result.stdout
+    assert "[rocmft] step " in stdout and "tok/s" in stdout
     # what a new user saw (issue 33): each step said once, rocmft's line, not also the trainer's raw {'loss': ...}
     # dict, which still reaches LLaMA-Factory's trainer_log.jsonl (the losses above) and transformers' log history;
     # no GPU here, and no DeepSpeed "Setting accelerator to CPU" warning (rocmft.worker.patches)
-    step_lines = [line for line in result.stdout.splitlines() if line.startswith("[rocmft] step ")]
+    step_lines = [line for line in stdout.splitlines() if line.startswith("[rocmft] step ")]
     said = {"one line per logged step": len(step_lines) == len(losses),
-            "no raw step dict": "{'loss':" not in result.stdout,
-            "no DeepSpeed CPU warning": "Setting accelerator to CPU" not in result.stdout}  # fmt: skip
+            "no raw step dict": "{'loss':" not in stdout,
+            "no DeepSpeed CPU warning": "Setting accelerator to CPU" not in stdout}  # fmt: skip
     assert all(said.values()), said
     history = json.loads((output / "trainer_state.json").read_text())["log_history"]
     assert [entry["loss"] for entry in history if "loss" in entry] == losses
-    assert "'train_runtime':" in result.stdout  # the trainer's other dicts are still printed
+    assert "'train_runtime':" in stdout  # the trainer's other dicts are still printed
     # one process: the worker is the child that imported LLaMA-Factory and parsed the configuration
-    assert "the worker is the process that validated the configuration" in result.stdout
-    assert SECRET not in all_text_under(output) and SECRET not in result.stdout
-    status = run_rocmft("status")  # the healthcheck finds the run this container started
+    assert "the worker is the process that validated the configuration" in stdout
+    assert SECRET not in all_text_under(output) and SECRET not in stdout
+    status = rocmft_in(default_run.folder, cache_dir, "status")  # the healthcheck finds the run this container started
     assert status.returncode == 0 and status.stdout.startswith("finished: step 240/240, loss "), status.stdout
 
 
