@@ -166,7 +166,7 @@ def test_a_lock_re_pin_rebuilds_neither_torch_nor_flash_attn(checkout_copy, rehe
     runs = {}
     for stage in ("flash-attn", "stack"):
         image = f"rocmft-mutant:pins-{stage}"
-        result = checkout_copy.make("rehearse", "ARCH=gfx942", f"STAGE={stage}", f"REHEARSAL_IMAGE={image}")
+        result = checkout_copy.make("rehearse", "ARCH=gfx942", f"BUILD_STAGE={stage}", f"REHEARSAL_IMAGE={image}")
         subprocess.run(["docker", "image", "rm", image], capture_output=True)
         assert result.returncode == 0, _tail(result)
         for name, ran in executed_steps(result.stdout + result.stderr).items():
