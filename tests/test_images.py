@@ -188,16 +188,16 @@ def test_the_pins_stage_gives_torch_and_flash_attn_only_their_own_pins(lock, tmp
     subprocess.run(["bash", str(REPO / "docker/steps/pins.sh"), str(REPO / lock), str(tmp_path)], check=True,
                    capture_output=True)  # fmt: skip
 
-    def pins(path: Path) -> dict[str, str]:  # {lowercase name: version}; constraints.txt has Jinja2, MarkupSafe
-        return {
-            k.lower(): v for k, v in (line.split("==", 1) for line in path.read_text().splitlines() if "==" in line)
-        }
+    def pins(path: Path) -> dict[str, str]:  # {PEP 503 name: version}; constraints.txt has Jinja2, typing_extensions
+        lines = (line.split("==", 1) for line in path.read_text().splitlines() if "==" in line)
+        return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in lines}
 
     locked = pins(REPO / lock)
     split = {name: pins(tmp_path / f"{name}.txt") for name in ("system", "torch", "flash-attn")}
     for stage in split.values():
         assert all(locked[name] == version for name, version in stage.items()), stage
-    assert {"torch", "torchvision", "torchaudio", "filelock", "sympy", "jinja2", "numpy"} <= set(split["torch"])
+    torch_needs = {"torch", "torchvision", "torchaudio", "typing-extensions", "jinja2", "markupsafe", "numpy"}
+    assert torch_needs <= set(split["torch"]), split["torch"]
     assert {"ninja", "packaging"} <= set(split["flash-attn"])
     stack_only = {"httpx", "transformers", "llamafactory", "peft", "accelerate", "einops", "deepspeed"}
     assert not stack_only & (set(split["torch"]) | set(split["flash-attn"]) | set(split["system"])), split

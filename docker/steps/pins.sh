@@ -11,16 +11,19 @@
 set -euo pipefail
 lock=$1 out=$2
 mkdir -p "$out"
-# NAME==VERSION lines of the lock whose (normalised, lowercase) name matches the extended regex $1
-only() { grep -i -E "^($1)==" "$lock" || true; }
+# The NAME==VERSION lines of the lock whose name, normalised (PEP 503: lowercase, runs of -_. as one -; the cpu
+# lock spells typing_extensions and Jinja2), matches the extended regex $1 in full
+only() {
+  awk -F'==' -v names="^($1)\$" 'NF == 2 { n = tolower($1); gsub(/[-_.]+/, "-", n); if (n ~ names) print }' "$lock"
+}
 # system.sh: the build requirements put into the venv for the builds without build isolation (pyproject.toml's
 # [build-system] requires, which docker/lock/rocm_lock.py locks)
 only 'setuptools|wheel' >"$out/system.txt"
 # torch.sh: the torch triple and what it brings: torch's own requirements (filelock, typing-extensions, setuptools,
 # sympy, networkx, jinja2, fsspec; sympy's mpmath, jinja2's markupsafe), torchvision's numpy and pillow, the ROCm
-# build's triton-rocm, PyPI's CUDA build's triton, nvidia-* and cuda-* (the cpu image). torch.sh fails, naming it,
-# when torch installs anything this list leaves unpinned.
-only 'torch|torchvision|torchaudio|triton|triton-rocm|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+|filelock|typing-extensions|setuptools|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|numpy|pillow' >"$out/torch.txt"
+# build's triton-rocm, PyPI's CUDA build's triton, nvidia-* and cuda-*, and packaging (the cpu image's torch brought
+# it: torch.sh's check, 2026-12-05). torch.sh fails, naming it, when torch installs anything this list leaves unpinned.
+only 'torch|torchvision|torchaudio|triton|triton-rocm|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+|filelock|typing-extensions|setuptools|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|numpy|pillow|packaging' >"$out/torch.txt"
 # flash-attn.sh: flash-attn's setup.py (v2.8.3) imports packaging, setuptools, wheel and torch, and psutil when
 # MAX_JOBS is unset; ninja makes torch's extension builder compile in parallel
 only 'ninja|packaging|psutil' >"$out/flash-attn.txt"
