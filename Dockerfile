@@ -5,25 +5,38 @@
 # against a stand-in base (docker/rehearsal/) with REHEARSAL=1, where only the steps that need the ROCm torch
 # wheel are skipped, by name.
 #
-# Stages, in the order they change least: system (OS packages, venv, user) -> torch (the triple from the
-# profile's index) -> stack (LLaMA-Factory and the pinned stack) are shared by every architecture of a flavour
-# (ROCm 7.2, cpu); flash-attn (a wheel per ARCH) and target (DeepSpeed ops, bitsandbytes, Liger) are per ARCH;
-# runtime (rocmft itself) is last, so that changing rocmft's code or version rebuilds only it.
+# Stages, in the order they change least: pins (the lock, split per stage: docker/steps/pins.sh) -> system (OS
+# packages, venv, user) -> torch (the triple from the profile's index) -> stack (LLaMA-Factory and the rest of the
+# lock) are shared by every architecture of a flavour (ROCm 7.2, cpu); flash-attn (a wheel per ARCH, built FROM
+# torch) and target (FROM stack: DeepSpeed ops, bitsandbytes, Liger, the flash-attn wheel) are per ARCH; runtime
+# (rocmft itself) is last, so that changing rocmft's code or version rebuilds only it. Each stage copies only the
+# pins it installs and the full lock comes in at the stack stage, so re-pinning a package that torch and flash-attn
+# do not install rebuilds the stack and what follows, never torch or the flash-attn build (issue 31, finding 2;
+# tests/test_rehearsal.py::test_a_lock_re_pin_rebuilds_neither_torch_nor_flash_attn).
 
 # The base image with its digest (`make image` passes BASE_IMAGE@BASE_DIGEST); no default, so that a build
 # outside make fails here instead of building FROM the wrong image.
 ARG BASE_IMAGE
 ARG FLASH_ATTN_VERSION=2.8.3
 
+# The lock split into one constraint file per installing stage (docker/steps/pins.sh says what each holds). This
+# stage re-runs on every lock edit (seconds); a stage that copies an unchanged file from it stays cached, because
+# BuildKit keys a COPY by the checksum of the files it copies, not by the stage they come from
+# (https://docs.docker.com/build/cache/invalidation/, "General rules").
+FROM ${BASE_IMAGE} AS pins
+ARG LOCK
+COPY ${LOCK} /tmp/lock.txt
+COPY docker/steps/pins.sh /tmp/pins.sh
+RUN bash /tmp/pins.sh /tmp/lock.txt /pins
+
 FROM ${BASE_IMAGE} AS system
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG REHEARSAL=0
-ARG LOCK
 ENV PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
 COPY docker/pip.sh /usr/local/bin/rocmft-pip
-COPY ${LOCK} /opt/rocmft/build/lock.txt
+COPY --from=pins /pins/system.txt /opt/rocmft/build/pins-system.txt
 COPY docker/steps/lib.sh docker/steps/system.sh /opt/rocmft/build/
 RUN --mount=type=secret,id=ca_bundle /opt/rocmft/build/system.sh
 
@@ -42,15 +55,19 @@ ARG TORCH_INDEX_URL
 # cpu, or rocm<ROCM_VERSION>: one pip cache per flavour, shared by its architectures. Only downloads and the
 # indexes' own wheels are reused from it; per-target builds bypass it (docker/steps/lib.sh build_for_target).
 ARG FLAVOUR
+COPY --from=pins /pins/torch.txt /opt/rocmft/build/pins-torch.txt
 COPY docker/steps/torch.sh /opt/rocmft/build/
 RUN --mount=type=secret,id=ca_bundle --mount=type=cache,id=pip-${FLAVOUR},target=/root/.cache/pip \
     /opt/rocmft/build/torch.sh
 
+# The full lock, copied here and not before: its edits rebuild from this stage on.
 FROM torch AS stack
 ARG REHEARSAL=0
 ARG TORCH_INDEX_URL
 ARG PYTHON_VERSION
 ARG FLAVOUR
+ARG LOCK
+COPY ${LOCK} /opt/rocmft/build/lock.txt
 COPY --from=requirements /requirements.txt /gpu-requirements.txt /opt/rocmft/build/
 COPY docker/steps/stack.sh /opt/rocmft/build/
 RUN --mount=type=secret,id=ca_bundle --mount=type=cache,id=pip-${FLAVOUR},target=/root/.cache/pip \
@@ -66,9 +83,12 @@ RUN grep -E '^[A-Z]' /tmp/arch.env > /tmp/settings.env \
  && grep -v -E '^(RUNTIME_|FULL_NODE_|RCCL_BUSBW_FLOOR_GBPS=)' /tmp/settings.env > /build.env \
  && grep -E '^(ARCH|FLASH_ATTN_BACKEND|PYTORCH_ROCM_ARCH)=' /tmp/settings.env > /flash-attn.env
 
-FROM stack AS flash-attn
+# FROM torch, not stack: the build needs torch and its own few pins (pins-flash-attn.txt), so that no edit of the
+# rest of the lock repeats its hours of Composable Kernel compiles.
+FROM torch AS flash-attn
 ARG REHEARSAL=0
 ARG FLASH_ATTN_VERSION
+COPY --from=pins /pins/flash-attn.txt /opt/rocmft/build/pins-flash-attn.txt
 COPY --from=profile /flash-attn.env /etc/rocmft/build-profile.env
 COPY docker/steps/flash-attn.sh /opt/rocmft/build/
 # fixes carried for the pinned flash-attn until upstream releases them (each patch says where upstream has it)

@@ -48,6 +48,9 @@ BUILD_CA_BUNDLE ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
 CPU_COMPOSE  := COMPOSE_FILE=compose.yaml:compose.cpu.yaml ARCH=cpu HOST_UID=$$(id -u) HOST_GID=$$(id -g)
 # What make rehearse tags its image (never rocmft:<arch>: a rehearsal image has no torch)
 REHEARSAL_IMAGE ?= rocmft-rehearsal:$(ARCH)
+# The Dockerfile stage make rehearse builds up to: runtime (the finished image, then its build report), or an earlier
+# one (pins, system, torch, flash-attn, stack, ...) to see which steps a change rebuilds, with no report
+BUILD_STAGE  ?= runtime
 # The rehearsal's stand-in for the ROCm base (docker/rehearsal/standin.sh names and builds it)
 STANDIN      := $(shell sed -n "s/^image=//p" docker/rehearsal/standin.sh)
 
@@ -159,7 +162,7 @@ endef
 define build_image
 	IMAGE='$(1)' BASE_IMAGE='$(2)' REHEARSAL='$(3)' ARCH='$(ARCH)' FLAVOUR='$(FLAVOUR)' LOCK='$(LOCK)' \
 	TORCH_INDEX_URL='$(TORCH_INDEX_URL)' PYTHON_VERSION='$(PYTHON_VERSION)' ROCM_VERSION='$(ROCM_VERSION)' \
-	FA_TRITON='$(FA_TRITON)' ROCMFT_VERSION='$(VERSION)' \
+	FA_TRITON='$(FA_TRITON)' ROCMFT_VERSION='$(VERSION)' BUILD_STAGE='$(if $(filter 1,$(3)),$(BUILD_STAGE),runtime)' \
 	GIT_COMMIT="$$(git rev-parse HEAD 2>/dev/null || echo unknown)" BUILD_DATE="$$($(BUILD_DATE_SH))" \
 	BUILD_CA_BUNDLE='$(BUILD_CA_BUNDLE)' docker compose --progress '$(PROGRESS)' -f docker/build.yaml build image
 endef
@@ -199,7 +202,7 @@ rehearse: rehearse-arch profile-check ## build ARCH's ROCm recipe against a stan
 	  "builds from $(BASE_IMAGE): make docker/rehearsal/standin.sh carry that base's ROCm (its image name and packages)" >&2; exit 2; }
 	$(call build_image,$(REHEARSAL_IMAGE),$(STANDIN),1)
 	$(call prune_replaced,1)
-	@docker run --rm --entrypoint python $(REHEARSAL_IMAGE) -m rocmft.image.buildinfo --report /etc/rocmft/build.json
+	@[ '$(BUILD_STAGE)' != runtime ] || docker run --rm --entrypoint python $(REHEARSAL_IMAGE) -m rocmft.image.buildinfo --report /etc/rocmft/build.json
 
 rehearsals: ## make rehearse for every ROCm architecture
 	$(foreach a,$(ROCM_ARCHS),$(MAKE) rehearse ARCH=$(a) &&) true

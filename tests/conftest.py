@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -302,6 +303,18 @@ def make(*args: str, cwd: Path = REPO, timeout: int = 3600) -> subprocess.Comple
     venv = REPO / ".venv"
     command = ["make", "-o", str(venv / "bin" / ".installed"), *args, "PROGRESS=plain", f"VENV={venv}"]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def executed_steps(build_log: str) -> dict[str, bool]:
+    """BuildKit's plain log as {"<stage> <instruction>": whether it ran} (a step that did not run is CACHED).
+    Compose prefixes each step with its service's name: ``#12 [image torch 2/2] RUN ...``."""
+    names, cached = {}, set()
+    for line in build_log.splitlines():
+        if match := re.match(r"^#(\d+) \[(?:image )?([a-z-]+) +\d+/\d+\] (.*)$", line):
+            names.setdefault(match[1], f"{match[2]} {match[3]}")
+        elif match := re.match(r"^#(\d+) CACHED$", line):
+            cached.add(match[1])
+    return {name: number not in cached for number, name in names.items()}
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import executed_steps
 from rocmft.errors import ExitCode
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,20 +44,6 @@ def _host_user_dirs(tmp_path) -> dict[str, str]:
     return {"HOST_UID": str(uid), "HOST_GID": str(gid)}
 
 
-def _executed_steps(build_log: str) -> dict[str, bool]:
-    """BuildKit's plain log as {"<stage> <instruction>": whether it ran} (a step that did not run is CACHED).
-    Compose prefixes each step with its service's name: ``#12 [image torch 2/2] RUN ...``."""
-    import re
-
-    names, cached = {}, set()
-    for line in build_log.splitlines():
-        if match := re.match(r"^#(\d+) \[(?:image )?([a-z-]+) +\d+/\d+\] (.*)$", line):
-            names.setdefault(match[1], f"{match[2]} {match[3]}")
-        elif match := re.match(r"^#(\d+) CACHED$", line):
-            cached.add(match[1])
-    return {name: number not in cached for number, name in names.items()}
-
-
 def test_a_version_bump_rebuilds_only_rocmft_itself(cpu_image, checkout_copy):
     """Changing rocmft's version (pyproject.toml) and code, and a runtime setting and a comment of the arch profile,
     rebuilds the runtime stage only: torch, the stack and DeepSpeed come from BuildKit's cache (the stack reads the
@@ -66,7 +53,7 @@ def test_a_version_bump_rebuilds_only_rocmft_itself(cpu_image, checkout_copy):
     checkout_copy.replace("docker/arch/cpu.env", "RCCL_BUSBW_FLOOR_GBPS=0", "# a comment\nRCCL_BUSBW_FLOOR_GBPS=1")
     result = checkout_copy.make("image", "ARCH=cpu", "IMAGE=rocmft-layers:cpu", timeout=1800)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    steps = _executed_steps(result.stdout + result.stderr)
+    steps = executed_steps(result.stdout + result.stderr)
     runs = {name: ran for name, ran in steps.items() if " RUN " in f" {name.split(' ', 1)[1]}"}
     assert {name.split()[0] for name in runs} >= {"system", "torch", "stack", "target", "runtime"}, steps
     rebuilt = {name.split()[0] for name, ran in runs.items() if ran}

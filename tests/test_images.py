@@ -180,6 +180,29 @@ def test_the_rocm_lock_is_what_resolving_pyproject_gives():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
+@pytest.mark.parametrize("lock", ["docker/lock/rocm7.2.txt", "constraints.txt"])
+def test_the_pins_stage_gives_torch_and_flash_attn_only_their_own_pins(lock, tmp_path):
+    """Issue 31, finding 2: docker/steps/pins.sh, run on each flavour's lock as the Dockerfile's pins stage runs it,
+    gives the torch and flash-attn stages their pins at the lock's versions and nothing of the stack, so that a
+    re-pin of the stack leaves those stages' files, and so their layers, as they were."""
+    subprocess.run(["bash", str(REPO / "docker/steps/pins.sh"), str(REPO / lock), str(tmp_path)], check=True,
+                   capture_output=True)  # fmt: skip
+
+    def pins(path: Path) -> dict[str, str]:  # {PEP 503 name: version}; constraints.txt has Jinja2, typing_extensions
+        lines = (line.split("==", 1) for line in path.read_text().splitlines() if "==" in line)
+        return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in lines}
+
+    locked = pins(REPO / lock)
+    split = {name: pins(tmp_path / f"{name}.txt") for name in ("system", "torch", "flash-attn")}
+    for stage in split.values():
+        assert all(locked[name] == version for name, version in stage.items()), stage
+    torch_needs = {"torch", "torchvision", "torchaudio", "typing-extensions", "jinja2", "markupsafe", "numpy"}
+    assert torch_needs <= set(split["torch"]), split["torch"]
+    assert {"ninja", "packaging"} <= set(split["flash-attn"])
+    stack_only = {"httpx", "transformers", "llamafactory", "peft", "accelerate", "einops", "deepspeed"}
+    assert not stack_only & (set(split["torch"]) | set(split["flash-attn"]) | set(split["system"])), split
+
+
 def test_the_build_tools_are_locked_and_the_locked_wheel_gives_flash_attn_its_base_class(tmp_path):
     """Issue 31, finding 8: docker/steps/system.sh installs pyproject's build requirements (setuptools, wheel) under
     the lock, and flash-attn builds against them without isolation; its setup.py imports ``wheel.bdist_wheel``, a

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make
+from conftest import executed_steps, make
 
 REPO = Path(__file__).resolve().parents[1]
 ROCM_ARCHS = sorted(p.stem for p in (REPO / "docker" / "arch").glob("gfx*.env"))
@@ -155,3 +155,23 @@ def test_finding_7_one_pip_cache_for_every_architecture_hands_the_next_arch_a_wr
     second = checkout_copy.make("rehearse", "ARCH=gfx942", "REHEARSAL_IMAGE=rocmft-mutant:f7")
     assert second.returncode != 0, _tail(second)
     assert "the arch probe was built for 'gfx90a', not gfx942" in _tail(second)
+
+
+def test_a_lock_re_pin_rebuilds_neither_torch_nor_flash_attn(checkout_copy, rehearsed):
+    """Issue 31, finding 2: re-pinning a pure-Python package that torch and flash-attn do not install (httpx, as
+    541d210 did) re-runs the stage that installs the full lock, and takes torch and the flash-attn build (hours of
+    Composable Kernel compiles in a real image) from BuildKit's cache. Two stages of the rehearsal's gfx942 recipe,
+    on the layers the `rehearsed` fixture left: flash-attn (and torch below it), then stack."""
+    checkout_copy.replace("docker/lock/rocm7.2.txt", "\nhttpx==0.29.0\n", "\nhttpx==0.28.1\n")
+    runs = {}
+    for stage in ("flash-attn", "stack"):
+        image = f"rocmft-mutant:pins-{stage}"
+        result = checkout_copy.make("rehearse", "ARCH=gfx942", f"BUILD_STAGE={stage}", f"REHEARSAL_IMAGE={image}")
+        subprocess.run(["docker", "image", "rm", image], capture_output=True)
+        assert result.returncode == 0, _tail(result)
+        for name, ran in executed_steps(result.stdout + result.stderr).items():
+            if " RUN " in f" {name.split(' ', 1)[1]}":
+                runs[name] = runs.get(name, False) or ran  # ran in either build
+    ran = {name.split()[0] for name, did in runs.items() if did}
+    assert {"torch", "flash-attn", "stack"} <= {name.split()[0] for name in runs}, runs
+    assert "torch" not in ran and "flash-attn" not in ran and "stack" in ran, f"stages that re-ran: {sorted(ran)}"

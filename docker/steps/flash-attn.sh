@@ -58,10 +58,13 @@ export FLASH_ATTENTION_FORCE_BUILD=TRUE
 MAX_JOBS=${MAX_JOBS:-$(build_jobs)}
 export MAX_JOBS
 echo "[build] flash-attn: MAX_JOBS=$MAX_JOBS ($(nproc) cores)"
-# ninja: torch's extension builder compiles in parallel only with it (torch/utils/cpp_extension.py falls back to
-# one file at a time), and the stack does not have it (only DeepSpeed requires it, and that comes later)
-locked ninja
-rocmft-pip install "$PIN"
+# This stage is built FROM torch, not the stack: its build requirements come from its own pins (pins-flash-attn.txt,
+# docker/steps/pins.sh): ninja (torch's extension builder compiles in parallel only with it; torch/utils/
+# cpp_extension.py falls back to one file at a time), packaging (setup.py imports it) and psutil.
+pins=/opt/rocmft/build/pins-flash-attn.txt
+pin ninja "$pins"
+pin packaging "$pins"
+rocmft-pip install --no-deps -r "$pins"
 # The sdist, unpacked and patched (docker/patches/flash-attn-<version>-*.patch, each saying what it fixes and
 # where upstream fixed it). Its metadata is read without the CK build (FLASH_ATTENTION_SKIP_CUDA_BUILD: setup.py
 # then skips the kernel generation, which runs at import time on ROCm).

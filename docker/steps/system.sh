@@ -15,7 +15,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   rm -rf /var/lib/apt/lists/*
 fi
 python3 -m venv /opt/venv
-rocmft-pip install -q -c /opt/rocmft/build/lock.txt "setuptools>=77" wheel
+# at the lock's pins (pins.sh: this stage sees only them, so a re-pin elsewhere in the lock does not rebuild it)
+rocmft-pip install -q -c /opt/rocmft/build/pins-system.txt "setuptools>=77" wheel
 
 # The user: UID/GID 1000, because compose's default HOST_UID and the saves/ folder's owner are 1000 on most hosts.
 # Ubuntu 24.04 (every rocm/* image's base) already has user `ubuntu` with UID/GID 1000, and `useradd --uid 1000`
