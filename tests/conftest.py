@@ -239,6 +239,21 @@ def run_rocmft(tmp_path, cache_dir):
 
 
 @pytest.fixture
+def rocmft_here(tmp_path, cache_dir):
+    """:func:`run_rocmft`'s twin for `rocmft render|plan|check|status`: the command runs in the pytest process
+    (tests/support/inprocess.py), with the environment, folder and test hooks the child would get, and returns the
+    same CompletedProcess (``merge_stderr=False``: stderr apart). Saves the child's imports (~13 CPU-s each)."""
+    from support.inprocess import probe_ahead, run_in_process
+
+    probe_ahead(_rocmft_environment(tmp_path, cache_dir, None))  # the device probe, once per worker, not in the test
+
+    def run(*args: str, env: dict[str, str] | None = None, merge_stderr: bool = True) -> subprocess.CompletedProcess:
+        return run_in_process(tmp_path, _rocmft_environment(tmp_path, cache_dir, env), args, merge_stderr)
+
+    return run
+
+
+@pytest.fixture
 def start_rocmft(tmp_path, cache_dir):
     """Start ``rocmft <args>`` like :func:`run_rocmft` but return the running Popen (stdout+stderr piped, text)."""
 

@@ -1,4 +1,8 @@
-"""The `rocmft` command as a user runs it: exit codes, messages, and what is (not) left behind."""
+"""The `rocmft` command as a user runs it: exit codes, messages, and what is (not) left behind.
+
+render, check and status run in the pytest process (conftest's rocmft_here: rocmft.cli.main with the child's
+environment and folder); `rocmft train` and `rocmft env` in a real child process. A test marked ``PARSES`` reaches
+LLaMA-Factory's parser, which rocmft runs in a child process (rocmft.validate), so it stays out of the fast layer."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import pytest
 
 from rocmft.errors import ExitCode
 
+PARSES = pytest.mark.slow  # starts rocmft's parser child (python -m rocmft.validate.child)
+
 
 @pytest.mark.parametrize(("environ", "named"), [
     ({"LEARNING_RATE": "abc"}, ["LEARNING_RATE"]),
@@ -16,10 +22,11 @@ from rocmft.errors import ExitCode
     ({"INCLUDE_TOKENS_PER_SECOND": "true"}, ["INCLUDE_TOKENS_PER_SECOND"]),
     ({"ROCMFT_SKIP_CHECKS": "disks"}, ["ROCMFT_SKIP_CHECKS", "disk"]),
 ])  # fmt: skip
-@pytest.mark.parametrize("command", ["render", "train"])
-def test_configuration_errors_exit_2_and_leave_nothing(run_rocmft, tmp_path, environ, named, command):
+@pytest.mark.parametrize("command", ["render", pytest.param("train", marks=pytest.mark.slow)])
+def test_configuration_errors_exit_2_and_leave_nothing(request, rocmft_here, tmp_path, environ, named, command):
     output = tmp_path / "run"
-    result = run_rocmft(command, env={**environ, "OUTPUT_DIR": str(output)})
+    rocmft = request.getfixturevalue("run_rocmft") if command == "train" else rocmft_here  # train: a child process
+    result = rocmft(command, env={**environ, "OUTPUT_DIR": str(output)})
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout
     assert "CONFIGURATION ERROR" in result.stdout
     for name in named:
@@ -27,19 +34,21 @@ def test_configuration_errors_exit_2_and_leave_nothing(run_rocmft, tmp_path, env
     assert not output.exists()
 
 
-def test_parser_rejection_names_the_variable(run_rocmft, tmp_path, tiny_model):
+@PARSES
+def test_parser_rejection_names_the_variable(rocmft_here, tmp_path, tiny_model):
     # DO_PREDICT without PREDICT_WITH_GENERATE is refused by LLaMA-Factory's own parser, not by a rocmft rule
     output = tmp_path / "run"
-    result = run_rocmft("render", env={"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "identity",
+    result = rocmft_here("render", env={"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "identity",
                                        "DO_PREDICT": "true", "OUTPUT_DIR": str(output)})  # fmt: skip
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout
     assert "rejected the configuration" in result.stdout and "predict_with_generate" in result.stdout
     assert not output.exists()
 
 
-def test_missing_data_set_exits_3_with_only_the_check_report(run_rocmft, tmp_path, shared_data):
+@PARSES
+def test_missing_data_set_exits_3_with_only_the_check_report(rocmft_here, tmp_path, shared_data):
     output = tmp_path / "run"
-    result = run_rocmft(
+    result = rocmft_here(
         "check", env={"DATASET": "not_there", "DATASET_DIR": str(shared_data), "OUTPUT_DIR": str(output)}
     )
     assert result.returncode == ExitCode.CHECK_FAILED, result.stdout
@@ -50,9 +59,10 @@ def test_missing_data_set_exits_3_with_only_the_check_report(run_rocmft, tmp_pat
     assert report["status"] == "fail" and dataset["status"] == "fail" and "not_there" in dataset["message"]
 
 
-def test_misspelled_data_set_gets_a_did_you_mean(run_rocmft, tmp_path, shared_data):
-    result = run_rocmft("check", env={"DATASET": "alpaca_zh_dmo", "DATASET_DIR": str(shared_data),
-                                      "OUTPUT_DIR": str(tmp_path / "run")})  # fmt: skip
+@PARSES
+def test_misspelled_data_set_gets_a_did_you_mean(rocmft_here, tmp_path, shared_data):
+    result = rocmft_here("check", env={"DATASET": "alpaca_zh_dmo", "DATASET_DIR": str(shared_data),
+                                       "OUTPUT_DIR": str(tmp_path / "run")})  # fmt: skip
     assert result.returncode == ExitCode.CHECK_FAILED
     # the report, not the table: the table folds long lines wherever the terminal width puts them
     report = json.loads((tmp_path / "run" / "rocmft" / "checks.json").read_text())
@@ -60,12 +70,15 @@ def test_misspelled_data_set_gets_a_did_you_mean(run_rocmft, tmp_path, shared_da
     assert "Did you mean alpaca_zh_demo" in dataset["message"]
 
 
-def test_column_mismatch_lists_missing_and_available_keys(run_rocmft, tmp_path):
+@PARSES
+def test_column_mismatch_lists_missing_and_available_keys(rocmft_here, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "mine.json").write_text(json.dumps([{"question": "q", "answer": "a"}]))
     (data / "dataset_info.json").write_text(json.dumps({"mine": {"file_name": "mine.json"}}))
-    result = run_rocmft("check", env={"DATASET": "mine", "DATASET_DIR": str(data), "OUTPUT_DIR": str(tmp_path / "run")})
+    result = rocmft_here(
+        "check", env={"DATASET": "mine", "DATASET_DIR": str(data), "OUTPUT_DIR": str(tmp_path / "run")}
+    )
     assert result.returncode == ExitCode.CHECK_FAILED
     assert "Health checks failed: dataset." in result.stdout
     # the check's own words, from its record: the console's table wraps them at the terminal's width
@@ -74,25 +87,28 @@ def test_column_mismatch_lists_missing_and_available_keys(run_rocmft, tmp_path):
     assert "lacks instruction, output (has: answer, question)" in message, message
 
 
-def test_missing_model_folder_fails_the_model_check(run_rocmft, tmp_path):
+@PARSES
+def test_missing_model_folder_fails_the_model_check(rocmft_here, tmp_path):
     environ = {"MODEL_NAME_OR_PATH": "/models/not-mounted", "DATASET": "rocmft_demo",
                "OUTPUT_DIR": str(tmp_path / "run"), "ROCMFT_SKIP_CHECKS": "dataset"}  # fmt: skip
-    result = run_rocmft("check", env=environ)
+    result = rocmft_here("check", env=environ)
     assert result.returncode == ExitCode.CHECK_FAILED
     assert "/models/not-mounted" in result.stdout and "Mount the model folder" in result.stdout
 
 
-def test_uncached_hub_model_offline_fails_with_what_to_do(run_rocmft, tmp_path):
-    result = run_rocmft("check", env={"MODEL_NAME_OR_PATH": "Qwen/Qwen2-7B", "DATASET": "x",
-                                      "ROCMFT_SKIP_CHECKS": "dataset", "OUTPUT_DIR": str(tmp_path / "run"),
-                                      "HF_HOME": str(tmp_path / "hf")})  # fmt: skip
+@PARSES
+def test_uncached_hub_model_offline_fails_with_what_to_do(rocmft_here, tmp_path):
+    result = rocmft_here("check", env={"MODEL_NAME_OR_PATH": "Qwen/Qwen2-7B", "DATASET": "x",
+                                       "ROCMFT_SKIP_CHECKS": "dataset", "OUTPUT_DIR": str(tmp_path / "run"),
+                                       "HF_HOME": str(tmp_path / "hf")})  # fmt: skip
     assert result.returncode == ExitCode.CHECK_FAILED
     assert "HF_HUB_OFFLINE" in result.stdout and "hf download" in result.stdout
 
 
-def test_deepspeed_zero3_offload_render_is_accepted_by_llamafactory(run_rocmft, tmp_path):
+@PARSES
+def test_deepspeed_zero3_offload_render_is_accepted_by_llamafactory(rocmft_here, tmp_path):
     output = tmp_path / "run"
-    result = run_rocmft("render", env={"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3",
+    result = rocmft_here("render", env={"ROCMFT_DISTRIBUTED": "deepspeed", "ROCMFT_ZERO_STAGE": "3",
                                        "ROCMFT_OFFLOAD": "optimizer", "OUTPUT_DIR": str(output)})  # fmt: skip
     assert result.returncode == ExitCode.OK, result.stdout
     assert "LLaMA-Factory accepted the configuration" in result.stdout
@@ -120,20 +136,23 @@ def test_readme_variable_reference_is_generated_from_the_code():
     assert (repo / "docs" / "training-arguments.md").read_text() == reference(full=True), "run `make docs`"
 
 
-def test_output_dir_under_a_file_is_a_configuration_error(run_rocmft, tmp_path):
+@PARSES
+def test_output_dir_under_a_file_is_a_configuration_error(rocmft_here, tmp_path):
     (tmp_path / "afile").write_text("not a folder")
-    result = run_rocmft("render", env={"OUTPUT_DIR": str(tmp_path / "afile" / "run")})
+    result = rocmft_here("render", env={"OUTPUT_DIR": str(tmp_path / "afile" / "run")})
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout
     assert "OUTPUT_DIR" in result.stdout and "Traceback" not in result.stdout
 
 
-def test_parser_rejection_names_an_unset_variable(run_rocmft, tmp_path, tiny_model):
-    result = run_rocmft("render", env={"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(tmp_path / "run")})
+@PARSES
+def test_parser_rejection_names_an_unset_variable(rocmft_here, tmp_path, tiny_model):
+    result = rocmft_here("render", env={"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(tmp_path / "run")})
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout
     assert "dataset (not set; the variable is DATASET)" in result.stdout
 
 
-def test_render_keeps_an_earlier_runs_record(run_rocmft, tmp_path):
+@PARSES
+def test_render_keeps_an_earlier_runs_record(rocmft_here, tmp_path):
     output = tmp_path / "run"
     earlier = output / "rocmft"
     earlier.mkdir(parents=True)
@@ -141,7 +160,7 @@ def test_render_keeps_an_earlier_runs_record(run_rocmft, tmp_path):
         json.dumps({"started_at": "2026-01-02T03:04:05+00:00", "status": "finished"})
     )
     (earlier / "train.log").write_text("the earlier run's log\n")
-    result = run_rocmft("render", env={"OUTPUT_DIR": str(output)})
+    result = rocmft_here("render", env={"OUTPUT_DIR": str(output)})
     assert result.returncode == ExitCode.OK, result.stdout
     kept = output / "rocmft-history" / "2026-01-02T030405+0000"
     assert (kept / "train.log").read_text() == "the earlier run's log\n" and (kept / "manifest.json").is_file()
@@ -149,7 +168,7 @@ def test_render_keeps_an_earlier_runs_record(run_rocmft, tmp_path):
     assert str(kept) in result.stdout
 
 
-def test_status_tells_a_stalled_run_from_a_progressing_one(run_rocmft, tmp_path):
+def test_status_tells_a_stalled_run_from_a_progressing_one(rocmft_here, tmp_path):
     """`rocmft status` reads the manifest and the worker's result file (rewritten at every logging step)."""
     import os
     import time
@@ -157,21 +176,22 @@ def test_status_tells_a_stalled_run_from_a_progressing_one(run_rocmft, tmp_path)
     run_dir = tmp_path / "out" / "rocmft"
     run_dir.mkdir(parents=True)
     (run_dir / "manifest.json").write_text(json.dumps({"status": "running", "exit_code": None}))
-    starting = run_rocmft("status", str(tmp_path / "out"))
+    starting = rocmft_here("status", str(tmp_path / "out"))
     assert starting.returncode == 0 and starting.stdout.startswith("running: no step logged yet"), starting.stdout
     result = run_dir / "worker-result.json"
     result.write_text(json.dumps({"last_step": 12, "max_steps": 100, "losses": [{"step": 10, "loss": 1.5}]}))
-    running = run_rocmft("status", str(tmp_path / "out"), "--max-idle", "600")
+    running = rocmft_here("status", str(tmp_path / "out"), "--max-idle", "600")
     assert running.returncode == 0 and running.stdout.startswith("running: step 12/100, loss 1.5000"), running.stdout
     an_hour_ago = time.time() - 3600
     os.utime(result, (an_hour_ago, an_hour_ago))
-    stalled = run_rocmft("status", str(tmp_path / "out"), "--max-idle", "600")
+    stalled = rocmft_here("status", str(tmp_path / "out"), "--max-idle", "600")
     assert stalled.returncode == 1 and stalled.stdout.startswith("stalled: step 12/100"), stalled.stdout
-    nothing = run_rocmft("status")
+    nothing = rocmft_here("status")
     assert nothing.returncode == 1 and nothing.stdout.startswith("no run"), nothing.stdout
 
 
-def test_a_failed_check_in_a_used_output_folder_keeps_the_earlier_run_and_leaves_only_its_report(run_rocmft, tmp_path):
+@PARSES
+def test_a_failed_check_in_a_used_output_folder_keeps_the_earlier_run_and_leaves_only_its_report(rocmft_here, tmp_path):
     """The earlier training run's record moves to rocmft-history; rocmft/ then holds the new report alone."""
     output = tmp_path / "run"
     (output / "rocmft").mkdir(parents=True)
@@ -179,22 +199,23 @@ def test_a_failed_check_in_a_used_output_folder_keeps_the_earlier_run_and_leaves
         json.dumps({"status": "finished", "started_at": "2026-11-30T01:02:03"})
     )
     (output / "rocmft" / "train.yaml").write_text("stage: sft\n")
-    result = run_rocmft("check", env={"DATASET": "nope", "OUTPUT_DIR": str(output)})
+    result = rocmft_here("check", env={"DATASET": "nope", "OUTPUT_DIR": str(output)})
     assert result.returncode == ExitCode.CHECK_FAILED
     assert sorted(p.name for p in (output / "rocmft").iterdir()) == ["checks.json"]
     kept = output / "rocmft-history" / "2026-11-30T010203"
     assert json.loads((kept / "manifest.json").read_text())["status"] == "finished" and (kept / "train.yaml").is_file()
 
 
+@PARSES
 def test_lengths_check_passes_and_warns_of_truncation_and_of_records_beyond_the_context(
-    run_rocmft, tmp_path, tiny_model, shared_data, demo_data
+    rocmft_here, tmp_path, tiny_model, shared_data, demo_data
 ):
     """The tiny model's context is 1024 tokens (max_position_embeddings); alpaca_en_demo with its tokenizer has a
     p95 of 1170 (measured), the built-in demo data a max of 22."""
 
     def lengths(name: str, **env: str) -> dict:
         output = tmp_path / name
-        result = run_rocmft("check", env={"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(output), **env})
+        result = rocmft_here("check", env={"MODEL_NAME_OR_PATH": str(tiny_model), "OUTPUT_DIR": str(output), **env})
         assert result.returncode == ExitCode.OK, result.stdout[-3000:]  # warnings do not stop a run
         checks = json.loads((output / "rocmft" / "checks.json").read_text())["checks"]
         return next(c for c in checks if c["id"] == "lengths")

@@ -1,5 +1,6 @@
 """`rocmft train [CONFIG.yaml] [key=value ...]`: the command line over the environment over the YAML, read as
-`llamafactory-cli train my.yaml key=value` reads it (OmegaConf), refused with exit 2 and nothing written when bad."""
+`llamafactory-cli train my.yaml key=value` reads it (OmegaConf), refused with exit 2 and nothing written when bad.
+render, check and plan run in the pytest process (conftest's rocmft_here); `rocmft train` in a real child process."""
 
 from __future__ import annotations
 
@@ -133,13 +134,14 @@ def test_typed_arguments_round_trip_through_the_settings(learning_rate, max_step
     assert arguments == {"learning_rate": learning_rate, "max_steps": max_steps, "bf16": bf16, "run_name": run_name}
 
 
-def test_render_puts_the_command_line_over_the_yaml_and_the_environment(run_rocmft, tmp_path):
+@pytest.mark.slow  # starts rocmft's parser child (python -m rocmft.validate.child)
+def test_render_puts_the_command_line_over_the_yaml_and_the_environment(rocmft_here, tmp_path):
     """A real `rocmft render my.yaml key=value`: the rendered train.yaml holds the command line's values where the
     YAML and the environment also set them, the environment's over the YAML's, and the YAML's alone."""
     config = _yaml(tmp_path, "learning_rate: 1.0e-4\ncutoff_len: 64\nsave_steps: 3\nmax_steps: 7\n")
     output = tmp_path / "run"
-    result = run_rocmft("render", "my.yaml", "learning_rate=5e-5", "cutoff_len=16",
-                        env={"CUTOFF_LEN": "32", "SAVE_STEPS": "4", "OUTPUT_DIR": str(output)})  # fmt: skip
+    result = rocmft_here("render", "my.yaml", "learning_rate=5e-5", "cutoff_len=16",
+                         env={"CUTOFF_LEN": "32", "SAVE_STEPS": "4", "OUTPUT_DIR": str(output)})  # fmt: skip
     assert result.returncode == ExitCode.OK, result.stdout
     rendered = yaml.safe_load((output / "rocmft" / "train.yaml").read_text())
     assert rendered["learning_rate"] == 5e-5 and rendered["cutoff_len"] == 16  # command line > environment > YAML
@@ -228,19 +230,20 @@ def test_bad_command_lines_exit_2_name_the_problem_and_leave_output_dir_untouche
     assert sorted(p.name for p in output.iterdir()) == ["keep.txt"]
 
 
-def test_two_different_yamls_exit_2_naming_both(run_rocmft, tmp_path):
+def test_two_different_yamls_exit_2_naming_both(rocmft_here, tmp_path):
     _yaml(tmp_path, "cutoff_len: 64\n")
     other = _yaml(tmp_path, "cutoff_len: 32\n", "other.yaml")
     output = tmp_path / "run"
-    result = run_rocmft("render", "my.yaml", env={"ROCMFT_CONFIG": str(other), "OUTPUT_DIR": str(output)})
+    result = rocmft_here("render", "my.yaml", env={"ROCMFT_CONFIG": str(other), "OUTPUT_DIR": str(output)})
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout
     assert f"{tmp_path / 'my.yaml'} on the command line and ROCMFT_CONFIG={other}" in result.stdout
     assert not output.exists()
 
 
-@pytest.mark.parametrize("command", ["train", "render", "check", "plan"])
-def test_help_shows_the_usage(run_rocmft, command):
-    result = run_rocmft(command, "--help")
+@pytest.mark.parametrize("command", [pytest.param("train", marks=pytest.mark.slow), "render", "check", "plan"])
+def test_help_shows_the_usage(request, rocmft_here, command):
+    rocmft = request.getfixturevalue("run_rocmft") if command == "train" else rocmft_here  # train: a child process
+    result = rocmft(command, "--help")
     assert result.returncode == 0
     assert f"usage: rocmft {command} [-h] [CONFIG.yaml] [key=value ...]" in result.stdout
     assert "key=value on the command line > environment variables" in result.stdout

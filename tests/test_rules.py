@@ -1,7 +1,9 @@
 """One small wrong input per kind of mistake that rocmft refuses before anything runs (docs/rules.md): the exit
 code, the variables and keys named in the message, and nothing left in OUTPUT_DIR. Kinds caught by the health
 checks (exit 3) are tested with their checks: tests/test_cli.py (data sets, columns, output folder),
-tests/test_gpu_checks.py (shm, device nodes, gfx target, collectives, libraries, memory fit)."""
+tests/test_gpu_checks.py (shm, device nodes, gfx target, collectives, libraries, memory fit). The command runs in the
+pytest process (conftest's rocmft_here), one case in a real child process; ``PARSES`` marks a test that reaches
+LLaMA-Factory's parser, a child process of rocmft's (rocmft.validate), so it stays out of the fast layer."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ import pytest
 
 from rocmft.errors import ConfigError, ExitCode
 from rocmft.facts.device import DeviceFacts
+
+PARSES = pytest.mark.slow  # starts rocmft's parser child (python -m rocmft.validate.child)
+IN_A_CHILD = "4 fp16 and bf16"  # through a real `rocmft` process: the exit code at the process boundary, no traceback
 
 DS_BATCH = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
             "zero_optimization": {"stage": 2}}  # fmt: skip
@@ -49,25 +54,27 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", list(CASES))
-def test_each_kind_is_refused_with_exit_2_naming_it_and_writing_nothing(run_rocmft, tmp_path, kind):
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k == IN_A_CHILD else k for k in CASES])
+def test_each_kind_is_refused_with_exit_2_naming_it_and_writing_nothing(request, rocmft_here, tmp_path, kind):
+    rocmft = request.getfixturevalue("run_rocmft") if kind == IN_A_CHILD else rocmft_here
     environ, ds_config, words = CASES[kind]
     output = tmp_path / "out"
     env = {"OUTPUT_DIR": str(output), **environ}
     if ds_config is not None:
         (tmp_path / "ds.json").write_text(json.dumps(ds_config))
         env["DEEPSPEED"] = str(tmp_path / "ds.json")
-    result = run_rocmft("check", env=env)
+    result = rocmft("check", env=env)
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-2000:]
+    assert "Traceback" not in result.stdout
     for word in words:
         assert word in result.stdout, (word, result.stdout[-2000:])
     assert not output.exists() or not any(output.iterdir())
 
 
-def test_tutorial_keys_in_a_config_file_get_the_exact_edit(run_rocmft, tmp_path):
+def test_tutorial_keys_in_a_config_file_get_the_exact_edit(rocmft_here, tmp_path):
     (tmp_path / "tutorial.yaml").write_text("load_in_4bit: true\nmax_seq_length: 512\nlearning_rte: 1.0e-4\n")
-    result = run_rocmft("render", env={"ROCMFT_CONFIG": str(tmp_path / "tutorial.yaml"),
-                                       "OUTPUT_DIR": str(tmp_path / "out")})  # fmt: skip
+    result = rocmft_here("render", env={"ROCMFT_CONFIG": str(tmp_path / "tutorial.yaml"),
+                                        "OUTPUT_DIR": str(tmp_path / "out")})  # fmt: skip
     assert result.returncode == ExitCode.CONFIG_ERROR
     for line in ("load_in_4bit: use quantization_bit: 4 instead", "max_seq_length: use cutoff_len instead",
                  "learning_rte: Did you mean learning_rate?"):  # fmt: skip
@@ -86,19 +93,20 @@ def test_fp16_for_a_bf16_model_on_a_bf16_gpu_is_refused(render_env, bf16_checkpo
     assert plan.arguments["bf16"] is True  # auto picks bf16 there
 
 
-def test_an_odd_learning_rate_is_a_warning_not_an_error(run_rocmft, tmp_path):
-    result = run_rocmft("render", env={"LEARNING_RATE": "1e4", "OUTPUT_DIR": str(tmp_path / "out")})
+@PARSES
+def test_an_odd_learning_rate_is_a_warning_not_an_error(rocmft_here, tmp_path):
+    result = rocmft_here("render", env={"LEARNING_RATE": "1e4", "OUTPUT_DIR": str(tmp_path / "out")})
     assert result.returncode == ExitCode.OK
     assert "WARNING: LEARNING_RATE=1e4 (set in the environment) is outside 1e-07..0.01" in result.stdout
 
 
-def test_output_into_the_model_folder_is_refused_and_writes_nothing_there(run_rocmft, tmp_path, tiny_model):
+def test_output_into_the_model_folder_is_refused_and_writes_nothing_there(rocmft_here, tmp_path, tiny_model):
     import shutil
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
     before = sorted(p.name for p in model.iterdir())
-    result = run_rocmft("check", env={"MODEL_NAME_OR_PATH": str(model), "OUTPUT_DIR": str(model)})
+    result = rocmft_here("check", env={"MODEL_NAME_OR_PATH": str(model), "OUTPUT_DIR": str(model)})
     assert result.returncode == ExitCode.CONFIG_ERROR and "overwrite the base model" in result.stdout
     assert sorted(p.name for p in model.iterdir()) == before
 

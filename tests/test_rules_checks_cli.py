@@ -1,7 +1,9 @@
 """Issue 7's exit-3 kinds end to end: `rocmft check` as a user runs it, with the probes' results injected
 through the test hook ROCMFT_TEST_PROBES (a JSON file the tests' launcher installs as rocmft.testhooks) in the shapes
 rocmft.facts.probe and the checks record on a GPU host (tests/test_gpu_checks.py has the same shapes). Each case
-asserts exit 3, the failed check's id, its remedy, and that OUTPUT_DIR holds only rocmft/checks.json."""
+asserts exit 3, the failed check's id, its remedy, and that OUTPUT_DIR holds only rocmft/checks.json. The cases run
+in the pytest process (conftest's rocmft_here, the hooks installed as the launcher installs them), the healthy machine
+in a real child process. They stay out of the fast layer: `rocmft check` starts LLaMA-Factory's parser child."""
 
 from __future__ import annotations
 
@@ -61,8 +63,9 @@ CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow  # starts rocmft's parser child (python -m rocmft.validate.child)
 @pytest.mark.parametrize("kind", list(CASES))
-def test_each_check_failure_exits_3_naming_the_check_and_the_fix(run_rocmft, tmp_path, tiny_model, demo_data, kind):
+def test_each_check_failure_exits_3_naming_the_check_and_the_fix(rocmft_here, tmp_path, tiny_model, demo_data, kind):
     probes, environ, check_id, words = CASES[kind]
     (tmp_path / "probes.json").write_text(json.dumps({**HEALTHY, **probes}))
     output = tmp_path / "out"
@@ -70,7 +73,7 @@ def test_each_check_failure_exits_3_naming_the_check_and_the_fix(run_rocmft, tmp
            "MODEL_NAME_OR_PATH": str(tiny_model),
            "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data), "CUTOFF_LEN": "128",
            "OUTPUT_DIR": str(output), **environ}  # fmt: skip
-    result = run_rocmft("check", env=env)
+    result = rocmft_here("check", env=env)
     assert result.returncode == ExitCode.CHECK_FAILED, result.stdout[-3000:]
     files = sorted(str(p.relative_to(output)) for p in output.rglob("*") if p.is_file())
     assert files == ["rocmft/checks.json"], files

@@ -1,6 +1,7 @@
-"""Issue 7's remaining kinds, one small wrong input each, run through the real `rocmft` command: the exit code,
-the variables and files named in the message, and what is left in OUTPUT_DIR (nothing on exit 2, only
-rocmft/checks.json on exit 3). The "Tried as a new user" list in docs/rules.md maps each case here to its row."""
+"""Issue 7's remaining kinds, one small wrong input each, run through rocmft's own command line (rocmft.cli.main, in
+the pytest process: conftest's rocmft_here; one case in a real child process): the exit code, the variables and files
+named in the message, and what is left in OUTPUT_DIR (nothing on exit 2, only rocmft/checks.json on exit 3). The
+"Tried as a new user" list in docs/rules.md maps each case here to its row."""
 
 from __future__ import annotations
 
@@ -108,10 +109,16 @@ DS_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(EXIT_2))
+# one kind through a real `rocmft` process (the exit code at the process boundary, no traceback); the others in the
+# pytest process (conftest's rocmft_here: the same command, environment and folder, without the child's imports)
+IN_A_CHILD = "lora alpha 0"
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k == IN_A_CHILD else k for k in EXIT_2])
 def test_each_new_kind_is_refused_with_exit_2_naming_it_and_writing_nothing(
-    run_rocmft, tmp_path, data_dir, tiny_model, kind
+    request, rocmft_here, tmp_path, data_dir, tiny_model, kind
 ):
+    rocmft = request.getfixturevalue("run_rocmft") if kind == IN_A_CHILD else rocmft_here
     environ, words = EXIT_2[kind]
     for name, config in DS_CONFIGS.items():
         (tmp_path / name).write_text(json.dumps(config))
@@ -120,27 +127,29 @@ def test_each_new_kind_is_refused_with_exit_2_naming_it_and_writing_nothing(
     env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "alpaca_en_demo", "DATASET_DIR": str(data_dir),
            "TEMPLATE": "qwen", "OUTPUT_DIR": str(output)}  # fmt: skip
     env.update({key: value.format(**places) for key, value in environ.items()})
-    result = run_rocmft("render", env=env)
+    result = rocmft("render", env=env)
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-2000:]
+    assert "Traceback" not in result.stdout
     for word in words:
         assert word.format(**places) in result.stdout, (word, result.stdout[-2000:])
     assert empty(output) and not (data_dir / "out").exists()
     assert (data_dir / "identity.json").is_file()  # OUTPUT_DIR pointing at it left it alone
 
 
-def test_new_warnings_are_printed_and_the_run_renders(run_rocmft, tmp_path, data_dir, tiny_model):
+@pytest.mark.slow  # reaches the parse: rocmft starts LLaMA-Factory's parser child (rocmft.validate)
+def test_new_warnings_are_printed_and_the_run_renders(rocmft_here, tmp_path, data_dir, tiny_model):
     env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "alpaca_en_demo", "DATASET_DIR": str(data_dir),
            "EVAL_DATASET": "alpaca_en_demo", "SAVE_TOTAL_LIMIT": "0", "MAX_STEPS": "100", "SAVE_STEPS": "500",
            "EVAL_STRATEGY": "steps", "EVAL_STEPS": "50", "NUM_TRAIN_EPOCHS": "3",
            "OUTPUT_DIR": str(tmp_path / "out")}  # fmt: skip
-    result = run_rocmft("render", env=env)
+    result = rocmft_here("render", env=env)
     assert result.returncode == ExitCode.OK, result.stdout[-2000:]
     for words in ("WARNING: SAVE_TOTAL_LIMIT=0 keeps every checkpoint",
                   "WARNING: SAVE_STEPS=500 is beyond MAX_STEPS=100",
                   "WARNING: EVAL_DATASET and DATASET share alpaca_en_demo",
                   "WARNING: NUM_TRAIN_EPOCHS=3 is ignored: MAX_STEPS=100"):  # fmt: skip
         assert words in result.stdout, (words, result.stdout[-2000:])
-    result = run_rocmft("render", env={**env, "SAVE_STEPS": "0", "OUTPUT_DIR": str(tmp_path / "out2")})
+    result = rocmft_here("render", env={**env, "SAVE_STEPS": "0", "OUTPUT_DIR": str(tmp_path / "out2")})
     assert result.returncode == ExitCode.OK and "WARNING: SAVE_STEPS=0 with SAVE_STRATEGY=steps" in result.stdout
 
 
@@ -151,21 +160,22 @@ def write_data(folder: Path, name: str, records: list[dict], entry: dict) -> Non
     (folder / "dataset_info.json").write_text(json.dumps({name: {"file_name": f"{name}.json", **entry}}))
 
 
-def check_data(run_rocmft, tmp_path, tiny_model, folder: Path, name: str):
+def check_data(rocmft_here, tmp_path, tiny_model, folder: Path, name: str):
     output = tmp_path / "out"
     env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": name, "DATASET_DIR": str(folder), "CUTOFF_LEN": "512",
            "TEMPLATE": "qwen", "OUTPUT_DIR": str(output)}  # fmt: skip
-    result = run_rocmft("check", env=env)
+    result = rocmft_here("check", env=env)
     report = json.loads((output / "rocmft" / "checks.json").read_text()) if only_the_report(output) else None
     return result, output, report
 
 
-def test_sharegpt_tags_that_do_not_match_the_records_list_what_the_file_has(run_rocmft, tmp_path, tiny_model):
+@pytest.mark.slow  # reaches the parse: rocmft starts LLaMA-Factory's parser child (rocmft.validate)
+def test_sharegpt_tags_that_do_not_match_the_records_list_what_the_file_has(rocmft_here, tmp_path, tiny_model):
     """Gap 1: OpenAI-style role/content messages registered as sharegpt with the default tags (from/value)."""
     records = [{"conversations": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
                for i in range(20)]  # fmt: skip
     write_data(tmp_path / "data", "chats", records, {"formatting": "sharegpt"})
-    result, output, report = check_data(run_rocmft, tmp_path, tiny_model, tmp_path / "data", "chats")
+    result, output, report = check_data(rocmft_here, tmp_path, tiny_model, tmp_path / "data", "chats")
     assert result.returncode == ExitCode.CHECK_FAILED, result.stdout[-3000:]
     assert report is not None, sorted(output.rglob("*"))
     failed = {c["id"]: c for c in report["checks"] if c["status"] == "fail"}
@@ -178,18 +188,20 @@ def test_sharegpt_tags_that_do_not_match_the_records_list_what_the_file_has(run_
     assert f'"tags": {json.dumps(fit)}' in message
 
 
-def test_sharegpt_roles_out_of_order_are_found_with_the_record_number(run_rocmft, tmp_path, tiny_model):
+@pytest.mark.slow  # reaches the parse: rocmft starts LLaMA-Factory's parser child (rocmft.validate)
+def test_sharegpt_roles_out_of_order_are_found_with_the_record_number(rocmft_here, tmp_path, tiny_model):
     records = [{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]} for _ in range(50)]
     records[30]["conversations"].reverse()
     write_data(tmp_path / "data", "chats", records, {"formatting": "sharegpt"})
-    result, _, report = check_data(run_rocmft, tmp_path, tiny_model, tmp_path / "data", "chats")
+    result, _, report = check_data(rocmft_here, tmp_path, tiny_model, tmp_path / "data", "chats")
     assert result.returncode == ExitCode.CHECK_FAILED and report is not None, result.stdout[-3000:]
     message = next(c["message"] for c in report["checks"] if c["id"] == "dataset")
     assert "record 30 of chats.json: turn 0 has from='gpt'" in message
 
 
+@pytest.mark.slow  # reaches the parse: rocmft starts LLaMA-Factory's parser child (rocmft.validate)
 @pytest.mark.parametrize("bad", [777, 1999])
-def test_a_bad_record_deep_in_the_file_is_found_and_numbered(run_rocmft, tmp_path, tiny_model, bad):
+def test_a_bad_record_deep_in_the_file_is_found_and_numbered(rocmft_here, tmp_path, tiny_model, bad):
     """Gap 2: the sample covers the whole file (first, last, a stride), not the first 200 records. Record 777 is
     reached only when the stride hits it, so the file is laid out to make it one: 2000 records, 200 first, 200
     last and 200 spaced 8 apart from record 200 (200 + 8 x 72 = 776, 777 is missed); the test therefore breaks
@@ -198,7 +210,7 @@ def test_a_bad_record_deep_in_the_file_is_found_and_numbered(run_rocmft, tmp_pat
     for index in range(bad, min(bad + 8, 2000)):
         del records[index]["output"]
     write_data(tmp_path / "data", "big", records, {})
-    result, _, report = check_data(run_rocmft, tmp_path, tiny_model, tmp_path / "data", "big")
+    result, _, report = check_data(rocmft_here, tmp_path, tiny_model, tmp_path / "data", "big")
     assert result.returncode == ExitCode.CHECK_FAILED and report is not None, result.stdout[-3000:]
     message = next(c["message"] for c in report["checks"] if c["id"] == "dataset")
     assert f"record {bad if bad == 1999 else 784} of big.json lacks output" in message, message
@@ -227,7 +239,7 @@ def test_jsonl_sampling_reports_line_numbers_and_stays_bounded(tmp_path):
     ("vocab_size", 32000, "vocab_size=32000 but model.embed_tokens.weight is {vocab_size} x {hidden_size}"),
     ("num_hidden_layers", 24, "num_hidden_layers=24 but the weights have {num_hidden_layers} layers"),
 ])  # fmt: skip
-def test_a_config_json_that_contradicts_the_weights_is_refused(run_rocmft, tmp_path, tiny_model, key, value, words):
+def test_a_config_json_that_contradicts_the_weights_is_refused(rocmft_here, tmp_path, tiny_model, key, value, words):
     """Gap 3: config.json from another size of the family beside the weights (only the safetensors headers
     are read)."""
     model = tmp_path / "model"
@@ -237,7 +249,7 @@ def test_a_config_json_that_contradicts_the_weights_is_refused(run_rocmft, tmp_p
     config[key] = value
     (model / "config.json").write_text(json.dumps(config))
     output = tmp_path / "out"
-    result = run_rocmft("render", env={"MODEL_NAME_OR_PATH": str(model), "DATASET": "rocmft_demo",
+    result = rocmft_here("render", env={"MODEL_NAME_OR_PATH": str(model), "DATASET": "rocmft_demo",
                                        "OUTPUT_DIR": str(output), "CUTOFF_LEN": "512"})  # fmt: skip
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-2000:]
     assert words in result.stdout and f"{model}/config.json does not describe the weights" in result.stdout

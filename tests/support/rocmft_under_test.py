@@ -82,17 +82,18 @@ def take_hooks(environ: MutableMapping[str, str]):
     return TestHooks(probes=probes, faults=faults) if found else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``rocmft ARGV`` (default: this process's arguments) with the hooks of this process's environment installed
-    for the call, then none again; returns the exit code. A hook that cannot be read ends it with exit 2 and
-    rocmft's own CONFIGURATION ERROR message, as a bad setting would."""
+def run_with_hooks(argv: list[str] | None, environ: MutableMapping[str, str]) -> int:
+    """``rocmft ARGV`` with the hooks of ``environ`` taken out of it (:func:`take_hooks`) and installed for the
+    call, then none again; returns the exit code. A hook that cannot be read ends it with exit 2 and rocmft's own
+    CONFIGURATION ERROR message, as a bad setting would. Used by :func:`main` (this launcher's process) and by
+    tests/support/inprocess.py (the pytest process, ``environ`` being its replaced ``os.environ``)."""
     from rocmft import testhooks
     from rocmft.cli import main as rocmft_main
     from rocmft.console import say
     from rocmft.errors import ConfigError
 
     try:
-        hooks = take_hooks(os.environ)
+        hooks = take_hooks(environ)
     except ConfigError as err:
         say(f"CONFIGURATION ERROR: {err}", stream=sys.stderr, all_ranks=True)
         return int(err.code)
@@ -101,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         return rocmft_main(argv)
     finally:
         testhooks.install(None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rocmft ARGV`` (default: this process's arguments) with the hooks of this process's environment
+    (:func:`run_with_hooks`); returns the exit code."""
+    return run_with_hooks(argv, os.environ)
 
 
 if __name__ == "__main__":
