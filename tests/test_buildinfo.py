@@ -4,12 +4,15 @@ flash-attention's own source. Nothing here restates a profile: each test reads a
 
 from __future__ import annotations
 
+import fnmatch
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -353,3 +356,106 @@ def test_ldd_reports_a_library_that_does_not_resolve():
         pytest.skip("no ldd")
     missing = buildinfo.unresolved_libraries(BNB / "libbitsandbytes_rocm72.so")
     assert {"libhipblas.so.3", "libhipblaslt.so.1"} <= set(missing)
+
+
+def _ck_smoke():
+    """docker/steps/flash_attn_ck_smoke.py, the CK smoke compile flash-attn.sh runs, loaded as a module."""
+    spec = importlib.util.spec_from_file_location("flash_attn_ck_smoke", REPO / "docker/steps/flash_attn_ck_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stand_in_hipcc(tmp_path, body: str) -> Path:
+    """A stand-in `hipcc` (this machine has none) in tmp_path/rocm/bin: it records its arguments, then runs body."""
+    bin_dir = tmp_path / "rocm" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "hipcc").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/hipcc-args"\n{body}\n')
+    (bin_dir / "hipcc").chmod(0o755)
+    return bin_dir
+
+
+def _smoke_step(flash_attn_source, bin_dir, *args):
+    """`flash-attn.sh --smoke` on the real sdist, as the build runs it before `pip wheel`, stand-in hipcc first on
+    PATH, this venv's python (with torch) next; the HIP version is given, as this torch has none."""
+    env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])}
+    start = time.monotonic()
+    result = subprocess.run(["bash", str(REPO / "docker/steps/flash-attn.sh"), "--smoke", str(flash_attn_source),
+                             "gfx90a;gfx942", "--hip-version", "7.2.26015", *args], env=env, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    return result, time.monotonic() - start
+
+
+@pytest.mark.slow  # flash-attn.sh runs the smoke script, which imports torch
+def test_a_broken_toolchain_stops_the_ck_build_in_seconds_naming_the_first_error(flash_attn_source, tmp_path):
+    """Issue 31, finding 1: a hipcc that cannot compile the CK kernels stops flash-attn.sh at its smoke compile of
+    one generated kernel, non-zero, with the compiler's first error and what to check, before the hours-long build."""
+    bin_dir = _stand_in_hipcc(tmp_path, "echo 'In file included from k.cpp:5:' >&2\n"
+                              "echo \"ck_tile/core.hpp:12:10: fatal error: 'hip/hip_runtime.h' file not found\" >&2\n"
+                              "echo '1 error generated.' >&2\nexit 1")  # fmt: skip
+    result, seconds = _smoke_step(flash_attn_source, bin_dir)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert seconds < 60
+    assert "failed (exit 1" in result.stderr
+    assert ": ck_tile/core.hpp:12:10: fatal error: 'hip/hip_runtime.h' file not found\n" in result.stderr
+    assert "The full CK build would fail the same way" in result.stderr and "docker/patches" in result.stderr
+    assert "the full build follows" not in result.stdout
+
+
+@pytest.mark.slow  # flash-attn.sh runs the smoke script, which imports torch
+def test_a_sound_toolchain_passes_the_ck_smoke_compile_with_setup_pys_flags(flash_attn_source, tmp_path):
+    """The stand-in compiles (writes the object): the step passes, so the build goes on to `pip wheel`, and hipcc got
+    a generated forward kernel of the sdist, its CK include paths and every target of the profile."""
+    bin_dir = _stand_in_hipcc(tmp_path, 'while [ "$1" != -o ]; do shift; done\necho obj > "$2"')
+    result, _ = _smoke_step(flash_attn_source, bin_dir, "--work", str(tmp_path / "work"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "passed" in result.stdout and "the full build follows" in result.stdout
+    args = (tmp_path / "hipcc-args").read_text().splitlines()
+    source = Path(args[args.index("hip") + 1])
+    assert source.is_file() and source.name.startswith("fmha_fwd_d128_bf16_")
+    assert '#include "fmha_fwd.hpp"' in source.read_text()
+    includes = [Path(a[2:]) for a in args if a.startswith("-I")]
+    assert any((d / "ck_tile" / "core.hpp").is_file() for d in includes)
+    assert any((d / "fmha_fwd.hpp").is_file() for d in includes)
+    assert {"--offload-arch=gfx90a", "--offload-arch=gfx942", "-D__HIP_PLATFORM_AMD__=1"} <= set(args)
+    assert (tmp_path / "work" / "smoke.o").read_text() == "obj\n"
+
+
+@pytest.mark.light_process  # the sdist's kernel generator (the standard library only, < 1 s)
+def test_a_compile_past_the_limit_fails_and_says_so(flash_attn_source, tmp_path, monkeypatch, capsys):
+    bin_dir = _stand_in_hipcc(tmp_path, "exec sleep 60")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    start = time.monotonic()
+    status = _ck_smoke().main([str(flash_attn_source), "gfx942", "--hip-version", "7.2.26015", "--timeout", "1"])
+    assert status == 1 and time.monotonic() - start < 30
+    assert "still compiling after 1 s" in capsys.readouterr().err
+
+
+@pytest.mark.light_process  # the sdist's kernel generator (the standard library only, < 1 s each)
+def test_the_smoke_kernel_is_one_setup_py_compiles(flash_attn_source, tmp_path):
+    """The kernel the smoke step compiles is in the set setup.py v2.8.3 builds: the sdist's generator run for its
+    four APIs (setup.py lines 329-332), listed, then globbed as setup.py does (build/fmha_*wd*.cpp, line 364)."""
+    smoke = _ck_smoke()
+    picked = smoke.pick(smoke.generate(flash_attn_source, tmp_path / "smoke", "32,64,128,256"))
+    listed = set()
+    for api in ("fwd", "fwd_appendkv", "fwd_splitkv", "bwd"):
+        listing = tmp_path / f"{api}.txt"
+        command = [sys.executable, str(flash_attn_source / smoke.GENERATOR), "-d", api, "--receipt", "2",
+                   "--optdim", "32,64,128,256", "-l", str(listing)]  # fmt: skip
+        subprocess.run(command, cwd=flash_attn_source, check=True)
+        listed |= {Path(line).name for line in listing.read_text().split()}
+    compiled = {name for name in listed if fnmatch.fnmatch(name, "fmha_*wd*.cpp")}
+    assert picked.name in compiled, picked.name
+    assert len(compiled) > 2000  # the ~2,775 kernels of issue 31 that the smoke step stands in front of
+
+
+@pytest.mark.parametrize(("archs", "hip_version", "words"), [
+    ("gfx1100", "7.2.26015", "flash-attn's CK build supports gfx90a, gfx942, gfx950"),
+    ("", "7.2.26015", "set PYTORCH_ROCM_ARCH or FLASH_ATTN_BACKEND"),
+    ("gfx942", None, "is not a ROCm build (torch.version.hip is None)"),
+    ("gfx942", "seven", "'seven': not a version"),
+])  # fmt: skip
+def test_bad_input_to_the_smoke_step_is_a_message_and_status_2(flash_attn_source, archs, hip_version, words, capsys):
+    args = [str(flash_attn_source), archs] + (["--hip-version", hip_version] if hip_version else [])
+    assert _ck_smoke().main(args) == 2
+    assert words in capsys.readouterr().err

@@ -6,6 +6,7 @@
 #
 # `flash-attn.sh --jobs [MEMINFO [CGROUP_DIR [CORES]]]` only prints the parallel compile jobs it would use
 # (build_jobs below; the arguments stand in for /proc/meminfo, /sys/fs/cgroup and nproc in tests).
+# `flash-attn.sh --smoke TREE ARCHS [ARGS]` only runs the CK smoke compile (ck_smoke below) on an unpacked sdist.
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
@@ -30,6 +31,19 @@ build_jobs() {
   echo $((jobs < 1 ? 1 : jobs))
 }
 
+# ck_smoke TREE ARCHS [ARGS]: before the hours-long CK build, compile one generated forward kernel with the
+# flags flash-attn's setup.py would use (docker/steps/flash_attn_ck_smoke.py says which, with setup.py's lines),
+# so that a broken toolchain (hipcc, the CK headers, the ROCm/torch pairing) fails in minutes, naming the
+# compiler's first error. Exit status: the script's (0 compiled, 1 failed or timed out, 2 bad input).
+ck_smoke() {
+  python "$(dirname "$0")/flash_attn_ck_smoke.py" "$@"
+}
+
+if [ "${1:-}" = --smoke ]; then
+  shift
+  ck_smoke "$@"
+  exit 0
+fi
 if [ "${1:-}" = --jobs ]; then
   shift
   build_jobs "$@"
@@ -79,6 +93,9 @@ for patch in /opt/rocmft/build/patches/flash-attn-"$FLASH_ATTN_VERSION"-*.patch;
   git -C "$tree" apply --verbose "$patch"
   patched+=("$(basename "$patch")")
 done
+if [ "$FLASH_ATTN_BACKEND" = ck ]; then
+  ck_smoke "$tree" "$GPU_ARCHS"
+fi
 # pip wheel with the same no-cache rule as every per-target build (lib.sh build_for_target)
 rocmft-pip wheel --no-cache-dir --no-build-isolation --no-deps -w /wheels "$tree"
 rm -rf "$src"
