@@ -375,50 +375,80 @@ def _stand_in_hipcc(tmp_path, body: str) -> Path:
     return bin_dir
 
 
-def _smoke_step(flash_attn_source, bin_dir, *args):
-    """`flash-attn.sh --smoke` on the real sdist, as the build runs it before `pip wheel`, stand-in hipcc first on
-    PATH, this venv's python (with torch) next; the HIP version is given, as this torch has none."""
-    env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])}
+def _flash_attn_step(flash_attn_source, tmp_path, hipcc_body: str):
+    """The whole of docker/steps/flash-attn.sh for gfx942 (its real build, not the rehearsal), moved under tmp_path:
+    its image paths (the profile, /opt/rocmft/build, /wheels) rewritten, a stand-in `rocmft-pip` that hands over the
+    real sdist and writes an empty wheel, a stand-in hipcc, this venv's python (with torch), and the HIP version
+    given to the smoke compile, as this torch has none. Returns the result, its seconds and the stand-in pip's log."""
+    build, steps, bin_dir = tmp_path / "build", tmp_path / "steps", _stand_in_hipcc(tmp_path, hipcc_body)
+    shutil.copytree(REPO / "docker" / "patches", build / "patches")
+    steps.mkdir()
+    (build / "pins-flash-attn.txt").write_text("ninja==1.13.0\npackaging==25.0\n")
+    (tmp_path / "profile.env").write_text("ARCH=gfx942\nFLASH_ATTN_BACKEND=ck\nPYTORCH_ROCM_ARCH=gfx942\n")
+    moves = {"/etc/rocmft/build-profile.env": str(tmp_path / "profile.env"), "/opt/rocmft/build": str(build),
+             "/wheels": str(tmp_path / "wheels"), 'ck_smoke "$tree" "$GPU_ARCHS"': 'ck_smoke "$tree" "$GPU_ARCHS" '
+             "--hip-version 7.2.26015"}  # fmt: skip
+    for name in ("lib.sh", "flash-attn.sh", "flash_attn_ck_smoke.py"):
+        text = (REPO / "docker" / "steps" / name).read_text()
+        for old, new in moves.items():
+            text = text.replace(old, new)
+        (steps / name).write_text(text)
+    assert str(tmp_path / "profile.env") in (steps / "lib.sh").read_text()
+    sdist = Path(os.environ.get("ROCMFT_TEST_CACHE", REPO / ".cache" / "tests")) / "flash_attn-2.8.3.tar.gz"
+    (bin_dir / "rocmft-pip").write_text(f"""#!/bin/sh
+echo "$*" >> {tmp_path}/pip.log
+case "$1" in
+  download) while [ "$1" != -d ]; do shift; done; cp {sdist} "$2" ;;
+  wheel) touch {tmp_path}/wheels/flash_attn-2.8.3-cp312-cp312-linux_x86_64.whl ;;
+esac
+""")
+    (bin_dir / "rocmft-pip").chmod(0o755)
+    path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])
     start = time.monotonic()
-    result = subprocess.run(["bash", str(REPO / "docker/steps/flash-attn.sh"), "--smoke", str(flash_attn_source),
-                             "gfx90a;gfx942", "--hip-version", "7.2.26015", *args], env=env, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
-    return result, time.monotonic() - start
+    result = subprocess.run(["bash", str(steps / "flash-attn.sh")], env={**os.environ, "PATH": path,
+                            "FLASH_ATTN_VERSION": "2.8.3"}, capture_output=True, text=True, timeout=300)  # fmt: skip
+    return result, time.monotonic() - start, (tmp_path / "pip.log").read_text().splitlines()
 
 
 @pytest.mark.slow  # flash-attn.sh runs the smoke script, which imports torch
 def test_a_broken_toolchain_stops_the_ck_build_in_seconds_naming_the_first_error(flash_attn_source, tmp_path):
     """Issue 31, finding 1: a hipcc that cannot compile the CK kernels stops flash-attn.sh at its smoke compile of
-    one generated kernel, non-zero, with the compiler's first error and what to check, before the hours-long build."""
-    bin_dir = _stand_in_hipcc(tmp_path, "echo 'In file included from k.cpp:5:' >&2\n"
-                              "echo \"ck_tile/core.hpp:12:10: fatal error: 'hip/hip_runtime.h' file not found\" >&2\n"
-                              "echo '1 error generated.' >&2\nexit 1")  # fmt: skip
-    result, seconds = _smoke_step(flash_attn_source, bin_dir)
+    one generated kernel, non-zero, with the compiler's first error and what to check, before `pip wheel` starts
+    the hours-long build."""
+    body = ("echo 'In file included from k.cpp:5:' >&2\n"
+                    "echo \"ck_tile/core.hpp:12:10: fatal error: 'hip/hip_runtime.h' file not found\" >&2\n"
+                    "echo '1 error generated.' >&2\nexit 1")  # fmt: skip
+    result, seconds, pip = _flash_attn_step(flash_attn_source, tmp_path, body)
     assert result.returncode == 1, result.stdout + result.stderr
     assert seconds < 60
     assert "failed (exit 1" in result.stderr
     assert ": ck_tile/core.hpp:12:10: fatal error: 'hip/hip_runtime.h' file not found\n" in result.stderr
     assert "The full CK build would fail the same way" in result.stderr and "docker/patches" in result.stderr
-    assert "the full build follows" not in result.stdout
+    assert [verb.split()[0] for verb in pip] == ["install", "download"]  # pins, the sdist; never `wheel`
+    assert not list((tmp_path / "wheels").glob("*.whl"))
 
 
 @pytest.mark.slow  # flash-attn.sh runs the smoke script, which imports torch
-def test_a_sound_toolchain_passes_the_ck_smoke_compile_with_setup_pys_flags(flash_attn_source, tmp_path):
-    """The stand-in compiles (writes the object): the step passes, so the build goes on to `pip wheel`, and hipcc got
-    a generated forward kernel of the sdist, its CK include paths and every target of the profile."""
-    bin_dir = _stand_in_hipcc(tmp_path, 'while [ "$1" != -o ]; do shift; done\necho obj > "$2"')
-    result, _ = _smoke_step(flash_attn_source, bin_dir, "--work", str(tmp_path / "work"))
+def test_a_sound_toolchain_passes_the_ck_smoke_compile_and_the_build_goes_on(flash_attn_source, tmp_path):
+    """The stand-in compiles (checks its include paths, keeps the source, writes the object): the smoke compile
+    passes and flash-attn.sh goes on to `pip wheel`; hipcc got a generated forward kernel of the patched sdist, the
+    CK include paths and the profile's target, as setup.py would give them."""
+    body = f"""for a; do case "$a" in -I*) [ -d "${{a#-I}}" ] || exit 9 ;; esac; done
+cp "$4" {tmp_path}/kernel.cpp
+while [ "$1" != -o ]; do shift; done
+echo obj > "$2"
+"""
+    result, _, pip = _flash_attn_step(flash_attn_source, tmp_path, body)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "passed" in result.stdout and "the full build follows" in result.stdout
+    out = result.stdout
+    assert "passed" in out and "the full build follows" in out
+    assert out.index("the full build follows") < out.index("ran: built flash_attn-2.8.3-cp312-cp312-linux_x86_64.whl")
+    assert pip[-1].startswith("wheel ")
     args = (tmp_path / "hipcc-args").read_text().splitlines()
-    source = Path(args[args.index("hip") + 1])
-    assert source.is_file() and source.name.startswith("fmha_fwd_d128_bf16_")
-    assert '#include "fmha_fwd.hpp"' in source.read_text()
-    includes = [Path(a[2:]) for a in args if a.startswith("-I")]
-    assert any((d / "ck_tile" / "core.hpp").is_file() for d in includes)
-    assert any((d / "fmha_fwd.hpp").is_file() for d in includes)
-    assert {"--offload-arch=gfx90a", "--offload-arch=gfx942", "-D__HIP_PLATFORM_AMD__=1"} <= set(args)
-    assert (tmp_path / "work" / "smoke.o").read_text() == "obj\n"
+    assert Path(args[args.index("hip") + 1]).name.startswith("fmha_fwd_d128_bf16_")
+    assert '#include "fmha_fwd.hpp"' in (tmp_path / "kernel.cpp").read_text()
+    assert [a for a in args if a.endswith("/csrc/composable_kernel/include") and a.startswith("-I")]
+    assert {"--offload-arch=gfx942", "-D__HIP_PLATFORM_AMD__=1", "-DCK_TILE_FMHA_FWD_FAST_EXP2=1"} <= set(args)
 
 
 @pytest.mark.light_process  # the sdist's kernel generator (the standard library only, < 1 s)
