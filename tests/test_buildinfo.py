@@ -453,12 +453,20 @@ echo obj > "$2"
 
 @pytest.mark.light_process  # the sdist's kernel generator (the standard library only, < 1 s)
 def test_a_compile_past_the_limit_fails_and_says_so(flash_attn_source, tmp_path, monkeypatch, capsys):
-    bin_dir = _stand_in_hipcc(tmp_path, "exec sleep 60")
+    """The limit holds when hipcc's compiler child outlives it (hipcc runs clang, which keeps the output pipes)."""
+    bin_dir = _stand_in_hipcc(tmp_path, f"sleep 60 &\necho $! > {tmp_path}/child\nwait")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     start = time.monotonic()
     status = _ck_smoke().main([str(flash_attn_source), "gfx942", "--hip-version", "7.2.26015", "--timeout", "1"])
     assert status == 1 and time.monotonic() - start < 30
     assert "still compiling after 1 s" in capsys.readouterr().err
+    child = Path("/proc") / (tmp_path / "child").read_text().strip()
+    for _ in range(50):  # the compiler's child is killed with it, not left compiling (reaped within moments)
+        if not child.exists() or "State:\tZ" in (child / "status").read_text():
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the compiler's child {child.name} still runs after the limit")
 
 
 @pytest.mark.light_process  # the sdist's kernel generator (the standard library only, < 1 s each)

@@ -24,6 +24,7 @@ import argparse
 import fnmatch
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -171,18 +172,22 @@ def compile_one(tree: Path, archs: list[str], hip_version: str | None, timeout: 
     cmd = [hipcc, "-c", "-x", "hip", str(source), "-o", str(work / "smoke.o"), *includes, *torch_flags, *flags]
     what = f"CK smoke compile of {source.name} for {';'.join(archs)} (HIP {hip_version})"
     start = time.monotonic()
-    try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        message = (f"{what}: still compiling after {timeout:.0f} s (the limit, --timeout): at that rate the full "
-                   "build (~2,775 kernels) would take days; check the builder's CPU and memory")  # fmt: skip
-        raise SmokeError(message, FAILED) from None
+    # its own process group: hipcc runs clang, which a timeout must stop too, not leave compiling
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as process:  # fmt: skip
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            message = (f"{what}: still compiling after {timeout:.0f} s (the limit, --timeout): at that rate the "
+                       "full build (~2,775 kernels) would take days; check the builder's CPU and memory")  # fmt: skip
+            raise SmokeError(message, FAILED) from None
     seconds = time.monotonic() - start
-    if result.returncode != 0:
-        output = result.stderr + result.stdout
+    if process.returncode != 0:
         tail = "\n".join(output.strip().splitlines()[-20:])
         raise SmokeError(
-            f"{what} failed (exit {result.returncode}, {seconds:.0f} s): {first_error(output)}\n"
+            f"{what} failed (exit {process.returncode}, {seconds:.0f} s): {first_error(output)}\n"
             "The full CK build would fail the same way, hours later. Check hipcc and the ROCm version against "
             "torch's HIP version, the CK headers in the sdist, and docker/patches/flash-attn-*.patch; "
             f"the command was:\n  {' '.join(cmd)}\nlast lines of its output:\n{tail}",
