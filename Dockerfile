@@ -90,7 +90,7 @@ ARG REHEARSAL=0
 ARG FLASH_ATTN_VERSION
 COPY --from=pins /pins/flash-attn.txt /opt/rocmft/build/pins-flash-attn.txt
 COPY --from=profile /flash-attn.env /etc/rocmft/build-profile.env
-COPY docker/steps/flash-attn.sh /opt/rocmft/build/
+COPY docker/steps/flash-attn.sh docker/steps/flash_attn_ck_smoke.py /opt/rocmft/build/
 # fixes carried for the pinned flash-attn until upstream releases them (each patch says where upstream has it)
 COPY docker/patches /opt/rocmft/build/patches
 RUN --mount=type=secret,id=ca_bundle FLASH_ATTN_VERSION=${FLASH_ATTN_VERSION} /opt/rocmft/build/flash-attn.sh

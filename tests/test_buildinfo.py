@@ -4,12 +4,15 @@ flash-attention's own source. Nothing here restates a profile: each test reads a
 
 from __future__ import annotations
 
+import fnmatch
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -353,3 +356,144 @@ def test_ldd_reports_a_library_that_does_not_resolve():
         pytest.skip("no ldd")
     missing = buildinfo.unresolved_libraries(BNB / "libbitsandbytes_rocm72.so")
     assert {"libhipblas.so.3", "libhipblaslt.so.1"} <= set(missing)
+
+
+def _ck_smoke():
+    """docker/steps/flash_attn_ck_smoke.py, the CK smoke compile flash-attn.sh runs, loaded as a module."""
+    spec = importlib.util.spec_from_file_location("flash_attn_ck_smoke", REPO / "docker/steps/flash_attn_ck_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stand_in_hipcc(tmp_path, body: str) -> Path:
+    """A stand-in `hipcc` (this machine has none) in tmp_path/rocm/bin: it records its arguments, then runs body."""
+    bin_dir = tmp_path / "rocm" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "hipcc").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/hipcc-args"\n{body}\n')
+    (bin_dir / "hipcc").chmod(0o755)
+    return bin_dir
+
+
+def _flash_attn_step(flash_attn_source, tmp_path, hipcc_body: str):
+    """The whole of docker/steps/flash-attn.sh for gfx942 (its real build, not the rehearsal), moved under tmp_path:
+    its image paths (the profile, /opt/rocmft/build, /wheels) rewritten, a stand-in `rocmft-pip` that hands over the
+    real sdist and writes an empty wheel, a stand-in hipcc, this venv's python (with torch), and the HIP version
+    given to the smoke compile, as this torch has none. Returns the result, its seconds and the stand-in pip's log."""
+    build, steps, bin_dir = tmp_path / "build", tmp_path / "steps", _stand_in_hipcc(tmp_path, hipcc_body)
+    shutil.copytree(REPO / "docker" / "patches", build / "patches")
+    steps.mkdir()
+    (build / "pins-flash-attn.txt").write_text("ninja==1.13.0\npackaging==25.0\n")
+    (tmp_path / "profile.env").write_text("ARCH=gfx942\nFLASH_ATTN_BACKEND=ck\nPYTORCH_ROCM_ARCH=gfx942\n")
+    moves = {"/etc/rocmft/build-profile.env": str(tmp_path / "profile.env"), "/opt/rocmft/build": str(build),
+             "/wheels": str(tmp_path / "wheels"), 'ck_smoke "$tree" "$GPU_ARCHS"': 'ck_smoke "$tree" "$GPU_ARCHS" '
+             "--hip-version 7.2.26015"}  # fmt: skip
+    for name in ("lib.sh", "flash-attn.sh", "flash_attn_ck_smoke.py"):
+        text = (REPO / "docker" / "steps" / name).read_text()
+        for old, new in moves.items():
+            text = text.replace(old, new)
+        (steps / name).write_text(text)
+    assert str(tmp_path / "profile.env") in (steps / "lib.sh").read_text()
+    sdist = Path(os.environ.get("ROCMFT_TEST_CACHE", REPO / ".cache" / "tests")) / "flash_attn-2.8.3.tar.gz"
+    (bin_dir / "rocmft-pip").write_text(f"""#!/bin/sh
+echo "$*" >> {tmp_path}/pip.log
+case "$1" in
+  download) while [ "$1" != -d ]; do shift; done; cp {sdist} "$2" ;;
+  wheel) touch {tmp_path}/wheels/flash_attn-2.8.3-cp312-cp312-linux_x86_64.whl ;;
+esac
+""")
+    (bin_dir / "rocmft-pip").chmod(0o755)
+    path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])
+    start = time.monotonic()
+    result = subprocess.run(["bash", str(steps / "flash-attn.sh")], env={**os.environ, "PATH": path,
+                            "FLASH_ATTN_VERSION": "2.8.3"}, capture_output=True, text=True, timeout=300)  # fmt: skip
+    return result, time.monotonic() - start, (tmp_path / "pip.log").read_text().splitlines()
+
+
+@pytest.mark.slow  # flash-attn.sh runs the smoke script, which imports torch
+def test_a_broken_toolchain_stops_the_ck_build_in_seconds_naming_the_first_error(flash_attn_source, tmp_path):
+    """Issue 31, finding 1: a hipcc that cannot compile the CK kernels stops flash-attn.sh at its smoke compile of
+    one generated kernel, non-zero, with the compiler's first error and what to check, before `pip wheel` starts
+    the hours-long build."""
+    body = ("echo 'In file included from k.cpp:5:' >&2\n"
+                    "echo \"ck_tile/core.hpp:12:10: fatal error: 'hip/hip_runtime.h' file not found\" >&2\n"
+                    "echo '1 error generated.' >&2\nexit 1")  # fmt: skip
+    result, seconds, pip = _flash_attn_step(flash_attn_source, tmp_path, body)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert seconds < 60
+    assert "failed (exit 1" in result.stderr
+    assert ": ck_tile/core.hpp:12:10: fatal error: 'hip/hip_runtime.h' file not found\n" in result.stderr
+    assert "The full CK build would fail the same way" in result.stderr and "docker/patches" in result.stderr
+    assert [verb.split()[0] for verb in pip] == ["install", "download"]  # pins, the sdist; never `wheel`
+    assert not list((tmp_path / "wheels").glob("*.whl"))
+
+
+@pytest.mark.slow  # flash-attn.sh runs the smoke script, which imports torch
+def test_a_sound_toolchain_passes_the_ck_smoke_compile_and_the_build_goes_on(flash_attn_source, tmp_path):
+    """The stand-in compiles (checks its include paths, keeps the source, writes the object): the smoke compile
+    passes and flash-attn.sh goes on to `pip wheel`; hipcc got a generated forward kernel of the patched sdist, the
+    CK include paths and the profile's target, as setup.py would give them."""
+    body = f"""for a; do case "$a" in -I*) [ -d "${{a#-I}}" ] || exit 9 ;; esac; done
+cp "$4" {tmp_path}/kernel.cpp
+while [ "$1" != -o ]; do shift; done
+echo obj > "$2"
+"""
+    result, _, pip = _flash_attn_step(flash_attn_source, tmp_path, body)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "passed" in out and "the full build follows" in out
+    assert out.index("the full build follows") < out.index("ran: built flash_attn-2.8.3-cp312-cp312-linux_x86_64.whl")
+    assert pip[-1].startswith("wheel ")
+    args = (tmp_path / "hipcc-args").read_text().splitlines()
+    assert Path(args[args.index("hip") + 1]).name.startswith("fmha_fwd_d128_bf16_")
+    assert '#include "fmha_fwd.hpp"' in (tmp_path / "kernel.cpp").read_text()
+    assert [a for a in args if a.endswith("/csrc/composable_kernel/include") and a.startswith("-I")]
+    assert {"--offload-arch=gfx942", "-D__HIP_PLATFORM_AMD__=1", "-DCK_TILE_FMHA_FWD_FAST_EXP2=1"} <= set(args)
+
+
+@pytest.mark.light_process  # the sdist's kernel generator (the standard library only, < 1 s)
+def test_a_compile_past_the_limit_fails_and_says_so(flash_attn_source, tmp_path, monkeypatch, capsys):
+    """The limit holds when hipcc's compiler child outlives it (hipcc runs clang, which keeps the output pipes)."""
+    bin_dir = _stand_in_hipcc(tmp_path, f"sleep 60 &\necho $! > {tmp_path}/child\nwait")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    start = time.monotonic()
+    status = _ck_smoke().main([str(flash_attn_source), "gfx942", "--hip-version", "7.2.26015", "--timeout", "1"])
+    assert status == 1 and time.monotonic() - start < 30
+    assert "still compiling after 1 s" in capsys.readouterr().err
+    child = Path("/proc") / (tmp_path / "child").read_text().strip()
+    for _ in range(50):  # the compiler's child is killed with it, not left compiling (reaped within moments)
+        if not child.exists() or "State:\tZ" in (child / "status").read_text():
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the compiler's child {child.name} still runs after the limit")
+
+
+@pytest.mark.light_process  # the sdist's kernel generator (the standard library only, < 1 s each)
+def test_the_smoke_kernel_is_one_setup_py_compiles(flash_attn_source, tmp_path):
+    """The kernel the smoke step compiles is in the set setup.py v2.8.3 builds: the sdist's generator run for its
+    four APIs (setup.py lines 329-332), listed, then globbed as setup.py does (build/fmha_*wd*.cpp, line 364)."""
+    smoke = _ck_smoke()
+    picked = smoke.pick(smoke.generate(flash_attn_source, tmp_path / "smoke", "32,64,128,256"))
+    listed = set()
+    for api in ("fwd", "fwd_appendkv", "fwd_splitkv", "bwd"):
+        listing = tmp_path / f"{api}.txt"
+        command = [sys.executable, str(flash_attn_source / smoke.GENERATOR), "-d", api, "--receipt", "2",
+                   "--optdim", "32,64,128,256", "-l", str(listing)]  # fmt: skip
+        subprocess.run(command, cwd=flash_attn_source, check=True)
+        listed |= {Path(line).name for line in listing.read_text().split()}
+    compiled = {name for name in listed if fnmatch.fnmatch(name, "fmha_*wd*.cpp")}
+    assert picked.name in compiled, picked.name
+    assert len(compiled) > 2000  # the ~2,775 kernels of issue 31 that the smoke step stands in front of
+
+
+@pytest.mark.parametrize(("archs", "hip_version", "words"), [
+    ("gfx1100", "7.2.26015", "flash-attn's CK build supports gfx90a, gfx942, gfx950"),
+    ("", "7.2.26015", "set PYTORCH_ROCM_ARCH or FLASH_ATTN_BACKEND"),
+    ("gfx942", None, "is not a ROCm build (torch.version.hip is None)"),
+    ("gfx942", "seven", "'seven': not a version"),
+])  # fmt: skip
+def test_bad_input_to_the_smoke_step_is_a_message_and_status_2(flash_attn_source, archs, hip_version, words, capsys):
+    args = [str(flash_attn_source), archs] + (["--hip-version", hip_version] if hip_version else [])
+    assert _ck_smoke().main(args) == 2
+    assert words in capsys.readouterr().err

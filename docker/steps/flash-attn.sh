@@ -6,6 +6,7 @@
 #
 # `flash-attn.sh --jobs [MEMINFO [CGROUP_DIR [CORES]]]` only prints the parallel compile jobs it would use
 # (build_jobs below; the arguments stand in for /proc/meminfo, /sys/fs/cgroup and nproc in tests).
+# `flash-attn.sh --smoke TREE ARCHS [ARGS]` only runs the CK smoke compile (ck_smoke below) on an unpacked sdist.
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
@@ -30,6 +31,19 @@ build_jobs() {
   echo $((jobs < 1 ? 1 : jobs))
 }
 
+# ck_smoke TREE ARCHS [ARGS]: before the hours-long CK build, compile one generated forward kernel with the
+# flags flash-attn's setup.py would use (docker/steps/flash_attn_ck_smoke.py says which, with setup.py's lines),
+# so that a broken toolchain (hipcc, the CK headers, the ROCm/torch pairing) fails in minutes, naming the
+# compiler's first error. Exit status: the script's (0 compiled, 1 failed or timed out, 2 bad input).
+ck_smoke() {
+  python "$(dirname "$0")/flash_attn_ck_smoke.py" "$@"
+}
+
+if [ "${1:-}" = --smoke ]; then
+  shift
+  ck_smoke "$@"
+  exit 0
+fi
 if [ "${1:-}" = --jobs ]; then
   shift
   build_jobs "$@"
@@ -47,7 +61,10 @@ case "$FLASH_ATTN_BACKEND" in
   *) echo "[build] FLASH_ATTN_BACKEND=$FLASH_ATTN_BACKEND in docker/arch/$ARCH.env: use ck, triton or none" >&2; exit 1 ;;
 esac
 if rehearsal; then
-  skipped flash-attn "needs torch (flash-attn's setup.py imports it to build $spec, backend $FLASH_ATTN_BACKEND)"
+  # the CK smoke compile (ck_smoke) needs torch and hipcc too; tests/test_buildinfo.py runs it with a stand-in hipcc
+  smoke=""
+  if [ "$FLASH_ATTN_BACKEND" = ck ]; then smoke=", as does the CK smoke compile before it"; fi
+  skipped flash-attn "needs torch (flash-attn's setup.py imports it to build $spec, backend $FLASH_ATTN_BACKEND$smoke)"
   exit 0
 fi
 # Build, never download: without FLASH_ATTENTION_FORCE_BUILD=TRUE, setup.py's bdist_wheel (CachedWheelsCommand,
@@ -79,6 +96,9 @@ for patch in /opt/rocmft/build/patches/flash-attn-"$FLASH_ATTN_VERSION"-*.patch;
   git -C "$tree" apply --verbose "$patch"
   patched+=("$(basename "$patch")")
 done
+if [ "$FLASH_ATTN_BACKEND" = ck ]; then
+  ck_smoke "$tree" "$GPU_ARCHS"
+fi
 # pip wheel with the same no-cache rule as every per-target build (lib.sh build_for_target)
 rocmft-pip wheel --no-cache-dir --no-build-isolation --no-deps -w /wheels "$tree"
 rm -rf "$src"
