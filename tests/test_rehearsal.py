@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -162,7 +163,11 @@ def test_a_lock_re_pin_rebuilds_neither_torch_nor_flash_attn(checkout_copy, rehe
     541d210 did) re-runs the stage that installs the full lock, and takes torch and the flash-attn build (hours of
     Composable Kernel compiles in a real image) from BuildKit's cache. Two stages of the rehearsal's gfx942 recipe,
     on the layers the `rehearsed` fixture left: flash-attn (and torch below it), then stack."""
-    checkout_copy.replace("docker/lock/rocm7.2.txt", "\nhttpx==0.29.0\n", "\nhttpx==0.28.1\n")
+    # the comment makes this run's lock unique: a re-pin BuildKit has built before (this test, in an earlier session
+    # on the same engine) is a cache hit for the stack stage too; pins.sh copies no comment into torch's or
+    # flash-attn's file
+    nonce = uuid.uuid4().hex
+    checkout_copy.replace("docker/lock/rocm7.2.txt", "\nhttpx==0.29.0\n", f"\n# re-pin test {nonce}\nhttpx==0.28.1\n")
     runs = {}
     for stage in ("flash-attn", "stack"):
         image = f"rocmft-mutant:pins-{stage}"
