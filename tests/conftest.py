@@ -332,6 +332,11 @@ def executed_steps(build_log: str) -> dict[str, bool]:
     return {name: number not in cached for number, name in names.items()}
 
 
+def run_steps(steps: dict[str, bool]) -> dict[str, bool]:
+    """The RUN instructions of :func:`executed_steps`' answer (the steps that install or build; a COPY is seconds)."""
+    return {name: ran for name, ran in steps.items() if " RUN " in f" {name.split(' ', 1)[1]}"}
+
+
 @pytest.fixture
 def checkout_copy(tmp_path) -> CheckoutCopy:
     """A copy of the checkout to change and build in (see :class:`CheckoutCopy`)."""

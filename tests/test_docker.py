@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import executed_steps
+from conftest import executed_steps, run_steps
 from rocmft.errors import ExitCode
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def test_a_version_bump_rebuilds_only_rocmft_itself(cpu_image, checkout_copy):
     result = checkout_copy.make("image", "ARCH=cpu", "IMAGE=rocmft-layers:cpu", timeout=1800)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     steps = executed_steps(result.stdout + result.stderr)
-    runs = {name: ran for name, ran in steps.items() if " RUN " in f" {name.split(' ', 1)[1]}"}
+    runs = run_steps(steps)
     assert {name.split()[0] for name in runs} >= {"system", "torch", "stack", "target", "runtime"}, steps
     rebuilt = {name.split()[0] for name, ran in runs.items() if ran}
     assert rebuilt <= {"requirements", "profile", "runtime"} and "runtime" in rebuilt, runs

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import executed_steps, make
+from conftest import executed_steps, make, run_steps
 
 REPO = Path(__file__).resolve().parents[1]
 ROCM_ARCHS = sorted(p.stem for p in (REPO / "docker" / "arch").glob("gfx*.env"))
@@ -174,9 +174,8 @@ def test_a_lock_re_pin_rebuilds_neither_torch_nor_flash_attn(checkout_copy, rehe
         result = checkout_copy.make("rehearse", "ARCH=gfx942", f"BUILD_STAGE={stage}", f"REHEARSAL_IMAGE={image}")
         subprocess.run(["docker", "image", "rm", image], capture_output=True)
         assert result.returncode == 0, _tail(result)
-        for name, ran in executed_steps(result.stdout + result.stderr).items():
-            if " RUN " in f" {name.split(' ', 1)[1]}":
-                runs[name] = runs.get(name, False) or ran  # ran in either build
+        for name, ran in run_steps(executed_steps(result.stdout + result.stderr)).items():
+            runs[name] = runs.get(name, False) or ran  # ran in either build
     ran = {name.split()[0] for name, did in runs.items() if did}
     assert {"torch", "flash-attn", "stack"} <= {name.split()[0] for name in runs}, runs
     assert "torch" not in ran and "flash-attn" not in ran and "stack" in ran, f"stages that re-ran: {sorted(ran)}"
