@@ -67,6 +67,34 @@ def test_deepspeed_is_told_cpu_only_where_it_would_pick_cpu(monkeypatch):
     assert deepspeed_accelerator_without_gpu(gpu_environ) is None and gpu_environ == {}
 
 
+_UNWRAP_A_PLAIN_MODEL = """
+import json, sys
+import torch
+from rocmft.worker.patches import deepspeed_unimported_unless_configured
+applied = deepspeed_unimported_unless_configured(json.loads(sys.argv[1]))
+from accelerate.utils.other import extract_model_from_parallel
+extract_model_from_parallel(torch.nn.Linear(2, 2))
+print(json.dumps({"applied": applied, "deepspeed_imported": "deepspeed" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    ({}, {"applied": True, "deepspeed_imported": False}),
+    ({"deepspeed": "ds_config.json"}, {"applied": False, "deepspeed_imported": True}),
+], ids=["no DeepSpeed config", "a DeepSpeed config"])  # fmt: skip
+def test_a_run_without_a_deepspeed_config_never_imports_deepspeed(arguments, expected):
+    """accelerate's extract_model_from_parallel, which transformers' Trainer calls in its __init__, imports DeepSpeed
+    whenever it is installed (4.2 CPU-s per worker here); the worker's patch keeps it out of runs that name no
+    DeepSpeed config, and a run with one imports it as before. The real accelerate function, in a fresh process."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _UNWRAP_A_PLAIN_MODEL, json.dumps(arguments)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
+
+
 def test_fp32_policy_really_trains_fp32_weights(run_rocmft, tmp_path, bf16_checkpoint, demo_data):
     """DESIGN.md: with bf16 and fp16 off, LLaMA-Factory 0.9.5 loads a bf16 checkpoint in bf16 where bf16 is
     supported (the CPU supports it); with LoRA only the adapter is then upcast, the frozen base stays bf16.

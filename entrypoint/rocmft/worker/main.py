@@ -172,6 +172,7 @@ def _patch_and_arm(policy: RunPolicy, arguments: dict) -> dict | None:
     patches.count_tokens_under_4d_masks()
     patches.step_logs_said_once()
     patches.deepspeed_accelerator_without_gpu(os.environ)
+    patches.deepspeed_unimported_unless_configured(arguments)
     patches.resume_optimizer_on_cpu_ranks()
     patches.dataloader_workers_ignore_stop_signals()
     return attention_choice

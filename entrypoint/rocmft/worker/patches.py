@@ -19,6 +19,7 @@ from rocmft.console import warn
 LLAMAFACTORY = "0.9.5"
 TRANSFORMERS = "5.6.0"
 PEFT = "0.18.1"
+ACCELERATE = "1.11.0"
 
 
 def _applies(patch: str, package: str, written_for: str, targets: dict[str, object]) -> bool:
@@ -157,6 +158,29 @@ def deepspeed_accelerator_without_gpu(environ: MutableMapping[str, str]) -> str 
         return None
     environ["DS_ACCELERATOR"] = "cpu"
     return "cpu"
+
+
+def deepspeed_unimported_unless_configured(arguments: dict) -> bool:
+    """Keep DeepSpeed out of a run whose training arguments (``arguments``, the rendered train.yaml) name no
+    ``deepspeed`` config; returns whether the patch was applied.
+
+    accelerate 1.11's ``extract_model_from_parallel`` (accelerate/utils/other.py), which transformers' Trainer calls
+    from its ``__init__`` and when saving, imports DeepSpeed whenever it is installed, only to add
+    ``DeepSpeedEngine`` to the wrappers it unwraps. Importing DeepSpeed 0.18 after LLaMA-Factory costs 4.2 CPU-s on
+    our CPU machines (measured: ``import deepspeed`` after ``import llamafactory.train.tuner``, 4.20-4.27 s; it
+    imports mlflow through its autotuner), paid by every worker before its first step. Without a DeepSpeed config
+    the model is never a ``DeepSpeedEngine``, so that module's ``is_deepspeed_available`` answers False there and
+    nothing else changes. A run with DeepSpeed is untouched.
+    """
+    if arguments.get("deepspeed"):
+        return False
+    from accelerate.utils import other
+
+    if not _applies("the DeepSpeed import skip", "accelerate", ACCELERATE,
+                    {"is_deepspeed_available": other, "extract_model_from_parallel": other}):  # fmt: skip
+        return False
+    other.is_deepspeed_available = lambda: False
+    return True
 
 
 def resume_optimizer_on_cpu_ranks() -> None:
