@@ -208,7 +208,8 @@ def _plot(facts: dict[str, Any], path: Path) -> bool:
     matplotlib.use("Agg")  # no display in a container
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))  # fixed margins: report_page.CHART_MARGINS says why
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.08, top=0.91, wspace=0.18, hspace=0.32)
     ax = axes[0][0]
     ax.plot([r["step"] for r in series["train"]], [r["loss"] for r in series["train"]], label="train")
     if series["eval"]:
