@@ -464,3 +464,41 @@ def test_gpu_memory_judges_an_apu_by_its_pool_not_the_carve_out():
                      "gtt_used_gib": 19.0}, **STRIX_HALO)  # fmt: skip
     outcome = checks.gpu_memory(plan(probe=devices(pool_busy), node_root="/nonexistent"))
     assert outcome.status == checks.WARN and "19.0 of 31.0 GiB in use" in outcome.message, outcome
+
+
+def test_without_gpu_device_nodes_the_devices_probe_answers_as_torch_does(monkeypatch):
+    """With no GPU device node (rocmft.facts.device.GPU_NODES) the devices probe answers from torch/version.py
+    without importing torch; that answer is the one torch's own detection gives on the same machine, with and
+    without a *_VISIBLE_DEVICES variable. Where a node exists (a GPU host) the shortcut is not taken."""
+    from pathlib import Path
+
+    from rocmft.facts import probe
+    from rocmft.facts.device import GPU_NODES
+
+    if any(Path(node).exists() for node in GPU_NODES):
+        assert probe._without_gpu_nodes() is None
+        return
+    assert probe._devices() == probe._devices(ask_torch=True)
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "0,1")
+    assert probe._devices() == probe._devices(ask_torch=True)
+    assert probe._devices()["visible"] == {"HIP_VISIBLE_DEVICES": "0,1"} and probe._devices()["gpus"] == []
+
+
+@pytest.mark.light_process
+def test_the_probe_child_imports_no_torch_without_gpu_device_nodes():
+    """The child the entrypoint starts (`python -m rocmft.facts.probe devices`) costs 0.14 s instead of torch's
+    import (2.7 CPU-s on our CPU machines) where no GPU device node exists, and still prints the devices line."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rocmft.facts.device import GPU_NODES
+
+    if any(Path(node).exists() for node in GPU_NODES):
+        pytest.skip("a GPU device node exists here: the probe asks torch")
+    code = "import sys; from rocmft.facts.probe import main; main(['devices']); print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    line, imported = result.stdout.strip().splitlines()
+    assert json.loads(line)["result"]["gpus"] == [] and imported == "False"

@@ -55,8 +55,11 @@ class DeviceFacts:
 PROBE_TIMEOUT_S = 90
 ALLREDUCE_MIB = 256  # large enough to measure bandwidth, not latency (nccl-tests reach their plateau by then)
 ALLREDUCE_TIMEOUT_S = 90
-# Device nodes whose presence means a GPU may be visible: worth starting the all-reduce probe early.
-GPU_NODES = ("/dev/kfd", "/dev/nvidiactl")
+# Device nodes whose presence means a GPU may be visible: worth starting the all-reduce probe early, and without
+# any of them the devices probe answers without importing torch (rocmft.facts.probe). /dev/kfd: ROCm's KFD, which
+# the HIP runtime opens (ROCm's container docs pass it with --device); /dev/nvidiactl: the NVIDIA driver's control
+# node; /dev/dxg: the GPU of WSL 2, through which its CUDA runs (Microsoft's "GPU acceleration in WSL" docs).
+GPU_NODES = ("/dev/kfd", "/dev/nvidiactl", "/dev/dxg")
 
 
 class ProbeProcess:

@@ -94,9 +94,46 @@ def _gemm(torch, a32, b32, dtype_name: str, device: str) -> GemmRecord:
     return record
 
 
-def _devices() -> DevicesProbe:
+def _without_gpu_nodes() -> DevicesProbe | None:
+    """The devices probe's answer without importing torch (2.7 CPU-s on our CPU machines, ``python -c "import
+    torch"``), when no GPU device node (:data:`rocmft.facts.device.GPU_NODES`) exists: ROCm's runtime opens /dev/kfd,
+    CUDA's /dev/nvidiactl (/dev/dxg under WSL), so torch then finds no GPU whatever else is installed; None when a
+    node exists (:func:`_devices` asks torch). torch's build facts come from its ``torch/version.py``, read without
+    importing the package; None if that file is not there."""
+    import importlib.util
+    import runpy
+    from pathlib import Path
+
+    from rocmft.facts.device import GPU_NODES
+
+    spec = importlib.util.find_spec("torch")
+    if any(Path(node).exists() for node in GPU_NODES) or spec is None or not spec.submodule_search_locations:
+        return None
+    version_file = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    if not version_file.is_file():
+        return None
+    version = runpy.run_path(str(version_file))
+    return {
+        "backend": "rocm" if version.get("hip") else "cpu",
+        "torch": version["__version__"],
+        "hip": version.get("hip"),
+        "cuda": version.get("cuda"),
+        "visible": {k: os.environ[k] for k in VISIBLE_VARIABLES if k in os.environ},
+        "gpus": [],
+    }
+
+
+VISIBLE_VARIABLES = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def _devices(ask_torch: bool = False) -> DevicesProbe:
+    """Every visible GPU's facts (the module docstring); without a GPU device node, :func:`_without_gpu_nodes`'
+    answer unless ``ask_torch``."""
     import warnings
 
+    answer = None if ask_torch else _without_gpu_nodes()
+    if answer is not None:
+        return answer
     import torch
 
     # fp32 means IEEE fp32 in the reference comparison, set through the API that governs it (see _gemm); mixing it
@@ -107,11 +144,7 @@ def _devices() -> DevicesProbe:
         "torch": torch.__version__,
         "hip": torch.version.hip,
         "cuda": torch.version.cuda,
-        "visible": {
-            k: os.environ[k]
-            for k in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-            if k in os.environ
-        },
+        "visible": {k: os.environ[k] for k in VISIBLE_VARIABLES if k in os.environ},
         "gpus": [],
     }
     if not torch.cuda.is_available():
