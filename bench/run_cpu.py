@@ -33,7 +33,7 @@ import atexit, json, os, resource, sys, time
 _started = time.monotonic()
 def _account():
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    with open(os.environ["ROCMFT_BENCH_CPU_LOG"], "a") as log:
+    with open(os.environ["BENCH_CPU_LOG"], "a") as log:
         log.write(json.dumps({"pid": os.getpid(), "argv": sys.argv[:2], "cpu_s": usage.ru_utime + usage.ru_stime,
                               "wall_s": time.monotonic() - _started}) + "\\n")
 atexit.register(_account)
@@ -58,11 +58,11 @@ def run_once(entrypoint: Path, work: Path) -> dict:
     output = work / "run"
     shutil.rmtree(output, ignore_errors=True)
     env = clean_environment()
-    env.update({"PYTHONPATH": f"{work / 'site'}{os.pathsep}{entrypoint}", "ROCMFT_BENCH_CPU_LOG": str(log),
+    env.update({"PYTHONPATH": f"{work / 'site'}{os.pathsep}{entrypoint}", "BENCH_CPU_LOG": str(log),
                 "OUTPUT_DIR": str(output), "MAX_STEPS": "10", "HF_HUB_OFFLINE": "1"})  # fmt: skip
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "rocmft", "train"], env=env, cwd=work, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "rocmft", "train"], env=env, cwd=work, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=900)  # fmt: skip
     wall = time.monotonic() - started
     roles: dict[str, float] = {}
     for line in log.read_text().splitlines() if log.is_file() else []:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:>14}  #{repeat}  exit {result['exit']}  wall {result['wall_s']:6.2f} s  "
                       f"CPU {result['cpu_total_s']:6.2f} s  {result['cpu_s']}", flush=True)  # fmt: skip
     finally:
-        for name, entrypoint in targets[1:]:
+        for _name, entrypoint in targets[1:]:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(entrypoint.parent)],
                            capture_output=True)  # fmt: skip
         shutil.rmtree(work, ignore_errors=True)
