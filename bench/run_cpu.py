@@ -69,8 +69,13 @@ def run_once(entrypoint: Path, work: Path) -> dict:
         record = json.loads(line)
         role = _role(record["argv"])
         roles[role] = roles.get(role, 0.0) + record["cpu_s"]
-    return {"exit": done.returncode, "wall_s": round(wall, 2), "cpu_s": {k: round(v, 2) for k, v in roles.items()},
-            "cpu_total_s": round(sum(roles.values()), 2), "tail": done.stdout[-400:] if done.returncode else ""}
+    return {
+        "exit": done.returncode,
+        "wall_s": round(wall, 2),
+        "cpu_s": {k: round(v, 2) for k, v in roles.items()},
+        "cpu_total_s": round(sum(roles.values()), 2),
+        "tail": done.stdout[-400:] if done.returncode else "",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
