@@ -291,7 +291,7 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 .PHONY: test-ready
 test-ready: docker-ready slurm-ready vllm-ready browser-ready lint
 
-test: ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~69 min on 2 cores with set-up, 2 workers)
+test: ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~60 min on 2 cores with set-up, 2 workers)
 	$(MAKE) --no-print-directory -j2 --output-sync=line test-ready
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
