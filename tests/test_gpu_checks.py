@@ -470,12 +470,10 @@ def test_without_gpu_device_nodes_the_devices_probe_answers_as_torch_does(monkey
     """With no GPU device node (rocmft.facts.device.GPU_NODES) the devices probe answers from torch/version.py
     without importing torch; that answer is the one torch's own detection gives on the same machine, with and
     without a *_VISIBLE_DEVICES variable. Where a node exists (a GPU host) the shortcut is not taken."""
-    from pathlib import Path
-
     from rocmft.facts import probe
-    from rocmft.facts.device import GPU_NODES
+    from rocmft.facts.device import gpu_node_present
 
-    if any(Path(node).exists() for node in GPU_NODES):
+    if gpu_node_present():
         assert probe._without_gpu_nodes() is None
         return
     assert probe._devices() == probe._devices(ask_torch=True)
@@ -491,11 +489,10 @@ def test_the_probe_child_imports_no_torch_without_gpu_device_nodes():
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
-    from rocmft.facts.device import GPU_NODES
+    from rocmft.facts.device import gpu_node_present
 
-    if any(Path(node).exists() for node in GPU_NODES):
+    if gpu_node_present():
         pytest.skip("a GPU device node exists here: the probe asks torch")
     code = "import sys; from rocmft.facts.probe import main; main(['devices']); print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -62,6 +62,11 @@ ALLREDUCE_TIMEOUT_S = 90
 GPU_NODES = ("/dev/kfd", "/dev/nvidiactl", "/dev/dxg")
 
 
+def gpu_node_present() -> bool:
+    """Whether any of :data:`GPU_NODES` exists on this machine (or in this container)."""
+    return any(Path(node).exists() for node in GPU_NODES)
+
+
 class ProbeProcess:
     """``python -m rocmft.facts.probe ARGS`` running in the background, in its own process group, with a deadline.
 
@@ -133,12 +138,10 @@ def start_probes() -> None:
     (measured on 2 x H200: the device probe and the all-reduce take ~15 s together, most of it importing
     torch and setting up NCCL in fresh processes). The device probe always starts; the all-reduce across
     every visible GPU only where a GPU device node exists. Idempotent."""
-    from pathlib import Path
-
     if testhooks.injected_probes():  # a test replaced the probes (rocmft.testhooks; never in production)
         return
     _device_probe()
-    if "allreduce" not in _probes and any(Path(node).exists() for node in GPU_NODES):
+    if "allreduce" not in _probes and gpu_node_present():
         _probes["allreduce"] = ProbeProcess(["allreduce", "all", str(ALLREDUCE_MIB)], ALLREDUCE_TIMEOUT_S)
 
 

@@ -94,6 +94,9 @@ def _gemm(torch, a32, b32, dtype_name: str, device: str) -> GemmRecord:
     return record
 
 
+VISIBLE_VARIABLES = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
 def _without_gpu_nodes() -> DevicesProbe | None:
     """The devices probe's answer without importing torch (2.7 CPU-s on our CPU machines, ``python -c "import
     torch"``), when no GPU device node (:data:`rocmft.facts.device.GPU_NODES`) exists: ROCm's runtime opens /dev/kfd,
@@ -104,10 +107,10 @@ def _without_gpu_nodes() -> DevicesProbe | None:
     import runpy
     from pathlib import Path
 
-    from rocmft.facts.device import GPU_NODES
+    from rocmft.facts.device import gpu_node_present
 
     spec = importlib.util.find_spec("torch")
-    if any(Path(node).exists() for node in GPU_NODES) or spec is None or not spec.submodule_search_locations:
+    if gpu_node_present() or spec is None or not spec.submodule_search_locations:
         return None
     version_file = Path(next(iter(spec.submodule_search_locations))) / "version.py"
     if not version_file.is_file():
@@ -121,9 +124,6 @@ def _without_gpu_nodes() -> DevicesProbe | None:
         "visible": {k: os.environ[k] for k in VISIBLE_VARIABLES if k in os.environ},
         "gpus": [],
     }
-
-
-VISIBLE_VARIABLES = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
 def _devices(ask_torch: bool = False) -> DevicesProbe:
