@@ -101,3 +101,33 @@ def test_kernel_time_is_summed_by_name_and_group(stepprobe):
     assert summary["gpu_us_total"] == 575.0
     assert summary["by_group_us"] == {"matmul": 500.0, "attention": 50.0, "triton": 25.0}
     assert summary["top_kernels_us"][0] == ["nvjet_tst_192x192_64x4_h_bz_NNT", 500.0]
+
+
+@pytest.fixture
+def steady_probe():
+    sys.path.insert(0, str(SITE.parents[1]))
+    try:
+        yield importlib.import_module("steady_probe")
+    finally:
+        sys.path.remove(str(SITE.parents[1]))
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [(["--at", "20"], "--at 20: give a step in 3..19"), (["--parts", "plain,fast"], "fast is not one of loss")],
+)
+def test_steady_probe_refuses_bad_options_before_writing(steady_probe, tmp_path, capsys, option, message):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stop:
+        steady_probe.main(["--out", str(out), "--work", str(tmp_path / "w"), "--data", str(tmp_path),
+                           "--peer-pythonpath", str(tmp_path), *option])  # fmt: skip
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_steady_rate_before_the_profiled_window_is_read_from_the_trainer_state(steady_probe, tmp_path):
+    log = [{"loss": 12.0, "num_input_tokens_seen": 8000 * n, "train_runtime": 5.0 + 0.5 * (n - 1)} for n in (1, 2, 3)]
+    log[2]["train_runtime"] += 10.0  # step 3, profiled: slower, and left out of steps 2..2
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": [*log, {"train_runtime": 16.0}]}))
+    assert steady_probe.steady_before(tmp_path, 2) == 16000.0  # 8000 tokens in 0.5 s
+    assert steady_probe.steady_before(tmp_path, 4) is None  # not that many steps logged
