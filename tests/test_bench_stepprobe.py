@@ -35,7 +35,7 @@ def stepprobe(monkeypatch):
     spec = importlib.util.spec_from_file_location("stepprobe_site", SITE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert not any(type(f).__name__ == "_AfterTrainer" for f in sys.meta_path)  # unset: nothing installed
+    assert not any(type(f).__name__ == "_After" for f in sys.meta_path)  # unset: nothing installed
     return module
 
 
@@ -63,7 +63,7 @@ def test_probe_names_the_process_whose_command_line_matches(stepprobe):
 
 
 def test_the_trainer_module_is_patched_once_the_run_imports_it(stepprobe, fake_trainer, monkeypatch, tmp_path):
-    finder = stepprobe._AfterTrainer("probe", fake_trainer)
+    finder = stepprobe._After(fake_trainer, lambda module: stepprobe._patch_trainer(module, "probe"))
     monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
     trainer = importlib.import_module(fake_trainer).Trainer()
     assert finder not in sys.meta_path  # one module, patched once
@@ -114,7 +114,7 @@ def steady_probe():
 
 @pytest.mark.parametrize(
     ("option", "message"),
-    [(["--at", "20"], "--at 20: give a step in 3..19"), (["--parts", "plain,fast"], "fast is not one of loss")],
+    [(["--at", "20"], "--at 20: give a step in 3..19"), (["--parts", "peer,fast"], "fast is not one of loss, peer")],
 )
 def test_steady_probe_refuses_bad_options_before_writing(steady_probe, tmp_path, capsys, option, message):
     out = tmp_path / "out"
@@ -131,3 +131,42 @@ def test_steady_rate_before_the_profiled_window_is_read_from_the_trainer_state(s
     (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": [*log, {"train_runtime": 16.0}]}))
     assert steady_probe.steady_before(tmp_path, 2) == 16000.0  # 8000 tokens in 0.5 s
     assert steady_probe.steady_before(tmp_path, 4) is None  # not that many steps logged
+
+
+def test_lora_addmm_adds_the_adapter_product_as_peft_does(stepprobe, monkeypatch):
+    peft = pytest.importorskip("peft")
+    from peft.tuners.lora import layer
+
+    torch.manual_seed(0)
+    model = peft.get_peft_model(torch.nn.Sequential(torch.nn.Linear(64, 96).bfloat16()),
+                                peft.LoraConfig(r=8, lora_alpha=16, target_modules=["0"]))  # fmt: skip
+    lora = model.base_model.model[0]
+    lora.lora_A["default"].float(), lora.lora_B["default"].float()  # fp32 adapters, as LLaMA-Factory keeps them
+    torch.nn.init.normal_(lora.lora_B["default"].weight)  # peft starts B at 0: the product would vanish
+    x = torch.randn(2, 5, 64).bfloat16()
+
+    def step(autocast: bool = True):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = model(x)
+        y.float().square().mean().backward()
+        return y.detach().float(), lora.lora_A["default"].weight.grad.clone(), lora.lora_B["default"].weight.grad
+
+    peft_fused = step()
+    peft_plain = step(autocast=False)
+    fused = []
+    monkeypatch.setattr(torch, "addmm", lambda *a, _addmm=torch.addmm, **k: fused.append(1) or _addmm(*a, **k))
+    monkeypatch.setattr(layer.Linear, "forward", layer.Linear.forward)  # undone after the test
+    stepprobe.lora_addmm(layer)
+    ours = step()
+    assert fused == [1]  # the adapter's product went through addmm
+    # float64 reference of the same adapter: addmm rounds once where peft rounds three times, so its output and
+    # gradients are as close to it as peft's (not bit-equal to peft's)
+    w, b = (p.detach().double() for p in lora.base_layer.parameters())
+    a64, b64 = (m.weight.detach().double().requires_grad_() for m in (lora.lora_A["default"], lora.lora_B["default"]))
+    y64 = x.double() @ w.T + b + lora.scaling["default"] * (x.double() @ a64.T) @ b64.T
+    y64.square().mean().backward()
+    for got, peft_value, want in zip(ours, peft_fused, (y64.detach(), a64.grad, b64.grad), strict=True):
+        assert (got.double() - want).abs().max() <= 1.5 * (peft_value.double() - want).abs().max() + 1e-6
+    assert all(torch.equal(a, b) for a, b in zip(step(autocast=False), peft_plain, strict=True))  # peft's own path
+    assert fused == [1]

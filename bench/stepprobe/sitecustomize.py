@@ -12,12 +12,15 @@ the process that validated the configuration goes on to train, rocmft.launch.run
   and by :func:`kernel_group`, the window's wall seconds and, rewritten at the end of training, the wall time
   of every step's start from the first's);
   the profiled steps run slower: leave them out of a steady rate (the JSON's ``step_starts_s``);
+* with ``BENCH_STEPPROBE_LORA=addmm``: peft's LoRA Linears add the adapter's product with one ``addmm``
+  (:func:`lora_addmm`);
 * with ``BENCH_STEPPROBE_COMPILE=layers``: compiles each module whose class name ends in ``DecoderLayer`` in place
   (``nn.Module.compile``) at ``on_train_begin``: regional compilation, PyTorch's recipe "Reducing torch.compile
   cold start compilation time with regional compilation" (one graph reused by every layer).
 
 transformers is never imported here: Unsloth must be imported before it (bench/peer_unsloth.py). A finder on
-``sys.meta_path`` waits until the run itself imports ``transformers.trainer`` and then wraps ``Trainer.__init__``.
+``sys.meta_path`` waits until the run itself imports ``transformers.trainer`` and then wraps ``Trainer.__init__``
+(and likewise ``peft.tuners.lora.layer``).
 Nothing happens without ``BENCH_STEPPROBE`` or when no TEXT matches.
 """
 
@@ -164,11 +167,42 @@ def _patch_trainer(module, name: str) -> None:
     module.Trainer.__init__ = __init__
 
 
-class _AfterTrainer(importlib.abc.MetaPathFinder):
-    """Finds ``module`` (``transformers.trainer``) through the other finders and patches it once it has run."""
+def lora_addmm(layer) -> None:
+    """Patch peft's ``lora.Linear.forward`` (``layer``: ``peft.tuners.lora.layer``, peft 0.18.1) to add the adapter's
+    product into the base output with one ``torch.addmm`` (the GEMM's epilogue: C read once, D written once) in
+    place of ``result + lora_B(lora_A(dropout(x))) * scaling`` (``layer.py``, ``Linear.forward``: lora_B's output
+    written, scaled, added: three more passes over a T x out tensor, and the scaling's pass again in backward),
+    as Unsloth's ``matmul_lora`` does (``addmm_``, unsloth/kernels/utils.py). Only plain LoRA under autocast: one
+    active adapter, no dropout, no DoRA or other variant, not merged, no extra arguments; the rest goes to peft.
+    One rounding instead of three, so values differ from peft's in the last bf16 bit (the run's loss curve is
+    compared with the plain run's: bench/steady_probe.py)."""
+    import torch
 
-    def __init__(self, name: str, module: str = "transformers.trainer"):
-        self.name, self.module = name, module
+    original = layer.Linear.forward
+
+    def forward(self, x, *args, **kwargs):
+        names = self.active_adapters
+        plain = (not args and not kwargs and not self.disable_adapters and not self.merged and len(names) == 1
+                 and names[0] in self.lora_A and not self.lora_variant
+                 and isinstance(self.lora_dropout[names[0]], torch.nn.Identity)
+                 and torch.is_autocast_enabled(x.device.type))  # fmt: skip
+        if not plain:
+            return original(self, x, *args, **kwargs)
+        result = self.base_layer(x)
+        low = self.lora_A[names[0]](x)  # T x r, in the autocast dtype
+        weight = self.lora_B[names[0]].weight  # out x r
+        flat = torch.addmm(result.reshape(-1, result.shape[-1]), low.reshape(-1, low.shape[-1]), weight.t(),
+                           alpha=self.scaling[names[0]])  # fmt: skip
+        return flat.view(result.shape)
+
+    layer.Linear.forward = forward
+
+
+class _After(importlib.abc.MetaPathFinder):
+    """Finds ``module`` through the other finders and calls ``patch(module)`` once the module has run."""
+
+    def __init__(self, module: str, patch):
+        self.module, self.patch = module, patch
 
     def find_spec(self, fullname, path, target=None):
         if fullname != self.module:
@@ -177,11 +211,11 @@ class _AfterTrainer(importlib.abc.MetaPathFinder):
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
-        run, name = spec.loader.exec_module, self.name
+        run, patch = spec.loader.exec_module, self.patch
 
         def exec_module(module):
             run(module)
-            _patch_trainer(module, name)
+            patch(module)
 
         spec.loader.exec_module = exec_module
         return spec
@@ -189,4 +223,6 @@ class _AfterTrainer(importlib.abc.MetaPathFinder):
 
 _NAME = probe_name(getattr(sys, "orig_argv", sys.argv), os.environ.get("BENCH_STEPPROBE", ""))
 if _NAME:
-    sys.meta_path.insert(0, _AfterTrainer(_NAME))
+    sys.meta_path.insert(0, _After("transformers.trainer", lambda module: _patch_trainer(module, _NAME)))
+    if os.environ.get("BENCH_STEPPROBE_LORA") == "addmm":
+        sys.meta_path.insert(0, _After("peft.tuners.lora.layer", lora_addmm))
