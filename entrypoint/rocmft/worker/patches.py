@@ -322,3 +322,19 @@ def lora_inputs_uncast_under_autocast() -> None:
 
     cast_unless_autocast._rocmft = True
     layer.Linear._cast_input_dtype = cast_unless_autocast
+
+
+def lora_product_in_the_gemm() -> None:
+    """Run plain LoRA Linears under autocast as :class:`rocmft.worker.lora_kernel.LoraLinear`: the adapter's product
+    added by the matrix products' epilogues instead of peft's separate write, scale and add passes (that module's
+    docstring has the why and the measurement). Wraps peft 0.18.1's ``lora.Linear.forward``; every case it does not
+    cover (dropout, DoRA, QLoRA's bitsandbytes bases, ZeRO-3, no autocast) goes to peft's own forward."""
+    from peft.tuners.lora import layer
+
+    from rocmft.worker import lora_kernel
+
+    if getattr(layer.Linear.forward, "_rocmft", False):
+        return
+    if not _applies("the LoRA product in the GEMM", "peft", PEFT, {"forward": layer.Linear}):
+        return
+    layer.Linear.forward = lora_kernel.forward_with(layer.Linear.forward)
