@@ -10,6 +10,7 @@ rules); the GPU is an injected MI300X (data, not hardware: this machine has none
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -131,8 +132,6 @@ def test_the_installed_llamafactory_and_transformers_still_ignore_fp8(tmp_path, 
     try:
         accelerator = trainer("torchao").accelerator
         assert (accelerator.mixed_precision, accelerator.fp8_enabled) == ("bf16", False)
-        import os
-
         assert os.environ["ACCELERATE_MIXED_PRECISION"] == "fp8"  # LLaMA-Factory set it, too late
         with pytest.raises(ModuleNotFoundError, match="transformer_engine"):
             trainer("te")
