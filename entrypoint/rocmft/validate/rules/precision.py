@@ -76,25 +76,21 @@ def fp16_on_bf16_model(run: Rendered) -> None:
 # kwargs_handlers are passed, and the Trainer always passes its DDP kwargs; it first imports transformer_engine,
 # which rocmft's images do not install. tests/test_fp8.py checks this against the installed packages.
 FP8_IGNORED = (
-    "{fp8} asks for FP8 training, but LLaMA-Factory 0.9.5 with transformers 5.6.0 (rocmft's pins) trains in "
-    "{policy} instead ({precision}), without an error: LLaMA-Factory sets ACCELERATE_MIXED_PRECISION=fp8 in its "
-    "trainer's __init__ (llamafactory/train/fp8_utils.py, configure_fp8_environment, called from "
-    "train/sft/trainer.py and train/pt/trainer.py; the other stages ignore fp8), after transformers' "
-    "TrainingArguments.__post_init__ (transformers/training_args.py) has already chosen the mixed precision the "
-    "Trainer gives accelerate. On an H200 the log said 'Accelerate FP8 status - enabled: False' and memory and "
-    "losses equalled bf16's (BENCHMARKS.md, issue 32); fp8_backend te stops at the trainer's start instead, "
-    "Transformer Engine not being installed."
+    "{fp8} would not train in FP8: with LLaMA-Factory 0.9.5 and transformers 5.6.0 (rocmft's pins) the run trains "
+    "in {policy} instead ({precision}), without an error. LLaMA-Factory turns FP8 on in its trainer's __init__ "
+    "(llamafactory/train/fp8_utils.py), after transformers' TrainingArguments (transformers/training_args.py) has "
+    "chosen the precision accelerate gets: on an H200 the log said 'Accelerate FP8 status - enabled: False' "
+    "(BENCHMARKS.md, issue 32; hiyouga/LlamaFactory#9500)."
 )
 FP8_FIX = (
-    "{remove} and train in rocmft's precision plan ({policy} here; bf16 on a GPU that has it, docs/planner.md): "
-    "FP8 applied directly to LoRA's frozen Linears (torchao 0.17 float8, rowwise) ran at 0.42x bf16's tokens/s on "
-    "an H200 (BENCHMARKS.md). docs/planner.md, 'FP8', says what FP8 training on ROCm would need."
+    "{remove}; rocmft's precision plan trains in {policy} here (bf16 on a GPU that has it). For LoRA, FP8 on the "
+    "frozen weights ran at 0.42x bf16's tokens/s on an H200 (BENCHMARKS.md); docs/planner.md, 'FP8', says what FP8 "
+    "on ROCm would need."
 )
 ALL_GATHER_IGNORED = (
-    "{all_gather} without FP8 does not turn FP8 on: LLaMA-Factory 0.9.5 logs 'fp8_enable_fsdp_float8_all_gather "
-    "requires fp8=True. Setting fp8=True.' but sets it on its model arguments (llamafactory/hparams/parser.py, "
-    "get_train_args), which nothing reads, so the run trains in {policy} ({precision}); and FP8=true would train "
-    "in {policy} too with this LLaMA-Factory and transformers."
+    "{all_gather} does not turn FP8 on: LLaMA-Factory 0.9.5 logs 'Setting fp8=True' but sets it where nothing "
+    "reads it (llamafactory/hparams/parser.py), so the run trains in {policy} ({precision}); FP8=true would not "
+    "train in FP8 either with rocmft's pinned LLaMA-Factory and transformers."
 )
 
 
