@@ -101,6 +101,8 @@ CONFLICTS: dict[str, Case] = {
                       involved=[("PYTORCH_TUNABLEOP_ENABLED=1", ENV),
                                 ("PYTORCH_TUNABLEOP_TUNING not set", "tuning is on by default"),
                                 ("a job of 2 ranks", "")]),
+    "fp8_training": Case({"FP8": "true"}, gpus=1,
+                         involved=[("FP8=true", ENV), ("BF16=true", "precision policy (ROCMFT_PRECISION=auto")]),
 }  # fmt: skip
 
 # Rules that refuse one setting on its own (its value, or a file against itself), with nothing it conflicts with.
@@ -121,6 +123,8 @@ USER_SET: list[tuple[str, Case]] = [
     ("more_values", Case({"EVAL_STEPS": "10"}, involved=[("EVAL_STEPS=10", ENV)])),
     ("folders", Case({"ADAPTER_NAME_OR_PATH": "{tmp}/no-such-adapter"},
                      involved=[("ADAPTER_NAME_OR_PATH={tmp}/no-such-adapter", ENV)])),
+    ("fp8_training", Case({"FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER": "true"}, gpus=1,
+                          involved=[("FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER=true", ENV)])),
 ]  # fmt: skip
 
 
