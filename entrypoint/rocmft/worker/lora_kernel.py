@@ -61,7 +61,9 @@ def plain_lora_dtype(layer, x: torch.Tensor, args: tuple, kwargs: dict) -> torch
     That is plain LoRA under autocast: one active adapter, no dropout, no DoRA or other variant, no LoRA bias, not
     merged nor disabled, no extra forward arguments; a ``torch.nn.Linear`` base (not bitsandbytes' QLoRA layers)
     whose frozen weight is already in autocast's dtype and is not partitioned by DeepSpeed ZeRO-3 (``ds_id``: its
-    parameters are gathered by hooks on the modules this path does not call). Everything else goes to peft.
+    parameters are gathered by hooks on the modules this path does not call). Everything else goes to peft;
+    so does FSDP's ``full_shard`` with ``use_orig_params`` (rocmft's FSDP): the base weight it shows in forward is a
+    view of a flat parameter that requires grad (seen with torch 2.11 on two gloo ranks: same loss and gradients).
     """
     if args or kwargs or layer.disable_adapters or layer.merged or layer.fan_in_fan_out:
         return None
