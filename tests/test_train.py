@@ -95,6 +95,33 @@ def test_a_run_without_a_deepspeed_config_never_imports_deepspeed(arguments, exp
     assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
 
 
+_IMPORT_TRLS_TRAINERS = """
+import json, sys
+from rocmft.worker.patches import wandb_unimported_unless_reported
+applied = wandb_unimported_unless_reported(json.loads(sys.argv[1]))
+from trl import KTOTrainer  # what llamafactory.train.tuner imports for every stage (its KTO workflow)
+print(json.dumps({"applied": applied, "wandb_imported": "wandb" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    ({"report_to": "none"}, {"applied": True, "wandb_imported": False}),
+    ({"report_to": "tensorboard,wandb"}, {"applied": False, "wandb_imported": True}),
+], ids=["no tracker", "wandb named"])  # fmt: skip
+def test_a_run_that_reports_to_no_wandb_never_imports_wandb(arguments, expected):
+    """transformers' is_wandb_available imports wandb to answer, and trl's trainer modules, which LLaMA-Factory's
+    tuner imports for every stage, ask it at import (0.8 s per worker here); the worker's patch keeps wandb out of
+    runs whose report_to does not name it, and a run that names it imports it as before (its records:
+    tests/test_trackers.py). The real trl import, in a fresh process."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _IMPORT_TRLS_TRAINERS, json.dumps(arguments)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
+
+
 def test_fp32_policy_really_trains_fp32_weights(run_rocmft, tmp_path, bf16_checkpoint, demo_data):
     """DESIGN.md: with bf16 and fp16 off, LLaMA-Factory 0.9.5 loads a bf16 checkpoint in bf16 where bf16 is
     supported (the CPU supports it); with LoRA only the adapter is then upcast, the frozen base stays bf16.

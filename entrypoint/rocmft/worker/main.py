@@ -153,6 +153,7 @@ def _patch_and_arm(policy: RunPolicy, arguments: dict) -> dict | None:
     Returns:
         The attention choice for neat-packed rows (rocmft.worker.attention.decide), or None when not asked.
     """
+    patches.wandb_unimported_unless_reported(arguments)  # first: the patches below may import trl
     if policy.precision_policy == "fp32":
         patches.force_compute_dtype("float32")
     if policy.fault_kill_in_save_at_step:

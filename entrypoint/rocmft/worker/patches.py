@@ -183,6 +183,42 @@ def deepspeed_unimported_unless_configured(arguments: dict) -> bool:
     return True
 
 
+def wandb_unimported_unless_reported(arguments: dict) -> bool:
+    """Keep wandb out of a run whose training arguments (``arguments``, the rendered train.yaml) do not name it in
+    ``report_to`` (nor ``all``); returns whether the patch was applied. Call it before anything imports trl.
+
+    transformers 5.6's ``is_wandb_available`` (transformers/integrations/integration_utils.py) imports wandb to
+    answer, and trl 0.24 asks it when its trainer modules are imported (trl/trainer/base_trainer.py and the DPO,
+    KTO, ORPO... trainers: ``if is_wandb_available(): import wandb``), which LLaMA-Factory 0.9.5's
+    ``llamafactory.train.tuner`` does for every stage (it imports all workflows). Importing wandb 0.31 costs every
+    worker 0.8 s of its start-up (measured: ``python -X importtime``, wandb's cumulative time under
+    trl.trainer.base_trainer, 2026-12-05). Where wandb is not in ``report_to``, transformers builds no
+    ``WandbCallback``, so nothing reads wandb: the answer False changes only what trl's model card would link to
+    (``wandb.run.url``, None without a ``wandb.init``). A run that names wandb (or ``all``) is untouched; other
+    trackers' checks (tensorboard, mlflow, ...) only look for their package and are left alone. The answer is set
+    where trl binds it: transformers' top level, ``transformers.integrations`` and its ``integration_utils``.
+    """
+    from rocmft.checks.trackers import report_to_names
+
+    names = report_to_names(arguments.get("report_to"))
+    if "wandb" in names or "all" in names:
+        return False
+    import transformers
+    from transformers import integrations
+    from transformers.integrations import integration_utils
+
+    if not _applies("the wandb import skip", "transformers", TRANSFORMERS,
+                    {"is_wandb_available": integration_utils}):  # fmt: skip
+        return False
+
+    def is_wandb_available() -> bool:
+        return False
+
+    for owner in (integration_utils, integrations, transformers):
+        owner.is_wandb_available = is_wandb_available
+    return True
+
+
 def resume_optimizer_on_cpu_ranks() -> None:
     """Let a multi-process run on the CPU (gloo: a CPU-only multi-node job, CI's two-node Slurm cluster) resume.
 
