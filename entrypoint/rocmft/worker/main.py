@@ -174,6 +174,7 @@ def _patch_and_arm(policy: RunPolicy, arguments: dict) -> dict | None:
     patches.step_logs_said_once()
     patches.deepspeed_accelerator_without_gpu(os.environ)
     patches.deepspeed_unimported_unless_configured(arguments)
+    patches.model_kind_asked_without_importing_every_config()
     patches.resume_optimizer_on_cpu_ranks()
     patches.dataloader_workers_ignore_stop_signals()
     return attention_choice
