@@ -95,6 +95,93 @@ def test_a_run_without_a_deepspeed_config_never_imports_deepspeed(arguments, exp
     assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
 
 
+_IMPORT_TRLS_TRAINERS = """
+import json, sys
+from rocmft.worker.patches import wandb_unimported_unless_reported
+applied = wandb_unimported_unless_reported(json.loads(sys.argv[1]))
+from trl import KTOTrainer  # what llamafactory.train.tuner imports for every stage (its KTO workflow)
+print(json.dumps({"applied": applied, "wandb_imported": "wandb" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    ({"report_to": "none"}, {"applied": True, "wandb_imported": False}),
+    ({"report_to": "tensorboard,wandb"}, {"applied": False, "wandb_imported": True}),
+], ids=["no tracker", "wandb named"])  # fmt: skip
+def test_a_run_that_reports_to_no_wandb_never_imports_wandb(arguments, expected):
+    """transformers' is_wandb_available imports wandb to answer, and trl's trainer modules, which LLaMA-Factory's
+    tuner imports for every stage, ask it at import (0.8 s per worker here); the worker's patch keeps wandb out of
+    runs whose report_to does not name it, and a run that names it imports it as before (its records:
+    tests/test_trackers.py). The real trl import, in a fresh process."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _IMPORT_TRLS_TRAINERS, json.dumps(arguments)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
+
+
+_ASK_THE_MODEL_KIND = """
+import json, sys
+import transformers
+from rocmft.worker.patches import model_kind_asked_without_importing_every_config
+applied = model_kind_asked_without_importing_every_config() if sys.argv[1] == "patched" else False
+before = len(sys.modules)
+kinds = [transformers.Qwen2Config in getattr(transformers, auto)._model_mapping.keys()  # llamafactory's load_model
+         for auto in ("AutoModelForImageTextToText", "AutoModelForSeq2SeqLM", "AutoModelForTextToWaveform")]
+print(json.dumps({"applied": applied, "kinds": kinds, "few_imports": len(sys.modules) - before < 20}))
+"""
+
+
+@pytest.mark.parametrize(("mode", "expected"), [
+    ("patched", {"applied": True, "kinds": [False] * 3, "few_imports": True}),
+    ("plain", {"applied": False, "kinds": [False] * 3, "few_imports": False}),
+])  # fmt: skip
+def test_asking_a_models_kind_imports_no_other_models_config(mode, expected):
+    """LLaMA-Factory's load_model asks `type(config) in <mapping>.keys()` of three Auto classes, and transformers'
+    keys() imports every model type's configuration module (210 modules, ~0.9 CPU-s per worker); patched, the same
+    answers import almost none. The real test of load_model, in a fresh process (plain: what the patch avoids)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _ASK_THE_MODEL_KIND, mode], capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
+
+
+def test_the_model_kind_patch_answers_as_the_list_for_every_config_class():
+    """The patched ``in`` matches by name then identity; the list matches by identity. For every config class that
+    the pinned transformers' three mappings hold (so no alias under another name) and for a config class none of
+    them holds, both give the same answer."""
+    import transformers
+
+    from rocmft.worker import patches
+
+    autos = ("AutoModelForImageTextToText", "AutoModelForSeq2SeqLM", "AutoModelForTextToWaveform")
+    patches.model_kind_asked_without_importing_every_config()
+    try:
+        _answers_as_the_list(transformers, autos, patches._ConfigClasses)
+    finally:  # this test process's transformers as it was
+        for auto in autos:
+            vars(getattr(transformers, auto)._model_mapping).pop("keys", None)
+
+
+def _answers_as_the_list(transformers, autos, view_class) -> None:
+    held = set()
+    for auto in autos:
+        view = getattr(transformers, auto)._model_mapping.keys()
+        assert isinstance(view, view_class)
+        classes = list(view)  # the list transformers builds
+        assert classes and all(config_class in view for config_class in classes), auto
+        assert len(view) == len(classes)
+        for config_class in (transformers.Qwen2Config, transformers.LlamaConfig, transformers.Qwen2VLConfig):
+            assert (config_class in view) == (config_class in classes), (auto, config_class)
+        held.update(classes)
+    assert transformers.Qwen2VLConfig in held and transformers.Qwen2Config not in held
+
+
 def test_fp32_policy_really_trains_fp32_weights(run_rocmft, tmp_path, bf16_checkpoint, demo_data):
     """DESIGN.md: with bf16 and fp16 off, LLaMA-Factory 0.9.5 loads a bf16 checkpoint in bf16 where bf16 is
     supported (the CPU supports it); with LoRA only the adapter is then upcast, the frozen base stays bf16.

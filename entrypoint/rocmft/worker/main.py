@@ -153,6 +153,7 @@ def _patch_and_arm(policy: RunPolicy, arguments: dict) -> dict | None:
     Returns:
         The attention choice for neat-packed rows (rocmft.worker.attention.decide), or None when not asked.
     """
+    patches.wandb_unimported_unless_reported(arguments)  # first: the patches below may import trl
     if policy.precision_policy == "fp32":
         patches.force_compute_dtype("float32")
     if policy.fault_kill_in_save_at_step:
@@ -174,6 +175,7 @@ def _patch_and_arm(policy: RunPolicy, arguments: dict) -> dict | None:
     patches.step_logs_said_once()
     patches.deepspeed_accelerator_without_gpu(os.environ)
     patches.deepspeed_unimported_unless_configured(arguments)
+    patches.model_kind_asked_without_importing_every_config()
     patches.resume_optimizer_on_cpu_ranks()
     patches.dataloader_workers_ignore_stop_signals()
     return attention_choice

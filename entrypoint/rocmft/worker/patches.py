@@ -10,7 +10,7 @@ the run), and a token count left to transformers costs only the tokens/s figure.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from importlib import metadata
 
 from rocmft.console import warn
@@ -180,6 +180,93 @@ def deepspeed_unimported_unless_configured(arguments: dict) -> bool:
                     {"is_deepspeed_available": other, "extract_model_from_parallel": other}):  # fmt: skip
         return False
     other.is_deepspeed_available = lambda: False
+    return True
+
+
+def wandb_unimported_unless_reported(arguments: dict) -> bool:
+    """Keep wandb out of a run whose training arguments (``arguments``, the rendered train.yaml) do not name it in
+    ``report_to`` (nor ``all``); returns whether the patch was applied. Call it before anything imports trl.
+
+    transformers 5.6's ``is_wandb_available`` (transformers/integrations/integration_utils.py) imports wandb to
+    answer, and trl 0.24 asks it when its trainer modules are imported (trl/trainer/base_trainer.py and the DPO,
+    KTO, ORPO... trainers: ``if is_wandb_available(): import wandb``), which LLaMA-Factory 0.9.5's
+    ``llamafactory.train.tuner`` does for every stage (it imports all workflows). Importing wandb 0.31 costs every
+    worker 0.8 s of its start-up (measured: ``python -X importtime``, wandb's cumulative time under
+    trl.trainer.base_trainer, 2026-12-05). Where wandb is not in ``report_to``, transformers builds no
+    ``WandbCallback``, so nothing reads wandb: the answer False changes only what trl's model card would link to
+    (``wandb.run.url``, None without a ``wandb.init``). A run that names wandb (or ``all``) is untouched; other
+    trackers' checks (tensorboard, mlflow, ...) only look for their package and are left alone. The answer is set
+    where trl binds it: transformers' top level, ``transformers.integrations`` and its ``integration_utils``.
+    """
+    from rocmft.checks.trackers import report_to_names
+
+    names = report_to_names(arguments.get("report_to"))
+    if "wandb" in names or "all" in names:
+        return False
+    import transformers
+    from transformers import integrations
+    from transformers.integrations import integration_utils
+
+    if not _applies("the wandb import skip", "transformers", TRANSFORMERS,
+                    {"is_wandb_available": integration_utils}):  # fmt: skip
+        return False
+
+    def is_wandb_available() -> bool:
+        return False
+
+    for owner in (integration_utils, integrations, transformers):
+        owner.is_wandb_available = is_wandb_available
+    return True
+
+
+class _ConfigClasses(Sequence):
+    """What transformers' ``_LazyAutoMapping.keys()`` returns (the mapping's config classes, in its order), except
+    that ``in`` imports only the configuration modules of model types whose config class has the asked class's
+    name (see :func:`model_kind_asked_without_importing_every_config`)."""
+
+    def __init__(self, mapping, keys) -> None:
+        self._mapping, self._keys = mapping, keys
+
+    def __contains__(self, config_class) -> bool:
+        mapping, name = self._mapping, getattr(config_class, "__name__", None)
+        if config_class in mapping._extra_content:
+            return True
+        return any(mapping._load_attr_from_module(model_type, class_name) is config_class
+                   for model_type, class_name in mapping._config_mapping.items()
+                   if class_name == name and model_type in mapping._model_mapping)  # fmt: skip
+
+    def __getitem__(self, index):
+        return self._keys()[index]
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+
+def model_kind_asked_without_importing_every_config() -> bool:
+    """Let LLaMA-Factory ask whether a model is image-text, audio-text or text-to-waveform without importing the
+    configuration module of every model type those kinds have; returns whether the patch was applied.
+
+    LLaMA-Factory 0.9.5's ``load_model`` (llamafactory/model/loader.py) picks the Auto class with
+    ``type(config) in AutoModelForImageTextToText._model_mapping.keys()`` (then ``AutoModelForSeq2SeqLM``,
+    ``AutoModelForTextToWaveform``), and transformers 5.6's ``_LazyAutoMapping.keys`` imports the config class of
+    every model type in the mapping to build that list: 210 modules, 0.85-0.99 CPU-s of every worker (measured:
+    ``time.process_time`` around the three tests for a Qwen2 config after ``import llamafactory.model.loader``).
+    Here ``keys()`` of those three mappings gives a sequence whose ``in`` loads only the config classes named like
+    the asked one and compares them by identity, as the list does; the answer is the list's wherever no config
+    class of the mapping is an alias under another name (tests/test_train.py checks every class of the pinned
+    mappings). Indexing, iteration and ``len`` build the full list as before.
+    """
+    import transformers
+    from transformers.models.auto import auto_factory
+
+    if not _applies("the model kind without every config", "transformers", TRANSFORMERS,
+                    {"_load_attr_from_module": auto_factory._LazyAutoMapping,
+                     "keys": auto_factory._LazyAutoMapping}):  # fmt: skip
+        return False
+    for auto in ("AutoModelForImageTextToText", "AutoModelForSeq2SeqLM", "AutoModelForTextToWaveform"):
+        mapping = getattr(transformers, auto)._model_mapping
+        if "keys" not in vars(mapping):  # not patched yet (calling keys() here would import them all)
+            mapping.keys = lambda mapping=mapping, keys=mapping.keys: _ConfigClasses(mapping, keys)
     return True
 
 
