@@ -62,6 +62,23 @@ def test_removed_or_misspelled_arguments_are_errors(variable, suggestion):
     assert variable in str(caught.value) and suggestion in str(caught.value)
 
 
+@pytest.mark.parametrize("first", ["upper", "lower"])
+def test_one_setting_given_twice_in_two_cases_is_refused_whatever_the_order(first):
+    """LEARNING_RATE=1e-4 with learning_rate=-1: names are read in any case, and the value (and the name messages
+    gave it) used to be whichever came last; now both orders are refused, naming both, a secret without its value.
+    The same value twice is one setting, accepted."""
+    pairs = [("LEARNING_RATE", "1e-4"), ("learning_rate", "-1")]
+    environ = dict(pairs if first == "upper" else pairs[::-1])
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ)
+    assert caught.value.code == ExitCode.CONFIG_ERROR
+    assert "LEARNING_RATE=1e-4 and learning_rate=-1" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"HUB_TOKEN": "hf_one", "hub_token": "hf_two"})
+    assert "HUB_TOKEN and hub_token" in str(caught.value) and "hf_" not in str(caught.value)
+    assert load_settings({"LEARNING_RATE": "1e-4", "learning_rate": "1e-4"}).arguments["learning_rate"] == 1e-4
+
+
 def test_other_softwares_variables_are_left_alone():
     environ = {
         "PATH": "/usr/bin", "HOME": "/root", "HOSTNAME": "node-1", "NODE_RANK": "0", "NNODES": "2",

@@ -242,6 +242,28 @@ def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
     return errors
 
 
+def case_twin_errors(environ: Mapping[str, str]) -> list[str]:
+    """Messages for one setting given twice in ``environ`` under names that differ only in case, with different
+    values (``LEARNING_RATE=1e-4`` and ``learning_rate=-1``). rocmft reads names in any case (pydantic-settings'
+    ``case_sensitive=False``) and keeps whichever spelling comes last in the environment's order, so the value a run
+    used, and the name its messages gave it, depended on that order (a newcomer's trial, 2026-12-05). Only names
+    rocmft reads count: training arguments and ``ROCMFT_`` settings. A secret's values are not repeated."""
+    from rocmft.config.lfargs import is_secret_name
+
+    known = set(env_arguments()) | {PREFIX + name.upper() for name in RocmftSettings.model_fields}
+    spellings: dict[str, list[str]] = {}
+    for name in sorted(environ):
+        if name.upper() in known:
+            spellings.setdefault(name.upper(), []).append(name)
+    errors = []
+    for names in spellings.values():
+        if len({environ[name] for name in names}) > 1:
+            shown = " and ".join(name if is_secret_name(name) else f"{name}={environ[name]}" for name in names)
+            errors.append(f"{shown} are set in the environment and name one setting (rocmft reads a name in any "
+                          "case), so which value the run takes would depend on the environment's order.")  # fmt: skip
+    return errors
+
+
 class _MappingEnvSource(EnvSettingsSource):
     """pydantic-settings' environment source over a given mapping instead of ``os.environ``: its parsing rules
     (prefix, case, JSON for dicts) stay in force and the process environment is left alone (pydantic-settings

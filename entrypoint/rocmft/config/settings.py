@@ -39,6 +39,7 @@ from rocmft.config.envargs import (
     _field_type,
     _from_mapping,
     _training_env_model,
+    case_twin_errors,
     replacement,
     unknown_variable_errors,
 )
@@ -219,7 +220,8 @@ def load_settings(environ: Mapping[str, str], command_line: CommandLine | None =
 
 
 def _refuse_unknown_variables(environ: Mapping[str, str]) -> None:
-    """Raise for every variable that looks meant for rocmft but is not understood (:func:`unknown_variable_errors`).
+    """Raise for every variable that looks meant for rocmft but is not understood (:func:`unknown_variable_errors`),
+    then for one setting given twice under names that differ only in case (:func:`case_twin_errors`).
 
     Raises:
         ConfigError: the unknown settings, one a line.
@@ -230,6 +232,10 @@ def _refuse_unknown_variables(environ: Mapping[str, str]) -> None:
             "Unknown settings:\n  " + "\n  ".join(errors),
             "Rename or remove these variables (the variable reference is in the README).",
         )
+    twins = case_twin_errors(environ)
+    if twins:
+        raise ConfigError("One setting given twice:\n  " + "\n  ".join(twins),
+                          "Unset every spelling but one; keep the UPPER_CASE name the README uses.")  # fmt: skip
 
 
 def _read_rocmft_settings(
