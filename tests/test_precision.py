@@ -54,6 +54,24 @@ def test_bf16_on_a_gpu_without_bf16_is_an_error():
         resolve({"ROCMFT_PRECISION": "bf16"}, NO_BF16_GPU)
 
 
+@pytest.mark.parametrize(("environ", "to_fp32"), [
+    ({"ROCMFT_PRECISION": "bf16"}, "use ROCMFT_PRECISION=auto"),
+    ({"BF16": "true"}, "unset BF16"),
+])  # fmt: skip
+def test_bf16_without_a_visible_gpu_is_refused_unless_use_cpu_says_so(environ, to_fp32):
+    """transformers 5.6 refuses bf16 without a bf16 GPU unless use_cpu ("Your setup doesn't support bf16/gpu"),
+    once LLaMA-Factory parses; rocmft says so first, with the way back to fp32 for how bf16 was asked for, and the
+    GPU that may not be visible to the container. USE_CPU=true trains bf16 on the CPU as asked."""
+    with pytest.raises(ConfigError) as caught:
+        resolve(environ, CPU)
+    assert (
+        "no GPU is visible" in str(caught.value)
+        and to_fp32 in caught.value.remedy
+        and "USE_CPU=true" in caught.value.remedy
+    )
+    assert resolve({**environ, "USE_CPU": "true"}, CPU).policy == "bf16"
+
+
 def test_the_precision_refusals_say_how_to_remove_each_setting_where_it_was_set(tmp_path):
     """BF16 in the user's YAML and FP16 in the environment: the fix deletes the one from that file and unsets the
     other (the tester found "Remove both … BF16 and FP16 are then not needed" for a key the user wrote in YAML)."""

@@ -69,7 +69,8 @@ def resolve_precision(settings: Settings, arguments: dict[str, Any], device: Dev
         ConfigError: for rule 1 or 2, or bf16 asked for on a GPU that has no bf16.
     """
     policy, reason, chosen_by = _chosen_policy(settings, arguments)
-    policy, reason = _on_device(policy, reason, device)
+    to_fp32 = removal(chosen_by, settings.sources.get(chosen_by)) if chosen_by else "use ROCMFT_PRECISION=auto"
+    policy, reason = _on_device(policy, reason, device, truthy(arguments.get("use_cpu")), to_fp32)
     return Precision(
         policy=policy,
         compute_dtype=_DTYPE[policy],
@@ -131,14 +132,18 @@ def _chosen_policy(settings: Settings, arguments: dict[str, Any]) -> tuple[str, 
     return policy, reason, chosen_by
 
 
-def _on_device(policy: str, reason: str, device: DeviceFacts) -> tuple[str, str]:
-    """Rule 4 of :func:`resolve_precision`: resolve ``auto`` on the device, and refuse bf16 where it has none.
+def _on_device(policy: str, reason: str, device: DeviceFacts, use_cpu: bool, to_fp32: str) -> tuple[str, str]:
+    """Rule 4 of :func:`resolve_precision`: resolve ``auto`` on the device, and refuse bf16 where it has none
+    (``to_fp32``: the fix's words for going back to the default, e.g. "unset BF16").
 
     Returns:
         ``(policy, reason)``, the policy never ``auto``.
 
     Raises:
-        ConfigError: bf16 asked for on a GPU that has no bf16.
+        ConfigError: bf16 asked for on a GPU that has no bf16; or where no GPU is visible and ``use_cpu`` is not
+            set: transformers 5.6's ``TrainingArguments.__post_init__`` refuses bf16 without a bf16 GPU unless
+            ``use_cpu`` ("Your setup doesn't support bf16/gpu"), which rocmft's fix used to leave to the user to
+            decode (a newcomer's trial, 2026-12-05).
     """
     if policy == "auto":
         if device.bf16:
@@ -146,6 +151,13 @@ def _on_device(policy: str, reason: str, device: DeviceFacts) -> tuple[str, str]
         else:
             where = "no GPU is visible" if device.backend == "cpu" else "this GPU has no bf16"
             policy, reason = "fp32", f"{reason}: {where}, so fp32 (fp16 without loss scaling is never chosen)"
+    elif policy == "bf16" and device.backend == "cpu" and not use_cpu:
+        raise ConfigError(
+            f"bf16 was asked for ({reason}) but no GPU is visible: transformers refuses bf16 without a GPU that has "
+            "it unless the run is told to train on the CPU ('Your setup doesn't support bf16/gpu').",
+            "If this machine has GPUs, give the container or job their devices (`rocmft check` lists what it sees); "
+            f"to train on the CPU, {to_fp32} (fp32 here), or add USE_CPU=true for bf16 autocast.",
+        )
     elif policy == "bf16" and device.backend != "cpu" and not device.bf16:
         raise ConfigError(
             f"bf16 was asked for ({reason}) but {device.names[0] if device.names else 'this GPU'} has no bf16.",

@@ -18,8 +18,8 @@ CPU_FP16 = (
     "loss scaling: accelerator.py sets up both only for a non-CPU device), while LLaMA-Factory still loads "
     "the model's weights in float16. So this run computes in plain fp16 without loss scaling (small gradients "
     "underflow to zero, large activations overflow to inf) and slowly (a CPU has little fp16 arithmetic). "
-    "Choose ROCMFT_PRECISION=fp32 (the default without a GPU, exact) or ROCMFT_PRECISION=bf16 (CPU autocast, "
-    "fp32's range)."
+    "Choose ROCMFT_PRECISION=fp32 (the default without a GPU, exact) or ROCMFT_PRECISION=bf16 with USE_CPU=true "
+    "(CPU autocast, fp32's range)."
 )
 
 
