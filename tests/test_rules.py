@@ -51,6 +51,8 @@ CASES = {
     "percent as fraction": ({"FINETUNING_TYPE": "lora", "LORA_DROPOUT": "5"}, None,
                             ["LORA_DROPOUT=5 (set in the environment)", "LORA_DROPOUT=0.05"]),
     "nothing to train": ({"NUM_TRAIN_EPOCHS": "0"}, None, ["NUM_TRAIN_EPOCHS=0 (set in the environment)", "MAX_STEPS"]),
+    # a newcomer's trial (2026-12-05): MAX_STEPS=0 trained one step and exited 0
+    "zero steps": ({"MAX_STEPS": "0"}, None, ["MAX_STEPS=0 (set in the environment)", "or to -1 (the default)"]),
 }  # fmt: skip
 
 

@@ -98,7 +98,7 @@ def _number(value: Any) -> float | None:
 def more_values(run: Rendered) -> list[str]:
     """Values that are legal types but mean nothing useful, or settings that silently cancel each other.
 
-    Errors: LORA_ALPHA ≤ 0 (the adapter's scale alpha/rank is then 0 or negative, peft's LoRA formula);
+    Errors: LORA_ALPHA ≤ 0 (the adapter's scale alpha/rank is then 0 or negative, peft's LoRA formula); MAX_STEPS=0;
     WARMUP_STEPS < 0; MAX_GRAD_NORM < 0 (transformers clips only when > 0, so a negative value turns clipping
     off without a word); MAX_SAMPLES ≤ 0; QUANTIZATION_BIT other than 4 or 8 with bitsandbytes (its only
     widths, LLaMA-Factory's quantization docs); WARMUP_STEPS and WARMUP_RATIO both set (transformers uses the
@@ -149,6 +149,17 @@ def _max_samples(run: Rendered) -> None:
     if samples is not None and samples <= 0:
         raise ConfigError(f"{named(run, 'max_samples')} leaves no records to "
                           "train on.", "Remove MAX_SAMPLES (all records) or set it to a positive count.")  # fmt: skip
+
+
+def _max_steps_zero(run: Rendered) -> None:
+    """MAX_STEPS=0: transformers 5.6 trains by epochs only for a negative max_steps (``trainer.py``,
+    ``set_initial_training_values``: ``epoch_based = max_steps < 0``), so 0 is neither a count nor the default,
+    and a run of the built-in default trained one step and exited 0 (a newcomer's trial, 2026-12-05)."""
+    if _user_number(run, "max_steps") == 0:
+        raise ConfigError(f"{named(run, 'max_steps')} is neither a number of steps nor 'train by epochs' "
+                          "(transformers counts epochs only for a negative max_steps): the run would stop after "
+                          "one step.", "Set MAX_STEPS to a positive count of optimizer steps, or to -1 (the "
+                          "default) to train NUM_TRAIN_EPOCHS.")  # fmt: skip
 
 
 def _bnb_width(run: Rendered) -> None:
@@ -270,6 +281,7 @@ def _interleave(run: Rendered) -> None:
 # The errors of more_values, in the order they are reported; each raises at its problem.
 _VALUE_CHECKS: tuple[Callable[[Rendered], None], ...] = (
     _lora_alpha,
+    _max_steps_zero,
     partial(_not_negative, name="warmup_steps",
             fix="Set WARMUP_STEPS to 0 or more (a count of steps, or a fraction below 1)."),
     partial(_not_negative, name="max_grad_norm",
