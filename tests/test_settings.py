@@ -122,6 +122,7 @@ def test_user_yaml_is_a_starting_point_and_environment_wins(tmp_path):
     ("learning_rte: 1.0e-4\n", "learning_rate"),  # did-you-mean for a key of the installed parser
     ("- a\n- b\n", "mapping"),
     ("hf_hub_token: hf_x\n", "secret"),
+    ("FP8: true\n", "spelled fp8 here"),  # an argument in the environment's case (a newcomer's trial)
 ])  # fmt: skip
 def test_bad_user_yaml_is_refused(tmp_path, text, expected):
     config = tmp_path / "my.yaml"

@@ -95,13 +95,24 @@ def _refuse_unknown_keys(values: Mapping[str, Any], where: str, shown: typing.Ca
         return
     lines = []
     for key in unknown:
-        hint = replaced(key) or _rocmft_setting_hint(key, values[key]) or _process_variable_hint(key, values[key])
+        hint = (replaced(key) or _rocmft_setting_hint(key, values[key]) or _process_variable_hint(key, values[key])
+                or _case_hint(key))  # fmt: skip
         lines.append(f"  {shown(key)}: {hint}" if hint else f"  {shown(key)}:{_did_you_mean(key, names)}")
     raise ConfigError(
         f"{where} has keys that are not arguments of the installed LLaMA-Factory "
         f"{stack_versions()['llamafactory']} / transformers {stack_versions()['transformers']}:\n" + "\n".join(lines),
         "Remove or rename them.",
     )
+
+
+def _case_hint(key: str) -> str | None:
+    """For a key that is an argument's name in another case (``FP8``, ``Learning_Rate``): its spelling here, since
+    YAML and command-line keys are LLaMA-Factory's lower-case names (the environment takes any case). None
+    otherwise."""
+    lower = key.lower()
+    if lower == key or lower not in lf_arguments():
+        return None
+    return f"the argument is spelled {lower} here (keys are LLaMA-Factory's lower-case names)"
 
 
 def _holds_nul(value: Any) -> bool:
