@@ -38,7 +38,8 @@ def test_builtin_default_trains_and_leaves_a_complete_record(default_run, cache_
     step_lines = [line for line in stdout.splitlines() if line.startswith("[rocmft] step ")]
     said = {"one line per logged step": len(step_lines) == len(losses),
             "no raw step dict": "{'loss':" not in stdout,
-            "no DeepSpeed CPU warning": "Setting accelerator to CPU" not in stdout}  # fmt: skip
+            "no DeepSpeed CPU warning": "Setting accelerator to CPU" not in stdout,
+            "the loss trend": f"over {len(losses)} logged steps; outputs in" in stdout}  # fmt: skip
     assert all(said.values()), said
     history = json.loads((output / "trainer_state.json").read_text())["log_history"]
     assert [entry["loss"] for entry in history if "loss" in entry] == losses

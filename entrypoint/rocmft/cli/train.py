@@ -120,7 +120,8 @@ def _attempt(restarts: list[Restart], given: CommandLine,
         return code, restart
     if code == ExitCode.OK:
         losses = [entry.loss for entry in worker.losses] if worker else []
-        trend = f", loss {losses[0]:.3f} → {losses[-1]:.3f}" if losses else ""
+        trend = (f", loss {losses[0]:.3f} → {losses[-1]:.3f} over {len(losses)} logged steps" if len(losses) > 1
+                 else f", loss {losses[0]:.3f} (one logged step)" if losses else "")  # fmt: skip
         say(f"training finished in {timings['train']:.0f} s{trend}; outputs in {plan.output_dir}", all_ranks=True)
     else:
         lost = worker.error if worker and (worker.error or "").startswith("LOST") else None
