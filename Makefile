@@ -288,8 +288,17 @@ sif: ## turn the built image rocmft:<arch> (make image) into an Apptainer/Singul
 # make test's set-up, two installs at a time: each one (pip, apt, debootstrap) keeps one core busy, and the clean-clone
 # rehearsal of 52bcc14 spent its first 630 s at 50% of 2 cores (/proc/stat every 30 s). The apt installs (Docker,
 # Slurm, chromium) take turns through APT_LOCK: dpkg allows one at a time and apt-get fails rather than waits.
-.PHONY: test-ready
-test-ready: docker-ready slurm-ready vllm-ready browser-ready lint
+.PHONY: test-ready deepspeed-ops-ready
+test-ready: docker-ready slurm-ready vllm-ready browser-ready deepspeed-ops-ready lint
+
+# DeepSpeed JIT-compiles its CPU shared-memory op (deepspeed.comm.torch.build_shm_op) the first time a process on a
+# machine without a GPU initialises its communication, into ~/.cache/torch_extensions. Inside the suite that was the
+# LLaMA-Factory parser child of a DeepSpeed test, under the parser's 180 s limit: on a loaded 2-core machine the
+# compile took longer (the clean-clone rehearsal of b6e9506), the child was killed mid-build, and its stale lock
+# failed every later DeepSpeed test. Built once here instead (about 80 s of one core), beside the other set-up.
+deepspeed-ops-ready: venv
+	DS_ACCELERATOR=cpu $(BIN)/python -c "from deepspeed.accelerator import get_accelerator; \
+	  get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
 
 test: ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (~60 min on 2 cores with set-up, 2 workers)
 	$(MAKE) --no-print-directory -j2 --output-sync=line test-ready
