@@ -113,8 +113,8 @@ def fp8_training(run: Rendered) -> list[str]:
             train in, and the fix.
     """
     arguments, sources = run.arguments, run.sources
-    policy, precision = _trained_in(run)
     if truthy(arguments.get("fp8")):
+        policy, precision = _trained_in(run)
         with independent():
             raise ConfigError(
                 FP8_IGNORED.format(fp8=named(run, "fp8"), policy=policy, precision=precision),
@@ -122,6 +122,7 @@ def fp8_training(run: Rendered) -> list[str]:
             )
         return []
     if truthy(arguments.get("fp8_enable_fsdp_float8_all_gather")):
+        policy, precision = _trained_in(run)
         with independent():
             all_gather = named(run, "fp8_enable_fsdp_float8_all_gather")
             raise ConfigError(
