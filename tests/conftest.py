@@ -476,6 +476,44 @@ def pytest_runtest_call(item):
     return result
 
 
+# Where the suite's CPU goes (issue 29: `make test` is CPU-bound on 2 cores, so CPU-seconds, not wall time, say what
+# to cut). Each test's JUnit record gets two properties, setup to teardown:
+#   cpu_s: this worker's and its waited-for children's user+system seconds (getrusage: rocmft, torchrun and its
+#          ranks, make, pip, docker's CLI; not the Docker engine's builds and containers, nor Slurm's jobs);
+#   machine_cpu_s: the whole machine's busy seconds (psutil.cpu_times), including the other worker's test that ran
+#          at the same time, so a Docker build or a Slurm job shows here only.
+# bench/test_durations.py --cpu REPORT.xml lists the largest.
+_CPU_AT_SETUP = pytest.StashKey[tuple[float, float]]()
+
+
+def _own_cpu_s() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _machine_busy_s() -> float:
+    import psutil
+
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT_SETUP] = (_own_cpu_s(), _machine_busy_s())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    started = item.stash.get(_CPU_AT_SETUP, None)
+    if call.when == "teardown" and started is not None:
+        item.user_properties.append(("cpu_s", round(_own_cpu_s() - started[0], 1)))
+        item.user_properties.append(("machine_cpu_s", round(_machine_busy_s() - started[1], 1)))
+    return (yield)
+
+
 # pytest-xdist's own loadgroup reads an xdist_group marker into the node id (item._nodeid), which pytest 9 no longer
 # reads (its Node keeps the id in _id): every test was scheduled on its own, one file's tests ran on both workers and
 # session fixtures such as the SIF were built twice (found 2026-12-03). The scheduler below takes the groups from
