@@ -245,5 +245,5 @@ def test_help_shows_the_usage(request, rocmft_here, command):
     rocmft = request.getfixturevalue("run_rocmft") if command == "train" else rocmft_here  # train: a child process
     result = rocmft(command, "--help")
     assert result.returncode == 0
-    assert f"usage: rocmft {command} [-h] [CONFIG.yaml] [key=value ...]" in result.stdout
+    assert f"usage: rocmft {command} [-h] [--json] [CONFIG.yaml] [key=value ...]" in result.stdout
     assert "key=value on the command line > environment variables" in result.stdout

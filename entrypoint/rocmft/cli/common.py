@@ -109,7 +109,7 @@ def add_config_arguments(sub, name: str, help: str):
     from rocmft.config.cmdline import USAGE
 
     parser = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
-                            usage=f"rocmft {name} [-h] {USAGE}", epilog=CONFIG_HELP % {"command": name},
+                            usage=f"rocmft {name} [-h] [--json] {USAGE}", epilog=CONFIG_HELP % {"command": name},
                             formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("config_args", nargs="*", metavar="CONFIG.yaml | key=value",
                         help="the training YAML (first), then overrides; see below")  # fmt: skip
