@@ -203,6 +203,11 @@ def _did_you_mean(name: str, candidates: list[str], cutoff: float = 0.6) -> str:
     return f" Did you mean {' or '.join(matches)}?" if matches else ""
 
 
+def _rocmft_variables() -> list[str]:
+    """The environment variable of every rocmft setting (``ROCMFT_`` + a :class:`RocmftSettings` field), sorted."""
+    return sorted(PREFIX + name.upper() for name in RocmftSettings.model_fields)
+
+
 def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
     """Messages for variables that look meant for rocmft but are not understood by it.
 
@@ -212,7 +217,7 @@ def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
       to known other software (:data:`FOREIGN_PREFIXES`, :data:`FOREIGN_NAMES`) and comes within
       :data:`TYPO_CUTOFF` of an argument name.
     """
-    known_rocmft = sorted(PREFIX + name.upper() for name in RocmftSettings.model_fields)
+    known_rocmft = _rocmft_variables()
     arguments = env_arguments()
     versions = stack_versions()
     errors = []
@@ -250,7 +255,7 @@ def case_twin_errors(environ: Mapping[str, str]) -> list[str]:
     rocmft reads count: training arguments and ``ROCMFT_`` settings. A secret's values are not repeated."""
     from rocmft.config.lfargs import is_secret_name
 
-    known = set(env_arguments()) | {PREFIX + name.upper() for name in RocmftSettings.model_fields}
+    known = set(env_arguments()) | set(_rocmft_variables())
     spellings: dict[str, list[str]] = {}
     for name in sorted(environ):
         if name.upper() in known:
