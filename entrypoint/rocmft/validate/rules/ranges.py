@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -66,9 +67,9 @@ def ranges(run: Rendered) -> list[str]:
                                   f"Set {name.upper()} to a positive number.")  # fmt: skip
     rate = arguments.get("learning_rate")
     warnings = []
-    if isinstance(rate, (int, float)) and rate <= 0:
+    if isinstance(rate, (int, float)) and not (math.isfinite(rate) and rate > 0):  # NaN and inf are no rates
         with independent():
-            raise ConfigError(f"{named(run, 'learning_rate')} must be positive.",
+            raise ConfigError(f"{named(run, 'learning_rate')} must be a positive number.",
                               "Set LEARNING_RATE, e.g. 1e-4 for LoRA, 1e-5 for full fine-tuning.")  # fmt: skip
     elif isinstance(rate, (int, float)) and not SANE_LEARNING_RATE[0] <= rate <= SANE_LEARNING_RATE[1]:
         warnings.append(f"{named(run, 'learning_rate')} is outside {SANE_LEARNING_RATE[0]:g}.."
@@ -98,7 +99,8 @@ def _number(value: Any) -> float | None:
 def more_values(run: Rendered) -> list[str]:
     """Values that are legal types but mean nothing useful, or settings that silently cancel each other.
 
-    Errors: LORA_ALPHA ≤ 0 (the adapter's scale alpha/rank is then 0 or negative, peft's LoRA formula); MAX_STEPS=0;
+    Errors: a NaN or infinite value (:func:`_not_a_number`); LORA_ALPHA ≤ 0 (the adapter's scale alpha/rank is
+    then 0 or negative, peft's LoRA formula); MAX_STEPS=0;
     WARMUP_STEPS < 0; MAX_GRAD_NORM < 0 (transformers clips only when > 0, so a negative value turns clipping
     off without a word); MAX_SAMPLES ≤ 0; QUANTIZATION_BIT other than 4 or 8 with bitsandbytes (its only
     widths, LLaMA-Factory's quantization docs); WARMUP_STEPS and WARMUP_RATIO both set (transformers uses the
@@ -124,6 +126,30 @@ def more_values(run: Rendered) -> list[str]:
 def _user_number(run: Rendered, name: str) -> float | None:
     """Argument ``name`` as a number, when the user set it (None otherwise, or when it is not a number)."""
     return _number(run.arguments.get(name)) if _user_set(name, run.sources) else None
+
+
+# Where an infinite value means something: transformers clips only to a finite norm, so MAX_GRAD_NORM=inf logs the
+# gradient norm and never clips (torch.nn.utils.clip_grad_norm_'s coefficient, clamped to 1).
+INFINITY_MEANS_OFF = frozenset({"max_grad_norm"})
+
+
+def _not_a_number(run: Rendered) -> None:
+    """A NaN (``nan``) in any argument the user set, or an infinity (``inf``) outside :data:`INFINITY_MEANS_OFF`:
+    every comparison with NaN is false, so the range rules let it through and the run trained with it (the
+    learning rate's ``LEARNING_RATE=nan`` rendered and exited 0: tried as a new user, 2026-12-05). Every such
+    argument is named at once."""
+    bad = sorted(
+        name
+        for name, value in run.arguments.items()
+        if (number := _number(value)) is not None
+        and not math.isfinite(number)
+        and not (math.isinf(number) and name in INFINITY_MEANS_OFF)
+        and _user_set(name, run.sources)
+    )
+    if bad:
+        raise ConfigError(f"{', '.join(named(run, name) for name in bad)}: not a finite number.",
+                          f"Set {', '.join(name.upper() for name in bad)} to a number (like 1e-4 or 0.1); "
+                          "unset it for its default.")  # fmt: skip
 
 
 def _lora_alpha(run: Rendered) -> None:
@@ -280,6 +306,7 @@ def _interleave(run: Rendered) -> None:
 
 # The errors of more_values, in the order they are reported; each raises at its problem.
 _VALUE_CHECKS: tuple[Callable[[Rendered], None], ...] = (
+    _not_a_number,
     _lora_alpha,
     _max_steps_zero,
     partial(_not_negative, name="warmup_steps",
