@@ -255,6 +255,20 @@ class RocmftSettings(BaseSettings):
         "the vocabulary is needed before the settings exist).",
     )
 
+    @field_validator("config", "templates", "nvme_path", "saves_dir", "cache_dir", mode="before")
+    @classmethod
+    def _no_empty_path(cls, value: Any) -> Any:
+        """Refuse an empty path setting (``ROCMFT_CACHE_DIR=``): pathlib reads ``""`` as ``.``, the working folder,
+        so ROCMFT_CACHE_DIR= built the default model there and ROCMFT_CONFIG= was refused as "ROCMFT_CONFIG=.: a
+        folder" (tried as a new user, 2026-12-05). An empty ROCMFT_ number is refused by its type already.
+
+        Raises:
+            ValueError: the value is empty or blank (pydantic's ValidationError; exit 2 naming the variable).
+        """
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty (a path read as '.', the working folder)")
+        return value
+
     @field_validator("skip_checks", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
