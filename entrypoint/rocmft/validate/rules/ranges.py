@@ -131,25 +131,28 @@ def _user_number(run: Rendered, name: str) -> float | None:
 # Where an infinite value means something: transformers clips only to a finite norm, so MAX_GRAD_NORM=inf logs the
 # gradient norm and never clips (torch.nn.utils.clip_grad_norm_'s coefficient, clamped to 1).
 INFINITY_MEANS_OFF = frozenset({"max_grad_norm"})
+# Checked for NaN and inf by a rule of their own, with a fix of their own (:func:`ranges`).
+FINITE_ELSEWHERE = frozenset({"learning_rate"})
 
 
 def _not_a_number(run: Rendered) -> None:
-    """A NaN (``nan``) in any argument the user set, or an infinity (``inf``) outside :data:`INFINITY_MEANS_OFF`:
-    every comparison with NaN is false, so the range rules let it through and the run trained with it (the
-    learning rate's ``LEARNING_RATE=nan`` rendered and exited 0: tried as a new user, 2026-12-05). Every such
-    argument is named at once."""
+    """A NaN (``nan``) in any argument the user set, or an infinity (``inf``) outside :data:`INFINITY_MEANS_OFF`
+    (the learning rate's own rule says so for LEARNING_RATE): every comparison with NaN is false, so the range
+    rules let it through (``LEARNING_RATE=nan`` rendered and exited 0: tried as a new user, 2026-12-05). Every
+    such argument is named at once."""
     bad = sorted(
         name
         for name, value in run.arguments.items()
         if (number := _number(value)) is not None
         and not math.isfinite(number)
         and not (math.isinf(number) and name in INFINITY_MEANS_OFF)
+        and name not in FINITE_ELSEWHERE
         and _user_set(name, run.sources)
     )
     if bad:
         raise ConfigError(f"{', '.join(named(run, name) for name in bad)}: not a finite number.",
-                          f"Set {', '.join(name.upper() for name in bad)} to a number (like 1e-4 or 0.1); "
-                          "unset it for its default.")  # fmt: skip
+                          f"Set {', '.join(name.upper() for name in bad)} to a finite number, or unset it "
+                          "for its default.")  # fmt: skip
 
 
 def _lora_alpha(run: Rendered) -> None:
