@@ -74,11 +74,8 @@ def run(args) -> int:
     try:
         manifest = read_manifest(manifest_path)
     except ConfigError as err:
-        where = (
-            f"{manifest_path}"
-            if args.output_dir is None
-            else (f"{Path(args.output_dir) / RUN_SUBDIR / MANIFEST_FILE} (or {manifest_path})")
-        )
+        nested = Path(args.output_dir) / RUN_SUBDIR / MANIFEST_FILE if args.output_dir is not None else manifest_path
+        where = f"{manifest_path}" if nested == manifest_path else f"{nested} (or {manifest_path})"
         print(f"no run: cannot read {where} ({err.__cause__ or err})")
         return ExitCode.UNHEALTHY
     result = read_worker_result(run_dir)
