@@ -102,7 +102,8 @@ def more_values(run: Rendered) -> list[str]:
     Errors: a NaN or infinite value (:func:`_not_a_number`); LORA_ALPHA ≤ 0 (the adapter's scale alpha/rank is
     then 0 or negative, peft's LoRA formula); MAX_STEPS=0;
     WARMUP_STEPS < 0; MAX_GRAD_NORM < 0 (transformers clips only when > 0, so a negative value turns clipping
-    off without a word); MAX_SAMPLES ≤ 0; QUANTIZATION_BIT other than 4 or 8 with bitsandbytes (its only
+    off without a word); LOGGING_STEPS < 0 (nothing logged); DATALOADER_NUM_WORKERS < 0 (torch refuses it late);
+    MAX_SAMPLES ≤ 0; QUANTIZATION_BIT other than 4 or 8 with bitsandbytes (its only
     widths, LLaMA-Factory's quantization docs); WARMUP_STEPS and WARMUP_RATIO both set (transformers uses the
     steps and ignores the ratio); INTERLEAVE_PROBS with MIX_STRATEGY=concat, of another length than the data
     sets, or not summing to 1 (datasets' interleave_datasets samples with these probabilities and fails at
@@ -166,7 +167,7 @@ def _lora_alpha(run: Rendered) -> None:
 
 
 def _not_negative(run: Rendered, name: str, fix: str) -> None:
-    """A negative WARMUP_STEPS or MAX_GRAD_NORM (``name``)."""
+    """A negative WARMUP_STEPS, MAX_GRAD_NORM, LOGGING_STEPS or DATALOADER_NUM_WORKERS (``name``)."""
     value = _user_number(run, name)
     if value is not None and value < 0:
         raise ConfigError(f"{named(run, name)} is negative.", fix)
@@ -316,6 +317,14 @@ _VALUE_CHECKS: tuple[Callable[[Rendered], None], ...] = (
             fix="Set WARMUP_STEPS to 0 or more (a count of steps, or a fraction below 1)."),
     partial(_not_negative, name="max_grad_norm",
             fix="Set MAX_GRAD_NORM to a positive number (1.0 is usual), or 0 for no clipping."),
+    # transformers logs only when logging_steps > 0: a negative value trained without one logged loss, so the NaN
+    # and spike watchdogs, which read the logged losses, never saw one (LOGGING_STEPS=-3, exit 0, 2026-12-05)
+    partial(_not_negative, name="logging_steps",
+            fix="Set LOGGING_STEPS to a number of steps (e.g. LOGGING_STEPS=10), or a fraction below 1 of "
+                "the run's steps."),
+    # torch's DataLoader raises "num_workers option should be non-negative" once the model has loaded (exit 4)
+    partial(_not_negative, name="dataloader_num_workers",
+            fix="Set DATALOADER_NUM_WORKERS to 0 (load data in the training process) or a number of processes."),
     _max_samples,
     _bnb_width,
     _warmup_twice,
