@@ -190,6 +190,33 @@ def test_status_tells_a_stalled_run_from_a_progressing_one(rocmft_here, tmp_path
     assert nothing.returncode == 1 and nothing.stdout.startswith("no run"), nothing.stdout
 
 
+@pytest.mark.parametrize(("option", "value"), [("--max-idle", "nan"), ("--max-idle", "-5"), ("--max-start", "0"),
+                                               ("--max-start", "soon")])  # fmt: skip
+def test_status_refuses_a_limit_that_is_no_number_of_seconds(rocmft_here, tmp_path, option, value):
+    """`--max-idle nan` made every running run "stalled" (no age is <= NaN) and a limit of 0 or less did too: exit 2
+    from argparse naming the option, as for any bad option; `inf` means no limit (tried as a new user, 2026-12-05)."""
+    run_dir = tmp_path / "out" / "rocmft"
+    run_dir.mkdir(parents=True)
+    (run_dir / "manifest.json").write_text(json.dumps({"status": "running", "exit_code": None}))
+    refused = rocmft_here("status", str(tmp_path / "out"), option, value)
+    assert refused.returncode == 2, refused.stdout
+    assert f"argument {option}: must be a number of seconds above 0, not {value!r}" in refused.stdout, refused.stdout
+    assert "Traceback" not in refused.stdout
+    unlimited = rocmft_here("status", str(tmp_path / "out"), option, "inf")
+    assert unlimited.returncode == 0 and unlimited.stdout.startswith("running: no step logged yet"), unlimited.stdout
+
+
+def test_status_names_a_damaged_run_record_once(rocmft_here, tmp_path):
+    """A run folder whose rocmft/manifest.json is damaged: "no run" (exit 1) naming that file once; it was named
+    twice, as "X (or X)", the alternative meant for a folder without rocmft/ (tried as a new user, 2026-12-05)."""
+    record = tmp_path / "out" / "rocmft" / "manifest.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("[]")
+    damaged = rocmft_here("status", str(tmp_path / "out"))
+    assert damaged.returncode == 1, damaged.stdout
+    assert damaged.stdout == f"no run: cannot read {record} (it is not a JSON object)\n", damaged.stdout
+
+
 @PARSES
 def test_a_failed_check_in_a_used_output_folder_keeps_the_earlier_run_and_leaves_only_its_report(rocmft_here, tmp_path):
     """The earlier training run's record moves to rocmft-history; rocmft/ then holds the new report alone."""

@@ -417,6 +417,25 @@ def test_report_on_records_of_the_wrong_shape(fuzz_root, cache_dir, tiny_model, 
     shutil.rmtree(work, ignore_errors=True)
 
 
+@pytest.mark.parametrize("name", ["run_summary.md", "run_summary.html"])
+def test_report_names_a_folder_in_the_place_of_its_summary(
+    fuzz_root, cache_dir, tiny_model, demo_data, adapter_source, name
+):
+    """A folder where a summary file goes: exit 2 naming that folder (the atomic write's error named its temporary
+    file, ``.run_summary.md.<random>.tmp``, and the fix asked for a writable run folder: tried as a new user,
+    2026-12-05); no temporary file is left."""
+    work = new_folder(fuzz_root)
+    run = make_run(work, adapter_source, tiny_model)
+    (run / name).mkdir()
+    environ = base_environment(work, cache_dir, tiny_model, demo_data, CPU_PROBES)
+    code, printed = run_main("report", environ, work, [str(run)])
+    assert code == ExitCode.CONFIG_ERROR, printed
+    assert f"{run / name}: a folder where `rocmft report` writes a file." in printed, printed
+    assert "Move or remove that folder" in printed and "Traceback" not in printed
+    assert not list(run.glob(".*.tmp"))
+    shutil.rmtree(work, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def fuzz_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fuzz-entry")

@@ -303,3 +303,32 @@ def test_an_invalid_rocmft_setting_is_answered_with_what_it_takes():
         with pytest.raises(ConfigError) as caught:
             load_settings(environ)
         assert fix in caught.value.remedy, caught.value.remedy
+
+
+@pytest.mark.parametrize("variable", ["ROCMFT_CONFIG", "ROCMFT_TEMPLATES", "ROCMFT_CACHE_DIR", "ROCMFT_SAVES_DIR",
+                                      "ROCMFT_NVME_PATH"])  # fmt: skip
+def test_an_empty_path_setting_is_refused_naming_it_and_nothing_lands_in_the_working_folder(
+    rocmft_here, tmp_path, variable
+):
+    """pathlib reads "" as ".": ROCMFT_CACHE_DIR= built the default model into the working folder, ROCMFT_CONFIG= was
+    refused as "ROCMFT_CONFIG=.: a folder" (tried as a new user, 2026-12-05). The command runs in ``tmp_path``."""
+    output = tmp_path / "out"
+    result = rocmft_here("render", env={variable: "", "OUTPUT_DIR": str(output)})
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-2000:]
+    assert "Traceback" not in result.stdout
+    assert f"{variable}='': Value error, empty" in result.stdout, result.stdout[-2000:]
+    assert f"Set {variable} to a path" in result.stdout
+    assert not output.exists()
+    assert not any(p.name.startswith(("demo-data", "tiny-qwen2", "rocmft-demo")) for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("name", ["../escape", "/abs/run", "a\nb", ".", "..", ""])
+def test_a_run_name_that_is_not_one_folder_name_is_refused(rocmft_here, tmp_path, name):
+    """The run goes to ROCMFT_SAVES_DIR/<run name>: ``../escape`` rendered into a folder beside the saves folder,
+    ``.`` into the saves folder itself (tried as a new user, 2026-12-05). The command runs in ``tmp_path``."""
+    saves = tmp_path / "work" / "saves"
+    result = rocmft_here("render", env={"ROCMFT_RUN_NAME": name, "ROCMFT_SAVES_DIR": str(saves)})
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-2000:]
+    assert "Traceback" not in result.stdout
+    assert f"ROCMFT_RUN_NAME={name!r}: Value error, not one folder name" in result.stdout, result.stdout[-2000:]
+    assert not (tmp_path / "work").exists() and not (tmp_path / "escape").exists()

@@ -25,12 +25,19 @@ def run(args) -> int:
     """Write run_summary.md/.png/.html for the run (argument, else the run of these settings)."""
     from rocmft.config.settings import load_settings
     from rocmft.outputs.export import find_run
-    from rocmft.outputs.report import write_summary
+    from rocmft.outputs.report import SUMMARY_MD, SUMMARY_PNG, write_summary
     from rocmft.outputs.report_page import SUMMARY_HTML
 
     run = find_run(given_path(args.run, "rocmft report"), load_settings(os.environ))
     try:
         written = write_summary(run.output_dir)
+    except IsADirectoryError as err:  # the write is atomic: the system names its temporary file, not the folder
+        folders = [run.output_dir / name for name in (SUMMARY_MD, SUMMARY_HTML, SUMMARY_PNG)
+                   if (run.output_dir / name).is_dir()]  # fmt: skip
+        raise ConfigError(
+            f"{', '.join(map(str, folders or [run.output_dir]))}: a folder where `rocmft report` writes a file.",
+            "Move or remove that folder, then run `rocmft report` again.",
+        ) from err
     except OSError as err:  # a read-only mount, a full disk, a folder of another user
         raise ConfigError(
             f"The run summary cannot be written into {run.output_dir} ({type(err).__name__}: "

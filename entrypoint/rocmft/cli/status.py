@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 import time
 from pathlib import Path
 
@@ -15,17 +17,34 @@ def register(sub) -> None:
     status.add_argument("output_dir", nargs="?", help="the run's OUTPUT_DIR (default: the run started here)")
     status.add_argument(
         "--max-idle",
-        type=float,
+        type=_seconds,
         default=1800.0,
         help="seconds without a logged step before the run counts as stalled (default 1800)",
     )
     status.add_argument(
         "--max-start",
-        type=float,
+        type=_seconds,
         default=3600.0,
         help="seconds allowed from start to the first logged step: model loading (default 3600)",
     )
     status.set_defaults(handler=run)
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a number of seconds above 0, ``inf`` for no limit (argparse prints the error with the option's
+    name and exits 2). ``float`` alone took ``nan`` (every run "stalled": no age is <= NaN) and limits of 0 or less
+    (stalled at once): tried as a new user, 2026-12-05.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text!r}")
+    return seconds
 
 
 def run(args) -> int:
@@ -55,11 +74,8 @@ def run(args) -> int:
     try:
         manifest = read_manifest(manifest_path)
     except ConfigError as err:
-        where = (
-            f"{manifest_path}"
-            if args.output_dir is None
-            else (f"{Path(args.output_dir) / RUN_SUBDIR / MANIFEST_FILE} (or {manifest_path})")
-        )
+        nested = Path(args.output_dir) / RUN_SUBDIR / MANIFEST_FILE if args.output_dir is not None else manifest_path
+        where = f"{manifest_path}" if nested == manifest_path else f"{nested} (or {manifest_path})"
         print(f"no run: cannot read {where} ({err.__cause__ or err})")
         return ExitCode.UNHEALTHY
     result = read_worker_result(run_dir)

@@ -255,6 +255,38 @@ class RocmftSettings(BaseSettings):
         "the vocabulary is needed before the settings exist).",
     )
 
+    @field_validator("config", "templates", "nvme_path", "saves_dir", "cache_dir", mode="before")
+    @classmethod
+    def _no_empty_path(cls, value: Any) -> Any:
+        """Refuse an empty path setting (``ROCMFT_CACHE_DIR=``): pathlib reads ``""`` as ``.``, the working folder,
+        so ROCMFT_CACHE_DIR= built the default model there and ROCMFT_CONFIG= was refused as "ROCMFT_CONFIG=.: a
+        folder" (tried as a new user, 2026-12-05). An empty ROCMFT_ number is refused by its type already.
+
+        Raises:
+            ValueError: the value is empty or blank (pydantic's ValidationError; exit 2 naming the variable).
+        """
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty (a path read as '.', the working folder)")
+        return value
+
+    @field_validator("run_name", mode="before")
+    @classmethod
+    def _one_folder_name(cls, value: Any) -> Any:
+        """Refuse a ROCMFT_RUN_NAME that is not one folder name: the run goes to ROCMFT_SAVES_DIR/<run name>, and
+        ``../x`` or an absolute path put it outside the saves folder, ``.`` into the saves folder itself, a newline
+        into a folder name no console line shows whole (tried as a new user, 2026-12-05).
+
+        Raises:
+            ValueError: empty, ``.``, ``..``, a ``/`` or a control character (exit 2 naming the variable).
+        """
+        if isinstance(value, str) and (value.strip() in ("", ".", "..") or "/" in value
+                                       or any(ord(c) < 32 or ord(c) == 127 for c in value)):  # fmt: skip
+            raise ValueError(
+                "not one folder name (the run goes to ROCMFT_SAVES_DIR/<run name>): give a name "
+                "without '/' or control characters, or set OUTPUT_DIR for another place"
+            )
+        return value
+
     @field_validator("skip_checks", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:

@@ -163,7 +163,8 @@ def _allowed_values(err: ValidationError) -> str:
         if choices:
             what = "one of " + ", ".join(str(c) for c in choices)
         else:
-            what = "a whole number" if int in kinds else "a number" if float in kinds else "a value of its type"
+            what = ("a whole number" if int in kinds else "a number" if float in kinds else
+                    "a path" if Path in kinds else "a value of its type")  # fmt: skip
             low = f"{bounds['ge']:g}" if "ge" in bounds else f"above {bounds['gt']:g}" if "gt" in bounds else None
             high = f"{bounds['le']:g}" if "le" in bounds else f"below {bounds['lt']:g}" if "lt" in bounds else None
             what += (f" from {low} to {high}" if low and high else f", at least {low}" if low else

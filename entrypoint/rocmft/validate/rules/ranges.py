@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -66,9 +67,9 @@ def ranges(run: Rendered) -> list[str]:
                                   f"Set {name.upper()} to a positive number.")  # fmt: skip
     rate = arguments.get("learning_rate")
     warnings = []
-    if isinstance(rate, (int, float)) and rate <= 0:
+    if isinstance(rate, (int, float)) and not (math.isfinite(rate) and rate > 0):  # NaN and inf are no rates
         with independent():
-            raise ConfigError(f"{named(run, 'learning_rate')} must be positive.",
+            raise ConfigError(f"{named(run, 'learning_rate')} must be a positive number.",
                               "Set LEARNING_RATE, e.g. 1e-4 for LoRA, 1e-5 for full fine-tuning.")  # fmt: skip
     elif isinstance(rate, (int, float)) and not SANE_LEARNING_RATE[0] <= rate <= SANE_LEARNING_RATE[1]:
         warnings.append(f"{named(run, 'learning_rate')} is outside {SANE_LEARNING_RATE[0]:g}.."
@@ -98,9 +99,11 @@ def _number(value: Any) -> float | None:
 def more_values(run: Rendered) -> list[str]:
     """Values that are legal types but mean nothing useful, or settings that silently cancel each other.
 
-    Errors: LORA_ALPHA ≤ 0 (the adapter's scale alpha/rank is then 0 or negative, peft's LoRA formula); MAX_STEPS=0;
+    Errors: a NaN or infinite value (:func:`_not_a_number`); LORA_ALPHA ≤ 0 (the adapter's scale alpha/rank is
+    then 0 or negative, peft's LoRA formula); MAX_STEPS=0;
     WARMUP_STEPS < 0; MAX_GRAD_NORM < 0 (transformers clips only when > 0, so a negative value turns clipping
-    off without a word); MAX_SAMPLES ≤ 0; QUANTIZATION_BIT other than 4 or 8 with bitsandbytes (its only
+    off without a word); LOGGING_STEPS < 0 (nothing logged); DATALOADER_NUM_WORKERS < 0 (torch refuses it late);
+    MAX_SAMPLES ≤ 0; QUANTIZATION_BIT other than 4 or 8 with bitsandbytes (its only
     widths, LLaMA-Factory's quantization docs); WARMUP_STEPS and WARMUP_RATIO both set (transformers uses the
     steps and ignores the ratio); INTERLEAVE_PROBS with MIX_STRATEGY=concat, of another length than the data
     sets, or not summing to 1 (datasets' interleave_datasets samples with these probabilities and fails at
@@ -126,6 +129,33 @@ def _user_number(run: Rendered, name: str) -> float | None:
     return _number(run.arguments.get(name)) if _user_set(name, run.sources) else None
 
 
+# Where an infinite value means something: transformers clips only to a finite norm, so MAX_GRAD_NORM=inf logs the
+# gradient norm and never clips (torch.nn.utils.clip_grad_norm_'s coefficient, clamped to 1).
+INFINITY_MEANS_OFF = frozenset({"max_grad_norm"})
+# Checked for NaN and inf by a rule of their own, with a fix of their own (:func:`ranges`).
+FINITE_ELSEWHERE = frozenset({"learning_rate"})
+
+
+def _not_a_number(run: Rendered) -> None:
+    """A NaN (``nan``) in any argument the user set, or an infinity (``inf``) outside :data:`INFINITY_MEANS_OFF`
+    (the learning rate's own rule says so for LEARNING_RATE): every comparison with NaN is false, so the range
+    rules let it through (``LEARNING_RATE=nan`` rendered and exited 0: tried as a new user, 2026-12-05). Every
+    such argument is named at once."""
+    bad = sorted(
+        name
+        for name, value in run.arguments.items()
+        if (number := _number(value)) is not None
+        and not math.isfinite(number)
+        and not (math.isinf(number) and name in INFINITY_MEANS_OFF)
+        and name not in FINITE_ELSEWHERE
+        and _user_set(name, run.sources)
+    )
+    if bad:
+        raise ConfigError(f"{', '.join(named(run, name) for name in bad)}: not a finite number.",
+                          f"Set {', '.join(name.upper() for name in bad)} to a finite number, or unset it "
+                          "for its default.")  # fmt: skip
+
+
 def _lora_alpha(run: Rendered) -> None:
     """LORA_ALPHA ≤ 0 with LoRA."""
     alpha = _user_number(run, "lora_alpha")
@@ -137,7 +167,7 @@ def _lora_alpha(run: Rendered) -> None:
 
 
 def _not_negative(run: Rendered, name: str, fix: str) -> None:
-    """A negative WARMUP_STEPS or MAX_GRAD_NORM (``name``)."""
+    """A negative WARMUP_STEPS, MAX_GRAD_NORM, LOGGING_STEPS or DATALOADER_NUM_WORKERS (``name``)."""
     value = _user_number(run, name)
     if value is not None and value < 0:
         raise ConfigError(f"{named(run, name)} is negative.", fix)
@@ -280,12 +310,21 @@ def _interleave(run: Rendered) -> None:
 
 # The errors of more_values, in the order they are reported; each raises at its problem.
 _VALUE_CHECKS: tuple[Callable[[Rendered], None], ...] = (
+    _not_a_number,
     _lora_alpha,
     _max_steps_zero,
     partial(_not_negative, name="warmup_steps",
             fix="Set WARMUP_STEPS to 0 or more (a count of steps, or a fraction below 1)."),
     partial(_not_negative, name="max_grad_norm",
             fix="Set MAX_GRAD_NORM to a positive number (1.0 is usual), or 0 for no clipping."),
+    # transformers logs only when logging_steps > 0: a negative value trained without one logged loss, so the NaN
+    # and spike watchdogs, which read the logged losses, never saw one (LOGGING_STEPS=-3, exit 0, 2026-12-05)
+    partial(_not_negative, name="logging_steps",
+            fix="Set LOGGING_STEPS to a number of steps (e.g. LOGGING_STEPS=10), or a fraction below 1 of "
+                "the run's steps."),
+    # torch's DataLoader raises "num_workers option should be non-negative" once the model has loaded (exit 4)
+    partial(_not_negative, name="dataloader_num_workers",
+            fix="Set DATALOADER_NUM_WORKERS to 0 (load data in the training process) or a number of processes."),
     _max_samples,
     _bnb_width,
     _warmup_twice,
