@@ -14,8 +14,16 @@ reach a ROCm image. This host reaches PyPI but not the ROCm wheel index, so the 
    (PyTorch's ``.github/scripts/generate_binary_build_matrix.py``: its extra install requirements are per CUDA
    version only); the image build's ``pip check`` and rocmft.image.buildinfo verify that on a connected host.
 
-Usage: ``python docker/lock/rocm_lock.py --write | --check [--profile docker/arch/gfx942.env ...]``: every ROCm
-profile of docker/arch/ by default; the profiles that share a lock must agree on its ROCm and Python versions.
+``--check`` resolves again with the lock's own pins as constraints: it fails when pyproject.toml asks for something
+the lock lacks or excludes a pinned version, and when the lock holds a package the requirements no longer bring. It
+does not re-resolve freely: this host's view of PyPI fills in late, so releases whose upload time is before
+:data:`AS_OF` appear days after a lock was written (httpx 0.29.0, filelock 4.3.2, opentelemetry-api 1.45.3, and
+regex 2026.11.24, uploaded 2026-11-25 and missing when the lock was written on 2026-12-04, which failed CI's run of
+de1c04b), and an exact re-resolution then fails with nothing changed here.
+
+Usage: ``python docker/lock/rocm_lock.py --write | --check [--profile docker/arch/gfx942.env ...] [--lock FILE]``:
+every ROCm profile of docker/arch/ by default; the profiles that share a lock must agree on its ROCm and Python
+versions. ``--lock`` checks FILE in place of the one profile's lock (the tests' way to show a stale lock is caught).
 """
 
 from __future__ import annotations
@@ -55,11 +63,28 @@ def requirements() -> list[str]:
     return [*project["dependencies"], *project["optional-dependencies"]["gpu"], *pyproject["build-system"]["requires"]]
 
 
-def resolve(python_version: str) -> list[tuple[str, str]]:
-    """``(name, version)`` pairs uv resolves :func:`requirements` to for ``python_version`` on manylinux x86_64.
+def lock_constraints(text: str) -> list[str]:
+    """The PyPI pins a lock's ``text`` stands for, as uv constraints: each ``name==version`` line, with the torch
+    triple's ``+rocm<ver>`` label dropped and ``triton-rocm`` read as the ``triton`` PyPI's torch pins (what
+    :func:`render` derived them from). Comment and blank lines are skipped."""
+    pins = []
+    for line in text.splitlines():
+        if "==" not in line or line.lstrip().startswith("#"):
+            continue
+        name, version = (part.strip() for part in line.split("==", 1))
+        if name in TORCH_TRIPLE:
+            version = version.split("+", 1)[0]
+        pins.append(f"{'triton' if name == 'triton-rocm' else name}=={version}")
+    return pins
+
+
+def resolve(python_version: str, constraints: list[str] | None = None) -> list[tuple[str, str]]:
+    """``(name, version)`` pairs uv resolves :func:`requirements` to for ``python_version`` on manylinux x86_64,
+    held to ``constraints`` (``name==version`` lines, :func:`lock_constraints`) when given.
 
     Raises:
-        SystemExit: uv is missing or the resolution fails (its message is printed).
+        SystemExit: uv is missing or the resolution fails (its message is printed; under constraints, the lock no
+            longer satisfies pyproject.toml).
     """
     uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
     with tempfile.TemporaryDirectory() as scratch:
@@ -68,12 +93,17 @@ def resolve(python_version: str) -> list[tuple[str, str]]:
         command = [uv, "pip", "compile", str(source), "--python-version", python_version,
                    "--python-platform", "x86_64-manylinux_2_28", "--exclude-newer", AS_OF, "--no-header",
                    "--no-annotate", "--quiet", "--index-url", "https://pypi.org/simple"]  # fmt: skip
+        if constraints is not None:
+            pinned = Path(scratch) / "lock-constraints.txt"
+            pinned.write_text("\n".join(constraints) + "\n")
+            command += ["--constraint", str(pinned)]
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.TimeoutExpired) as err:
             raise SystemExit(f"rocm_lock: uv did not run ({err}); `make venv` installs it") from None
     if result.returncode != 0:
-        raise SystemExit(f"rocm_lock: uv could not resolve the ROCm lock:\n{result.stderr[-3000:]}")
+        why = "the lock's pins no longer satisfy pyproject.toml; run `make lock-rocm`" if constraints else ""
+        raise SystemExit(f"rocm_lock: uv could not resolve the ROCm lock {why}:\n{result.stderr[-3000:]}")
     pins = []
     for line in result.stdout.splitlines():
         if "==" in line and not line.startswith("#"):
@@ -130,29 +160,35 @@ def locks(paths: list[Path]) -> dict[str, dict[str, str]]:
 
 
 def main(argv: list[str]) -> int:
-    """``--write`` each lock, or ``--check`` that each file is what a resolution gives (exit 1 and a diff if not)."""
+    """``--write`` each lock, or ``--check`` that each lock is what resolving under its own pins gives (exit 1 and
+    a diff if not; the module's docstring says why the check is held to the pins)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--check", action="store_true")
     parser.add_argument("--profile", type=Path, action="append", help="a profile (default: every ROCm profile)")
+    parser.add_argument("--lock", type=Path, help="with --check and one profile: check this file instead")
     args = parser.parse_args(argv)
+    if args.lock and not (args.check and args.profile and len(args.profile) == 1):
+        parser.error("--lock goes with --check and exactly one --profile")
     paths = args.profile or [p for p in sorted((REPO / "docker" / "arch").glob("*.env"))
                              if read_profile(p).get("ROCM_VERSION", "none") != "none"]  # fmt: skip
     stale = 0
     for lock, profile in locks(paths).items():
-        target = REPO / lock
-        text = render(profile, resolve(profile["PYTHON_VERSION"]))
+        target = args.lock or REPO / lock
         if args.write:
+            text = render(profile, resolve(profile["PYTHON_VERSION"]))
             target.write_text(text)
             print(f"rocm_lock: wrote {lock} ({text.count('==')} pins)")
             continue
         current = target.read_text() if target.is_file() else ""
+        text = render(profile, resolve(profile["PYTHON_VERSION"], lock_constraints(current)))
         if current == text:
-            print(f"rocm_lock: {lock} is what the resolution gives")
+            print(f"rocm_lock: {target} is what resolving pyproject.toml under its own pins gives")
             continue
-        sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), text.splitlines(True), lock, "resolved"))
-        print(f"rocm_lock: {lock} is stale; run `make lock-rocm`", file=sys.stderr)
+        sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), text.splitlines(True), str(target),
+                                                   "resolved"))  # fmt: skip
+        print(f"rocm_lock: {target} is stale; run `make lock-rocm`", file=sys.stderr)
         stale += 1
     return 1 if stale else 0
 
