@@ -347,6 +347,16 @@ def test_an_empty_path_setting_is_refused_naming_it_and_nothing_lands_in_the_wor
     assert not any(p.name.startswith(("demo-data", "tiny-qwen2", "rocmft-demo")) for p in tmp_path.rglob("*"))
 
 
+@pytest.mark.parametrize("variable", ["ROCMFT_CONFIG", "ROCMFT_TEMPLATES", "ROCMFT_CACHE_DIR", "ROCMFT_SAVES_DIR",
+                                      "ROCMFT_NVME_PATH", "ROCMFT_RESUME"])  # fmt: skip
+def test_a_path_setting_with_a_name_too_long_is_refused_naming_it(tmp_path, variable):
+    """Every path knob, the same list as the empty-path check above (knobs.PATH_KNOBS): a name over 255 bytes is
+    refused as the settings are read. ROCMFT_NVME_PATH was missing from settings.PATH_SETTINGS and passed."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings({variable: str(tmp_path / ("x" * 300))})
+    assert f"longer than 255 bytes (the file system's limit for one name in a path): {variable}." in str(caught.value)
+
+
 @pytest.mark.parametrize("name", ["../escape", "/abs/run", "a\nb", ".", "..", ""])
 def test_a_run_name_that_is_not_one_folder_name_is_refused(rocmft_here, tmp_path, name):
     """The run goes to ROCMFT_SAVES_DIR/<run name>: ``../escape`` rendered into a folder beside the saves folder,
