@@ -206,6 +206,29 @@ def test_status_refuses_a_limit_that_is_no_number_of_seconds(rocmft_here, tmp_pa
     assert unlimited.returncode == 0 and unlimited.stdout.startswith("running: no step logged yet"), unlimited.stdout
 
 
+@pytest.mark.parametrize(("record", "words"), [
+    ('{"last_step": 1, "losses": [{"step": 1, "loss": 2.5}]}',  # no max_steps: "step 1/None"
+     "running: step 1 (total unknown: {path} has no max_steps), loss 2.5000, last update"),
+    ('{"last_step": 1, "max_steps": "ten"}', "running: step 1 (total unknown: {path} has max_steps='ten'"),
+    ('{"last_step": 12, "max_st', "running: step unknown ({path} cannot be read:"),  # cut short: "no step logged"
+    ('{"last_step": "x", "max_steps": 10}', "running: step unknown ({path} has last_step='x'"),
+    ('{"last_step": 3, "max_steps": 10, "losses": [{"step": 3, "loss": "x"}]}',  # a ValueError from the format
+     "running: step 3/10, last update"),
+])  # fmt: skip
+def test_status_says_what_a_damaged_worker_record_leaves_unknown(rocmft_here, tmp_path, record, words):
+    """A worker-result.json without max_steps printed "step 1/None", one cut short "no step logged yet" as if the
+    worker had not started (a break-it trial, 2026-12-05): each now says what is unknown and names the file."""
+    run_dir = tmp_path / "out" / "rocmft"
+    run_dir.mkdir(parents=True)
+    (run_dir / "manifest.json").write_text(json.dumps({"status": "running", "exit_code": None}))
+    (run_dir / "worker-result.json").write_text(record)
+    said = rocmft_here("status", str(tmp_path / "out"))
+    assert said.returncode == 0 and said.stdout.startswith(words.format(path=run_dir / "worker-result.json")), (
+        said.stdout
+    )
+    assert "None" not in said.stdout and "no step logged yet" not in said.stdout and "Traceback" not in said.stdout
+
+
 def test_status_names_a_damaged_run_record_once(rocmft_here, tmp_path):
     """A run folder whose rocmft/manifest.json is damaged: "no run" (exit 1) naming that file once; it was named
     twice, as "X (or X)", the alternative meant for a folder without rocmft/ (tried as a new user, 2026-12-05)."""

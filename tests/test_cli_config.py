@@ -209,7 +209,7 @@ def test_the_fp32_restart_keeps_the_command_lines_overrides(run_rocmft, tmp_path
     (["missing.yaml"], ["missing.yaml (on the command line): no such file"]),
     (["notes.txt", "max_steps=2"], ["'notes.txt' on the command line is not a YAML file name"]),
     (["bad.yaml"], ["bad.yaml (on the command line) is not valid YAML"]),
-    (["list.yaml"], ["list.yaml (on the command line) must be a mapping"]),
+    (["list.yaml"], ["list.yaml (on the command line) holds a list of 1 item: it must be a mapping"]),
     (["typo.yaml"], ["typo.yaml (on the command line) has keys that are not arguments", "learning_rate"]),
     (["max_steps=2", "my.yaml"], ["'my.yaml': no `=` (the YAML file goes first)"]),
 ])  # fmt: skip

@@ -117,6 +117,15 @@ def test_offload_settings_deepspeed_would_not_honour_are_refused(base, tmp_path,
         assert word.replace("{tmp}", str(tmp_path)) in message, (word, message)
 
 
+def test_an_nvme_path_with_a_name_too_long_is_refused_by_name(base, tmp_path):
+    """ROCMFT_NVME_PATH is a path setting like ROCMFT_CACHE_DIR (settings.PATH_SETTINGS, the same list as
+    knobs' empty-path check): a name over 255 bytes is refused naming it. Left out of that list, the offload rule's
+    Path.exists() raised OSError ENAMETOOLONG (pathlib ignores ENOENT, not that) with NVMe offload set up."""
+    with pytest.raises(ConfigError) as caught:
+        _render({**base, **NVME3, "ROCMFT_NVME_PATH": str(tmp_path / ("x" * 300))}, tmp_path / "staging")
+    assert "ROCMFT_NVME_PATH" in str(caught.value) and "longer than 255 bytes" in str(caught.value), caught.value
+
+
 def test_an_nvme_path_that_cannot_be_written_is_refused(base, tmp_path, monkeypatch):
     """A folder that takes no file (read-only mount, no permission). As root a chmod does not stop a write, so there
     the write fails as a read-only mount's does (EROFS)."""

@@ -135,3 +135,19 @@ def test_page_of_a_run_with_damaged_records(tmp_path, case):
         assert dict(page.by_id("ending").rows())["stopped by"] == "non-finite loss: loss = nan at step 3"
         assert page.by_id("knobs").rows() == [["rocmft setting", "value", "source"]]
         assert page.by_id("settings").rows()[1] == ["lr", "1", "–", "–"]
+
+
+def test_a_worker_record_without_max_steps_reads_total_unknown(tmp_path):
+    """No trainer_state.json and a worker record without max_steps (damaged, or cut short by another program): the
+    summary said "steps: 1 of None"; it says the total is not recorded (a break-it trial, 2026-12-05)."""
+    from rocmft.outputs.report import run_facts, summary_rows
+
+    run = tmp_path / "cut"
+    (run / "rocmft").mkdir(parents=True)
+    Manifest(status="running").write(run / "rocmft" / "manifest.json")
+    for record in ('{"last_step": 1, "losses": [{"step": 1, "loss": 2.0}]}', '{"last_step": 1, "max_steps": "x"}'):
+        (run / "rocmft" / "worker-result.json").write_text(record)
+        assert dict(summary_rows(run_facts(run)))["steps"] == "1 (total not recorded)"
+    write_summary(run)
+    assert "| steps | 1 (total not recorded) |" in (run / "run_summary.md").read_text()
+    assert dict(parse((run / SUMMARY_HTML).read_text()).by_id("ending").rows())["last step"] == "1 (total not recorded)"

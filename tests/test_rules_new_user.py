@@ -68,6 +68,9 @@ EXIT_2 = {
     "negative warmup": ({"WARMUP_STEPS": "-10"}, ["WARMUP_STEPS=-10", "negative"]),
     "negative max grad norm": ({"MAX_GRAD_NORM": "-1"}, ["MAX_GRAD_NORM=-1", "0 for no clipping"]),
     "negative logging steps": ({"LOGGING_STEPS": "-3"}, ["LOGGING_STEPS=-3", "negative", "LOGGING_STEPS=10"]),
+    "negative save steps": ({"SAVE_STEPS": "-5"}, ["SAVE_STEPS=-5", "negative", "SAVE_STEPS=500", "SAVE_STRATEGY=no"]),
+    "negative eval steps": ({"VAL_SIZE": "0.1", "EVAL_STRATEGY": "steps", "EVAL_STEPS": "-1"},
+                            ["EVAL_STEPS=-1", "negative", "EVAL_STEPS=100"]),
     "negative dataloader workers": ({"DATALOADER_NUM_WORKERS": "-1"},
                                     ["DATALOADER_NUM_WORKERS=-1", "negative", "DATALOADER_NUM_WORKERS to 0"]),
     "max samples 0": ({"MAX_SAMPLES": "0"}, ["MAX_SAMPLES=0", "no records"]),
@@ -158,6 +161,16 @@ def test_new_warnings_are_printed_and_the_run_renders(rocmft_here, tmp_path, dat
         assert words in result.stdout, (words, result.stdout[-2000:])
     result = rocmft_here("render", env={**env, "SAVE_STEPS": "0", "OUTPUT_DIR": str(tmp_path / "out2")})
     assert result.returncode == ExitCode.OK and "WARNING: SAVE_STEPS=0 with SAVE_STRATEGY=steps" in result.stdout
+
+
+def test_step_fractions_below_1_stay_allowed(render_env, data_dir):
+    """transformers reads a SAVE_STEPS, EVAL_STEPS or LOGGING_STEPS in (0, 1) as a fraction of the run's steps
+    (TrainerState.compute_steps): the refusal of a negative value lets these through (in-process, no parse)."""
+    plan = render_env({"TEMPLATE": "qwen", "DATASET": "alpaca_en_demo", "DATASET_DIR": str(data_dir),
+                       "VAL_SIZE": "0.1", "EVAL_STRATEGY": "steps", "SAVE_STEPS": "0.25", "EVAL_STEPS": "0.5",
+                       "LOGGING_STEPS": "0.1"})  # fmt: skip
+    steps = [plan.arguments[name] for name in ("save_steps", "eval_steps", "logging_steps")]
+    assert steps == [0.25, 0.5, 0.1]
 
 
 # --- data records (exit 3, check `dataset`) ----------------------------------------------------------------

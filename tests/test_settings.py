@@ -120,7 +120,11 @@ def test_user_yaml_is_a_starting_point_and_environment_wins(tmp_path):
 @pytest.mark.parametrize(("text", "expected"), [
     ("cutoff_len: 1\ncutoff_len: 2\n", "not valid YAML"),  # OmegaConf rejects duplicate keys, as LLaMA-Factory does
     ("learning_rte: 1.0e-4\n", "learning_rate"),  # did-you-mean for a key of the installed parser
-    ("- a\n- b\n", "mapping"),
+    ("- a\n- b\n", "holds a list of 2 items: it must be a mapping of LLaMA-Factory arguments"),
+    # a lone word: OmegaConf reads it as the key `hello` (was "has keys that are not arguments ... hello")
+    ("hello\n", "holds only the text 'hello': it must be a mapping of LLaMA-Factory arguments"),
+    ('"hello"\n', "holds only the text 'hello': it must be a mapping"),
+    ("42\n", "holds only the number '42': it must be a mapping"),  # was "not valid YAML: Invalid loaded object"
     ("hf_hub_token: hf_x\n", "secret"),
     ("FP8: true\n", "spelled fp8 here"),  # an argument in the environment's case (a newcomer's trial)
 ])  # fmt: skip
@@ -130,6 +134,27 @@ def test_bad_user_yaml_is_refused(tmp_path, text, expected):
     with pytest.raises(ConfigError) as caught:
         load_settings({"ROCMFT_CONFIG": str(config)})
     assert str(config) in str(caught.value) and expected in str(caught.value)
+
+
+def test_a_lone_word_on_the_command_line_is_refused_naming_the_file(tmp_path):
+    from rocmft.config.cmdline import parse_command_line
+
+    config = tmp_path / "my.yaml"
+    config.write_text("hello\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings({}, parse_command_line([str(config)]))
+    assert f"The config file {config} (on the command line) holds only the text 'hello'" in str(caught.value)
+    assert "has keys" not in str(caught.value) and "learning_rate: 1.0e-4" in str(caught.value)
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# nothing yet\n", "---\n", "null\n", "~\n"])
+def test_an_empty_user_yaml_sets_nothing(tmp_path, text):
+    """An empty YAML (or one of comments, a lone `---` or `null`) is no settings, as LLaMA-Factory reads it
+    (OmegaConf.load gives an empty mapping): the environment's values stand."""
+    config = tmp_path / "my.yaml"
+    config.write_text(text)
+    settings = load_settings({"ROCMFT_CONFIG": str(config), "LORA_RANK": "8"})
+    assert settings.arguments == {"lora_rank": 8}
 
 
 def test_unknown_check_ids_are_refused():
@@ -320,6 +345,16 @@ def test_an_empty_path_setting_is_refused_naming_it_and_nothing_lands_in_the_wor
     assert f"Set {variable} to a path" in result.stdout
     assert not output.exists()
     assert not any(p.name.startswith(("demo-data", "tiny-qwen2", "rocmft-demo")) for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("variable", ["ROCMFT_CONFIG", "ROCMFT_TEMPLATES", "ROCMFT_CACHE_DIR", "ROCMFT_SAVES_DIR",
+                                      "ROCMFT_NVME_PATH", "ROCMFT_RESUME"])  # fmt: skip
+def test_a_path_setting_with_a_name_too_long_is_refused_naming_it(tmp_path, variable):
+    """Every path knob, the same list as the empty-path check above (knobs.PATH_KNOBS): a name over 255 bytes is
+    refused as the settings are read. ROCMFT_NVME_PATH was missing from settings.PATH_SETTINGS and passed."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings({variable: str(tmp_path / ("x" * 300))})
+    assert f"longer than 255 bytes (the file system's limit for one name in a path): {variable}." in str(caught.value)
 
 
 @pytest.mark.parametrize("name", ["../escape", "/abs/run", "a\nb", ".", "..", ""])

@@ -190,11 +190,21 @@ def write_worker_result(run_dir: Path, result: WorkerResult) -> Path:
     return atomic_write_json(worker_result_path(run_dir), result.to_json())
 
 
+def load_worker_result(run_dir: Path) -> WorkerResult:
+    """The worker's record in RUN_DIR, for a reader that says why there is none (``rocmft status``).
+
+    Raises:
+        OSError: no file (FileNotFoundError: the worker did not start training) or one that cannot be read.
+        ValueError: not JSON (cut short, say), not a JSON object, or not a worker record (the reason in its text).
+    """
+    return WorkerResult.from_json(_json_object(worker_result_path(run_dir).read_text(), RESULT_FILE))
+
+
 def read_worker_result(run_dir: Path) -> WorkerResult | None:
     """The worker's record in RUN_DIR; None when there is none: no file (the worker did not start training),
     one that cannot be read, or one that is not a worker record."""
     try:
-        return WorkerResult.from_json(_json_object(worker_result_path(run_dir).read_text(), RESULT_FILE))
+        return load_worker_result(run_dir)
     except (OSError, ValueError):
         return None
 

@@ -6,9 +6,13 @@ import argparse
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rocmft.cli.common import MANIFEST_FILE, current_run_pointer, given_path
 from rocmft.errors import ConfigError, ExitCode
+
+if TYPE_CHECKING:
+    from rocmft.records import WorkerResult
 
 
 def register(sub) -> None:
@@ -54,7 +58,7 @@ def run(args) -> int:
     folder. Progress is the age of worker-result.json, which the worker rewrites at every logging step.
     Reads two small files: fast enough for a healthcheck every minute.
     """
-    from rocmft.records import RunStatus, WorkerResult, read_manifest, read_worker_result, worker_result_path
+    from rocmft.records import RunStatus, json_number, read_manifest, worker_result_path
     from rocmft.render import RUN_SUBDIR
 
     if given_path(args.output_dir, "rocmft status"):
@@ -78,21 +82,58 @@ def run(args) -> int:
         where = f"{manifest_path}" if nested == manifest_path else f"{nested} (or {manifest_path})"
         print(f"no run: cannot read {where} ({err.__cause__ or err})")
         return ExitCode.UNHEALTHY
-    result = read_worker_result(run_dir)
+    result, problem = _worker_record(run_dir)
     try:
         age = time.time() - result_path.stat().st_mtime
-    except OSError:
-        result = None
-    if result is None:  # no record (yet): the run's age is the manifest's
-        result, age = WorkerResult(), time.time() - manifest_path.stat().st_mtime
+    except OSError:  # no record (yet): the run's age is the manifest's
+        result, problem = None, None
+        age = time.time() - manifest_path.stat().st_mtime
     status = manifest.status
-    step, total = result.last_step, result.max_steps
-    where = f"step {step}/{total}" if step is not None else "no step logged yet"
-    loss = f", loss {result.losses[-1].loss:.4f}" if result.losses else ""
+    stepped, where = _progress(result, result_path, problem)
+    last_loss = json_number(result.losses[-1].loss) if result is not None and result.losses else None
+    loss = f", loss {last_loss:.4f}" if last_loss is not None else ""
     if status != RunStatus.RUNNING:
         print(f"{status}: {where}{loss} (exit code {manifest.exit_code}; {run_dir})")
         return ExitCode.OK if status == RunStatus.FINISHED else ExitCode.UNHEALTHY
-    limit = args.max_idle if step is not None else args.max_start
+    limit = args.max_idle if stepped else args.max_start
     state = "running" if age <= limit else "stalled"
     print(f"{state}: {where}{loss}, last update {age:.0f} s ago (limit {limit:.0f} s; {run_dir})")
     return ExitCode.OK if state == "running" else ExitCode.UNHEALTHY
+
+
+def _worker_record(run_dir: Path) -> tuple[WorkerResult | None, str | None]:
+    """``(WorkerResult or None, problem)``: the worker's record; None and no problem when there is no file (the
+    worker has not started training); None and ``"cannot be read: <why>"`` when the file is there but is no
+    record (cut short, not JSON, not an object: a worker writes whole records, atomically)."""
+    from rocmft.records import load_worker_result
+
+    try:
+        return load_worker_result(run_dir), None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as err:
+        return None, f"cannot be read: {err}"
+
+
+def _progress(result: WorkerResult | None, path: Path, problem: str | None) -> tuple[bool, str]:
+    """``(whether a step was logged, the words for it)``: ``step 12/100``; a record that does not say all of it
+    names ``path`` and what it lacks (``step 1 (total unknown: PATH has no max_steps)``, ``step unknown (PATH cannot
+    be read: ...)``): a damaged record printed "step 1/None", one cut short "no step logged yet" (a break-it
+    trial, 2026-12-05)."""
+    if problem is not None:
+        return False, f"step unknown ({path} {problem})"
+    step, total = (result.last_step, result.max_steps) if result is not None else (None, None)
+    if step is None:
+        return False, "no step logged yet"
+    if not _count(step):
+        return False, f"step unknown ({path} has last_step={step!r}, not a step number)"
+    if total is None:
+        return True, f"step {step} (total unknown: {path} has no max_steps)"
+    if not _count(total) or total == 0:
+        return True, f"step {step} (total unknown: {path} has max_steps={total!r}, not a number of steps)"
+    return True, f"step {step}/{total}"
+
+
+def _count(value: object) -> bool:
+    """Whether ``value`` is a whole number of steps (an int ≥ 0; JSON's true/false are no counts)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

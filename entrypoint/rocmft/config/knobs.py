@@ -16,6 +16,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from rocmft.fsutil import default_cache_dir
 
 PREFIX = "ROCMFT_"
+# The knobs whose value is a file or folder path (pathlib reads an empty one as '.'): RocmftSettings._no_empty_path
+# refuses them empty, and rocmft.config.settings.PATH_SETTINGS (with run_name and resume) checks their name lengths.
+PATH_KNOBS = ("config", "templates", "nvme_path", "saves_dir", "cache_dir")
 
 
 def _default_cache_dir() -> Path:
@@ -255,7 +258,7 @@ class RocmftSettings(BaseSettings):
         "the vocabulary is needed before the settings exist).",
     )
 
-    @field_validator("config", "templates", "nvme_path", "saves_dir", "cache_dir", mode="before")
+    @field_validator(*PATH_KNOBS, mode="before")
     @classmethod
     def _no_empty_path(cls, value: Any) -> Any:
         """Refuse an empty path setting (``ROCMFT_CACHE_DIR=``): pathlib reads ``""`` as ``.``, the working folder,

@@ -43,7 +43,7 @@ from rocmft.config.envargs import (
     replacement,
     unknown_variable_errors,
 )
-from rocmft.config.knobs import PREFIX, RocmftSettings
+from rocmft.config.knobs import PATH_KNOBS, PREFIX, RocmftSettings
 from rocmft.config.lfargs import is_secret_name, lf_arguments
 from rocmft.config.provenance import Kind, Source, texts
 from rocmft.config.userconfig import _refuse_unknown_keys, _typed_values, load_user_config
@@ -338,7 +338,10 @@ def _apply_environment(settings: Settings, values: Mapping[str, Any], environ: M
 # ENAMETOOLONG, where it returns False for a missing file.
 PATH_ARGUMENT = re.compile(r".*(_path|_dir|_file|_or_path)$|^(dataset|eval_dataset|deepspeed|resume_from_checkpoint)$")
 NAME_MAX = 255
-PATH_SETTINGS = ("config", "templates", "saves_dir", "cache_dir", "run_name", "resume")
+# The rocmft knobs named in files and folders: the path knobs (one list with knobs' empty-path check: nvme_path was
+# missing here, and an NVMe offload folder of a 300-byte name raised ENAMETOOLONG in the offload rule), the run's
+# folder name and ROCMFT_RESUME (a checkpoint folder).
+PATH_SETTINGS = (*PATH_KNOBS, "run_name", "resume")
 
 
 def _refuse_overlong_names(given: Mapping[str, Any]) -> None:

@@ -42,6 +42,9 @@ def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, A
             f"its path inside: {mount('<your YAML on the host>', str(path), read_only=True)}." if on_command_line else
             f"Mount the YAML at that path: {mount('<your YAML on the host>', str(path), read_only=True)}.",
         )  # fmt: skip
+    shape = _not_a_mapping(path)
+    if shape:  # before OmegaConf, which reads a lone `hello` as the key `hello` and refuses a lone number as an OSError
+        raise ConfigError(f"{where} holds {shape}: {MAPPING}", MAPPING_FIX)
     try:
         loaded = check_depth(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
     except (RecursionError, TooDeep) as err:  # OmegaConf recurses per level; PyYAML's scanner stops at its own
@@ -52,14 +55,41 @@ def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, A
             raise ConfigError(f"{where} is {TOO_DEEP}.", "Write the values flat, as LLaMA-Factory's examples/ "
                               "do (a mapping of argument: value).") from err  # fmt: skip
         raise ConfigError(f"{where} is not valid YAML: {err}", "Fix the YAML syntax.") from err
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{where} must be a mapping of argument: value.", "See LLaMA-Factory's examples/.")
+    if not isinstance(loaded, dict):  # a shape _not_a_mapping could not read
+        raise ConfigError(f"{where}: {MAPPING}", MAPPING_FIX)
     _refuse_unknown_keys(loaded, where, lambda key: key, lambda key: replacement(key, yaml_key=True))
     if raw is not None:  # the values as the YAML spells them, before typing (a "2k" or "1e-4" stays that text)
         raw.update(loaded)
         raw.update({key: text for key, text in _plain_scalars(path).items() if not isinstance(loaded.get(key), str)})
     return _typed_values(loaded, where, lambda key, value: f"{key}: {value!r}", "Give each key a value of the type "
                          "shown.")  # fmt: skip
+
+
+# What a training YAML is, and how to write one (LLaMA-Factory's examples/train_lora/*.yaml).
+MAPPING = "it must be a mapping of LLaMA-Factory arguments, one `argument: value` per line."
+MAPPING_FIX = ("Write the settings as LLaMA-Factory's examples/ do (e.g. `learning_rate: 1.0e-4`), one per line; "
+               "an empty file sets nothing.")  # fmt: skip
+
+
+def _not_a_mapping(path: Path) -> str | None:
+    """What the YAML at ``path`` holds when its one document is a list or a lone scalar (``the text 'hello'``,
+    ``a list of 2 items``), else None: a mapping, an empty file (no settings, as LLaMA-Factory reads it), a lone
+    ``null``, or a file PyYAML cannot compose (OmegaConf's own error then says why). OmegaConf 2.4 reads a lone
+    ``hello`` as ``{hello: None}``, which was reported as one unknown key (a break-it trial, 2026-12-05)."""
+    import yaml
+
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, ValueError, RecursionError, yaml.YAMLError):
+        return None
+    if isinstance(node, yaml.SequenceNode):
+        return f"a list of {len(node.value)} item{'' if len(node.value) == 1 else 's'}"
+    if not isinstance(node, yaml.ScalarNode) or node.tag == "tag:yaml.org,2002:null":
+        return None
+    kind = {"str": "the text", "int": "the number", "float": "the number", "bool": "the boolean"}.get(
+        node.tag.rsplit(":", 1)[-1], "the value"
+    )
+    return f"only {kind} {node.value[:60]!r}"
 
 
 def _plain_scalars(path: Path) -> dict[str, str]:

@@ -24,6 +24,7 @@ from typing import Any
 from rocmft.console import warn
 from rocmft.errors import ConfigError
 from rocmft.fsutil import atomic_write_text
+from rocmft.outputs.report_page import steps_text
 from rocmft.records import MANIFEST_FILE, Manifest, WorkerResult, json_number, read_manifest, read_worker_result
 
 SUMMARY_MD = "run_summary.md"
@@ -115,8 +116,8 @@ def run_facts(output_dir: Path) -> dict[str, Any]:
         "eval_data_sets": [n.strip() for n in str(arguments.get("eval_dataset") or "").split(",") if n.strip()],
         "method": method,
         "precision": {k: manifest.precision.get(k) for k in ("policy", "compute_dtype")},
-        "steps": _num(state.get("global_step")) or worker.last_step,
-        "max_steps": _num(state.get("max_steps")) or worker.max_steps,
+        "steps": _num(state.get("global_step")) or _num(worker.last_step),
+        "max_steps": _num(state.get("max_steps")) or _num(worker.max_steps),
         "final_loss": train[-1]["loss"] if train else None,
         "final_eval_loss": evals[-1]["eval_loss"] if evals else None,
         "tokens": _num(state.get("num_input_tokens_seen")) or worker.tokens_seen,
@@ -259,7 +260,7 @@ def summary_rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
         ("data sets", ", ".join(facts["data_sets"]) or None),
         ("method", ", ".join(f"{k} {v}" for k, v in facts["method"].items()) or None),
         ("precision", facts["precision"].get("policy")),
-        ("steps", f"{facts['steps']} of {facts['max_steps']}" if facts["steps"] is not None else None),
+        ("steps", steps_text(facts["steps"], facts["max_steps"])),
         ("final train loss", _number(facts["final_loss"])),
         ("final eval loss", _number(facts["final_eval_loss"])),
         ("tokens trained on", facts["tokens"]),

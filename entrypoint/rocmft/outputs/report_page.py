@@ -187,6 +187,14 @@ def _settings_part(manifest: Manifest, key: str, kind: type) -> Any:
     return value if isinstance(value, kind) else kind()
 
 
+def steps_text(steps: Any, max_steps: Any) -> str | None:
+    """``"15 of 40"``; ``"1 (total not recorded)"`` when no record holds a planned number of steps (a damaged
+    worker-result.json read "1 of None": a break-it trial, 2026-12-05); None without a step."""
+    if json_number(steps) is None:
+        return None
+    return f"{steps} of {max_steps}" if json_number(max_steps) else f"{steps} (total not recorded)"
+
+
 def ending(manifest: Manifest, worker: WorkerResult) -> list[tuple[str, str]]:
     """How the run ended, as (what, value) rows: status and exit code (rocmft.errors.ExitCode's name), the last
     step reached of those planned, and the worker's error, non-finite value or graceful stop when there was one."""
@@ -197,7 +205,7 @@ def ending(manifest: Manifest, worker: WorkerResult) -> list[tuple[str, str]]:
         code_text = str(code)
     rows = [("status", manifest.status or "unknown"), ("exit code", code_text)]
     if worker.last_step is not None:
-        rows.append(("last step", f"{worker.last_step} of {worker.max_steps if worker.max_steps else '?'}"))
+        rows.append(("last step", steps_text(worker.last_step, worker.max_steps) or f"{worker.last_step!r}"))
     if worker.non_finite is not None:
         stop = worker.non_finite
         median = f" (recent median {json_number(stop.median):.4g})" if json_number(stop.median) is not None else ""

@@ -102,7 +102,8 @@ def more_values(run: Rendered) -> list[str]:
     Errors: a NaN or infinite value (:func:`_not_a_number`); LORA_ALPHA ≤ 0 (the adapter's scale alpha/rank is
     then 0 or negative, peft's LoRA formula); MAX_STEPS=0;
     WARMUP_STEPS < 0; MAX_GRAD_NORM < 0 (transformers clips only when > 0, so a negative value turns clipping
-    off without a word); LOGGING_STEPS < 0 (nothing logged); DATALOADER_NUM_WORKERS < 0 (torch refuses it late);
+    off without a word); LOGGING_STEPS < 0 (nothing logged); SAVE_STEPS < 0 and EVAL_STEPS < 0 (no checkpoint
+    during the run, evaluation only at its end); DATALOADER_NUM_WORKERS < 0 (torch refuses it late);
     MAX_SAMPLES ≤ 0; QUANTIZATION_BIT other than 4 or 8 with bitsandbytes (its only
     widths, LLaMA-Factory's quantization docs); WARMUP_STEPS and WARMUP_RATIO both set (transformers uses the
     steps and ignores the ratio); INTERLEAVE_PROBS with MIX_STRATEGY=concat, of another length than the data
@@ -167,7 +168,8 @@ def _lora_alpha(run: Rendered) -> None:
 
 
 def _not_negative(run: Rendered, name: str, fix: str) -> None:
-    """A negative WARMUP_STEPS, MAX_GRAD_NORM, LOGGING_STEPS or DATALOADER_NUM_WORKERS (``name``)."""
+    """A negative WARMUP_STEPS, MAX_GRAD_NORM, LOGGING_STEPS, SAVE_STEPS, EVAL_STEPS or DATALOADER_NUM_WORKERS
+    (``name``)."""
     value = _user_number(run, name)
     if value is not None and value < 0:
         raise ConfigError(f"{named(run, name)} is negative.", fix)
@@ -322,6 +324,18 @@ _VALUE_CHECKS: tuple[Callable[[Rendered], None], ...] = (
     partial(_not_negative, name="logging_steps",
             fix="Set LOGGING_STEPS to a number of steps (e.g. LOGGING_STEPS=10), or a fraction below 1 of "
                 "the run's steps."),
+    # SAVE_STEPS and EVAL_STEPS: transformers 5.6 reads a value below 1 as a fraction of the run's steps
+    # (TrainerState.compute_steps: ceil(max_steps * value)), so a negative SAVE_STEPS saved no checkpoint during the
+    # run (DefaultFlowCallback saves only for save_steps > 0) and EVAL_STEPS=-1 evaluated only at the end (step %
+    # -max_steps); its own validation (TrainingArguments.__post_init__, run by the parse) refuses neither
+    # (SAVE_STEPS=-5, EVAL_STEPS=-1: exit 0, 2026-12-05). A fraction in (0, 1) stays allowed; 0 is SAVE_STEPS's
+    # warning (_value_warnings) and, for EVAL_STEPS, transformers' documented fall-back to LOGGING_STEPS.
+    partial(_not_negative, name="save_steps",
+            fix="Set SAVE_STEPS to a number of steps between checkpoints (e.g. SAVE_STEPS=500), a fraction below 1 "
+                "of the run's steps, or SAVE_STRATEGY=no for no checkpoints."),
+    partial(_not_negative, name="eval_steps",
+            fix="Set EVAL_STEPS to a number of steps between evaluations (e.g. EVAL_STEPS=100), a fraction below 1 "
+                "of the run's steps, or unset it (transformers then evaluates every LOGGING_STEPS)."),
     # torch's DataLoader raises "num_workers option should be non-negative" once the model has loaded (exit 4)
     partial(_not_negative, name="dataloader_num_workers",
             fix="Set DATALOADER_NUM_WORKERS to 0 (load data in the training process) or a number of processes."),
