@@ -71,8 +71,10 @@ def _reference_tree(ref: str, into: Path) -> Path:
     if (Path(ref) / "entrypoint").is_dir():
         return Path(ref)
     repo = Path(__file__).resolve().parents[1]
-    archive = subprocess.run(["git", "-C", str(repo), "archive", ref, "entrypoint"], check=True,
-                             capture_output=True).stdout  # fmt: skip
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref, "entrypoint"], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"--ref {ref}: neither a folder holding entrypoint/ nor a commit of {repo}")
+    archive = archive.stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -240,8 +239,11 @@ class WorkerResultWriter:
 
     The first :meth:`write` starts losses.jsonl afresh with the record's losses (a new run, or a resumed one in the
     same OUTPUT_DIR, starts an empty file, as its record starts with no losses: :meth:`WorkerResult.start`). Each
-    later one first appends the lines of the steps logged since (flushed and fsynced, as the record is), then
-    rewrites worker-result.json atomically: a reader never sees the record count a step whose line is missing. A
+    later one first appends the lines of the steps logged since (flushed), then rewrites worker-result.json
+    atomically: a reader never sees the record count a step whose line is missing. The lines are not fsynced: a
+    second fsync per logged step cost 4-5 ms on a slow disk (bench/worker_record.py), and after a power loss a
+    record that counts lines the file lost reads as fewer losses, which only makes
+    rocmft.render.resume.last_good_checkpoint choose an earlier checkpoint. A
     record whose losses are not the ones written plus new ones (fewer, or others) rewrites the file whole.
     Thread-safe (the lost-node watch writes from its own thread: rocmft.worker.peers).
     """
@@ -285,8 +287,7 @@ class WorkerResultWriter:
             if size > self._size:
                 handle.truncate(self._size)
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            handle.flush()  # in the page cache before the record counts it; not fsynced (the class docstring)
         self._size += len(data)
         return True
 
