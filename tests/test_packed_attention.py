@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from rocmft.records import read_worker_result  # noqa: E402
 from rocmft.worker import attention  # noqa: E402
 
 
@@ -193,8 +194,8 @@ def _worker_losses(folder, cache_dir, run_dir, packed_attention):
                           env=_rocmft_environment(folder, cache_dir, None), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
-    result = json.loads((run_dir / "worker-result.json").read_text())
-    return [entry["loss"] for entry in result["losses"]], result.get("attention"), result.get("tokens_seen")
+    result = read_worker_result(run_dir)  # the losses are in losses.jsonl beside worker-result.json
+    return [entry.loss for entry in result.losses], result.attention, result.tokens_seen
 
 
 @pytest.mark.slow  # starts rocmft, LLaMA-Factory's parser or a trainer as a process (not the fast layer)

@@ -3,8 +3,8 @@
 ==========================  ==========================================  =========================================
 record                      writer                                      reader
 ==========================  ==========================================  =========================================
-RUN_DIR/worker-result.json  the worker (:func:`write_worker_result`)    :func:`read_worker_result` (cli, launch,
-                                                                        report; the manifest embeds it)
+RUN_DIR/worker-result.json  the worker (:class:`WorkerResultWriter`)   :func:`read_worker_result` (cli, launch,
+and RUN_DIR/losses.jsonl    (the losses appended, the rest rewritten)   report; the manifest embeds it)
 RUN_DIR/run.json            render (:meth:`RunPolicy.to_json`)          the worker (:func:`read_run_policy`)
 parser child's stdin lines  :class:`rocmft.validate.Validator`          the child (:meth:`ParseRequest.from_line`,
                             (:meth:`ParseRequest.to_line`,              :meth:`TrainOrder.from_line`)
@@ -18,7 +18,8 @@ RUN_DIR/checks.json         check, train (rocmft.checks.report)         :func:`r
 
 Each carries ``version`` (:data:`VERSION`, the layout's number; a record without one has the layout of version 1,
 written before the field existed; readers read any version by the keys they know); the manifest's is
-``schema_version`` (:data:`SCHEMA_VERSION`, the same rule). JSON keys are the ones
+``schema_version`` (:data:`SCHEMA_VERSION`, the same rule), the worker record's :data:`RESULT_VERSION` (2: its
+losses in losses.jsonl, :class:`WorkerResult`). JSON keys are the ones
 rocmft 0.1.0 wrote. Statuses and causes are one vocabulary, :class:`RunStatus`. Nothing of rocmft is imported
 here but the ground floor.
 The records live in siblings by the processes they join, all ground floor and all importable from here:
@@ -51,14 +52,19 @@ from rocmft.records_probe import (
 from rocmft.records_probe import BlasRecord as BlasRecord
 from rocmft.records_probe import UnifiedMemory as UnifiedMemory
 from rocmft.records_worker import (
+    LOSSES_FILE,
     RESULT_FILE,
+    RESULT_VERSION,
     RUN_POLICY_FILE,
     LossRecord,
     NonFinite,
     PrecisionRecord,
     RunPolicy,
     WorkerResult,
+    WorkerResultWriter,
     load_worker_result,
+    losses_path,
+    read_losses,
     read_run_policy,
     read_worker_result,
     worker_result_path,
@@ -67,9 +73,11 @@ from rocmft.records_worker import (
 
 __all__ = [
     "CHECKS_FILE",
+    "LOSSES_FILE",
     "MANIFEST_FILE",
     "PROBES",
     "RESULT_FILE",
+    "RESULT_VERSION",
     "RUN_POLICY_FILE",
     "SCHEMA_VERSION",
     "VERSION",
@@ -93,10 +101,13 @@ __all__ = [
     "RunStatus",
     "TrainOrder",
     "WorkerResult",
+    "WorkerResultWriter",
     "json_number",
     "load_worker_result",
+    "losses_path",
     "probe_line",
     "read_checks_report",
+    "read_losses",
     "read_manifest",
     "read_parse_result",
     "read_probe_line",

@@ -1,19 +1,25 @@
 """The records between the entrypoint and the worker process: ``run.json``, which render writes and the worker
-reads (:class:`RunPolicy`), and ``worker-result.json``, which the worker writes and the command line, the launcher
-and the report read (:class:`WorkerResult`). Re-exported by :mod:`rocmft.records` (the table of every record)."""
+reads (:class:`RunPolicy`), and ``worker-result.json`` with its ``losses.jsonl``, which the worker writes
+(:class:`WorkerResultWriter`) and the command line, the launcher and the report read (:class:`WorkerResult`).
+Re-exported by :mod:`rocmft.records` (the table of every record)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import json
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-from rocmft.fsutil import atomic_write_json
+from rocmft.fsutil import atomic_write_json, atomic_write_text
 from rocmft.records_common import VERSION, RunStatus, _json_object
 
 RESULT_FILE = "worker-result.json"  # OUTPUT_DIR/rocmft/: written by the worker, read by the entrypoint
+LOSSES_FILE = "losses.jsonl"  # OUTPUT_DIR/rocmft/, beside RESULT_FILE: the worker's logged steps, one line each
+RESULT_VERSION = 2  # worker-result.json's layout: 2 keeps the losses in LOSSES_FILE; 1 (or none) holds them inline
+LOGGED_KEY = "losses_logged"  # worker-result.json's key (layout 2): how many lines of LOSSES_FILE the record counts
 RUN_POLICY_FILE = "run.json"  # OUTPUT_DIR/rocmft/: written by render, read by the worker
 
 
@@ -77,8 +83,17 @@ class NonFinite:
 
 @dataclass(frozen=True)
 class WorkerResult:
-    """``RUN_DIR/worker-result.json``: what one node's worker did, rewritten (atomically) at train start, at each
-    logging step and at the end by each node's local rank 0.
+    """``RUN_DIR/worker-result.json`` and ``RUN_DIR/losses.jsonl``: what one node's worker did, written at train
+    start, at each logging step and at the end by each node's local rank 0 (:class:`WorkerResultWriter`).
+
+    Layout (``version`` :data:`RESULT_VERSION`, 2): worker-result.json, rewritten atomically at each write, holds
+    every key below but the losses; in their place ``losses_logged``, the number of logged steps the record
+    accounts for. The steps are the first ``losses_logged`` whole lines of losses.jsonl, one compact JSON object
+    (:meth:`LossRecord.to_json`) per line, appended at each logging step (O(1) per step: version 1 rewrote every
+    loss at every step, O(n²) over a run); a line that is not a whole record (the last one, torn by a worker
+    killed mid-append) is skipped. Version 1 (earlier rocmft; a record without ``version`` is one) holds the
+    losses inline, ``"losses": [{...}, ...]``, and still reads. :meth:`to_json` is the whole record with the
+    losses inline (the manifest embeds it); :meth:`record_json` is worker-result.json's object.
 
     Attributes:
         status: a :class:`RunStatus` word, or ``stopping (<why>)`` / ``interrupted (<why>)``; None in a record
@@ -101,7 +116,7 @@ class WorkerResult:
     byte for byte as it was written.
     """
 
-    version: int = VERSION
+    version: int = RESULT_VERSION
     status: str | None = None
     losses: tuple[LossRecord, ...] = ()
     parameter_dtypes: dict[str, int] | None = None
@@ -140,14 +155,27 @@ class WorkerResult:
         return [entry.to_json() for entry in self.losses]
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object (keys in first-set order; see the class docstring)."""
+        """The JSON object with the losses inline (keys in first-set order; see the class docstring): what the
+        manifest embeds. O(number of losses)."""
+        return self._json(inline=True)
+
+    def record_json(self) -> dict[str, Any]:
+        """worker-result.json's JSON object: :meth:`to_json` with ``losses_logged`` (their number) in the place
+        of the losses, which losses.jsonl holds (:class:`WorkerResultWriter`). O(1) in the number of losses."""
+        return self._json(inline=False)
+
+    def _json(self, inline: bool) -> dict[str, Any]:
         data: dict[str, Any] = {}
         for key in self.keys:
             if key in self.extra:
                 data[key] = self.extra[key]
                 continue
             value = getattr(self, key)
-            if key == "losses":
+            if key == "version" and not inline:
+                value = RESULT_VERSION  # the file's layout, whatever the record read was written in
+            elif key == "losses" and not inline:
+                key, value = LOGGED_KEY, len(value)
+            elif key == "losses":
                 value = [entry.to_json() for entry in value]
             elif key == "non_finite" and value is not None:
                 value = value.to_json()
@@ -155,18 +183,23 @@ class WorkerResult:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> WorkerResult:
-        """The record of a JSON object.
+    def from_json(cls, data: Mapping[str, Any], losses: Sequence[LossRecord] = ()) -> WorkerResult:
+        """The record of a JSON object: the whole one (``losses`` inline, version 1 and :meth:`to_json`), or
+        worker-result.json's (:meth:`record_json`), whose steps are the first ``losses_logged`` of ``losses``
+        (:func:`read_losses`; fewer when ``losses`` has fewer).
 
         Raises:
-            ValueError: ``losses`` or ``non_finite`` is not of the shape above.
+            ValueError: ``losses``, ``losses_logged`` or ``non_finite`` is not of the shape above.
         """
         names = {f.name for f in dataclasses.fields(cls)} - {"extra", "keys"}
         values: dict[str, Any] = {"version": 1}
         extra = {}
+        keys = []
         try:
             for key, value in data.items():
-                if key == "losses":
+                if key == LOGGED_KEY and "losses" not in data:
+                    key, value = "losses", tuple(losses[: _logged_count(value)])
+                elif key == "losses":
                     value = tuple(LossRecord.from_json(entry) for entry in value or [])
                 elif key == "non_finite" and value is not None:
                     value = NonFinite.from_json(value)
@@ -174,9 +207,20 @@ class WorkerResult:
                     values[key] = value
                 else:
                     extra[key] = value
+                keys.append(key)
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"not a worker record: {type(err).__name__}: {err}") from err
-        return cls(**values, extra=extra, keys=tuple(data))
+        return cls(**values, extra=extra, keys=tuple(keys))
+
+
+def _logged_count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TypeError(f"{LOGGED_KEY} is {value!r}, not a number of logged steps")
+    return value
+
+
+def _loss_line(entry: LossRecord) -> str:
+    return json.dumps(entry.to_json(), ensure_ascii=False, default=str) + "\n"
 
 
 def worker_result_path(run_dir: Path) -> Path:
@@ -184,25 +228,120 @@ def worker_result_path(run_dir: Path) -> Path:
     return Path(run_dir) / RESULT_FILE
 
 
+def losses_path(run_dir: Path) -> Path:
+    """``RUN_DIR/losses.jsonl``: the logged steps of the record beside it (:class:`WorkerResult`)."""
+    return Path(run_dir) / LOSSES_FILE
+
+
+class WorkerResultWriter:
+    """Writes one worker's record in RUN_DIR as it grows (the layout: :class:`WorkerResult`), in O(1) per logged
+    step.
+
+    The first :meth:`write` starts losses.jsonl afresh with the record's losses (a new run, or a resumed one in the
+    same OUTPUT_DIR, starts an empty file, as its record starts with no losses: :meth:`WorkerResult.start`). Each
+    later one first appends the lines of the steps logged since (flushed), then rewrites worker-result.json
+    atomically: a reader never sees the record count a step whose line is missing. The lines are not fsynced: a
+    second fsync per logged step cost 4-5 ms on a slow disk (bench/worker_record.py), and after a power loss a
+    record that counts lines the file lost reads as fewer losses, which only makes
+    rocmft.render.resume.last_good_checkpoint choose an earlier checkpoint. A
+    record whose losses are not the ones written plus new ones (fewer, or others) rewrites the file whole.
+    Thread-safe (the lost-node watch writes from its own thread: rocmft.worker.peers).
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self._lock = threading.Lock()
+        self._count: int | None = None  # losses in losses.jsonl; None: not written yet
+        self._last: LossRecord | None = None  # the last of them
+        self._size = 0  # bytes of losses.jsonl: the end of its last whole line
+
+    def write(self, result: WorkerResult) -> Path:
+        """Write ``result``: the new loss lines, then the record; returns the record's path.
+
+        Raises:
+            OSError: RUN_DIR cannot be written (the line or the record; a torn line is cut off at the next write).
+        """
+        with self._lock:
+            self._write_losses(result.losses)
+            return atomic_write_json(worker_result_path(self.run_dir), result.record_json())
+
+    def _write_losses(self, losses: tuple[LossRecord, ...]) -> None:
+        count, path = self._count, losses_path(self.run_dir)
+        grown = count is not None and len(losses) >= count and (count == 0 or losses[count - 1] == self._last)
+        if not grown or not self._append(path, losses[count:]):
+            text = "".join(_loss_line(entry) for entry in losses)
+            atomic_write_text(path, text)
+            self._size = len(text.encode())
+        self._count, self._last = len(losses), losses[-1] if losses else None
+
+    def _append(self, path: Path, entries: tuple[LossRecord, ...]) -> bool:
+        """Append ``entries`` (none: nothing to do); False when the file is not the one written (shorter, gone):
+        rewrite it whole. A longer one holds a torn line of a failed append, which is cut off first."""
+        if not entries:
+            return True
+        data = "".join(_loss_line(entry) for entry in entries).encode()
+        with open(path, "ab") as handle:
+            size = handle.tell()
+            if size < self._size:
+                return False
+            if size > self._size:
+                handle.truncate(self._size)
+            handle.write(data)
+            handle.flush()  # in the page cache before the record counts it; not fsynced (the class docstring)
+        self._size += len(data)
+        return True
+
+
 def write_worker_result(run_dir: Path, result: WorkerResult) -> Path:
-    """Write ``result`` to ``RUN_DIR/worker-result.json`` atomically (a reader never sees half a record); returns
-    the path. Raises OSError when RUN_DIR cannot be written."""
-    return atomic_write_json(worker_result_path(run_dir), result.to_json())
+    """Write ``result`` whole to RUN_DIR (its losses to a fresh losses.jsonl, then worker-result.json, each
+    atomically); returns the record's path. A worker that writes as it trains keeps one
+    :class:`WorkerResultWriter`, which appends the new losses only. Raises OSError when RUN_DIR cannot be written."""
+    return WorkerResultWriter(run_dir).write(result)
+
+
+def read_losses(run_dir: Path, limit: int | None = None) -> tuple[LossRecord, ...]:
+    """The logged steps in ``RUN_DIR/losses.jsonl``, oldest first, at most ``limit`` of them. A line that is not a
+    whole loss record (the last one torn by a worker killed mid-append, or a damaged one) is skipped; no file, or
+    one that cannot be read, holds none."""
+    try:
+        lines = [line for line in losses_path(run_dir).read_bytes().split(b"\n") if line.strip()]
+    except OSError:
+        return ()
+    try:  # every line whole (the common case): one parse, twice as fast as one per line
+        whole = tuple(LossRecord.from_json(entry) for entry in json.loads(b"[" + b",".join(lines[:limit]) + b"]"))
+        if len(whole) == len(lines[:limit]):
+            return whole
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    entries: list[LossRecord] = []
+    for line in lines:
+        if limit is not None and len(entries) >= limit:
+            break
+        try:
+            entries.append(LossRecord.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError, AttributeError):  # UnicodeDecodeError is a ValueError
+            continue
+    return tuple(entries)
 
 
 def load_worker_result(run_dir: Path) -> WorkerResult:
-    """The worker's record in RUN_DIR, for a reader that says why there is none (``rocmft status``).
+    """The worker's record in RUN_DIR, its losses included (from losses.jsonl, or inline in a version 1 record),
+    for a reader that says why there is none (``rocmft status``).
 
     Raises:
         OSError: no file (FileNotFoundError: the worker did not start training) or one that cannot be read.
         ValueError: not JSON (cut short, say), not a JSON object, or not a worker record (the reason in its text).
     """
-    return WorkerResult.from_json(_json_object(worker_result_path(run_dir).read_text(), RESULT_FILE))
+    data = _json_object(worker_result_path(run_dir).read_text(), RESULT_FILE)
+    logged = data.get(LOGGED_KEY) if "losses" not in data else None
+    limit = logged if isinstance(logged, int) and not isinstance(logged, bool) and logged >= 0 else 0
+    return WorkerResult.from_json(data, read_losses(run_dir, limit) if limit else ())
 
 
 def read_worker_result(run_dir: Path) -> WorkerResult | None:
-    """The worker's record in RUN_DIR; None when there is none: no file (the worker did not start training),
-    one that cannot be read, or one that is not a worker record."""
+    """The worker's record in RUN_DIR, its losses included (from losses.jsonl, or inline in a version 1 record);
+    None when there is none: no file (the worker did not start training), one that cannot be read, or one that is
+    not a worker record."""
     try:
         return load_worker_result(run_dir)
     except (OSError, ValueError):
@@ -305,13 +444,18 @@ def read_run_policy(run_dir: Path) -> RunPolicy:
 
 
 __all__ = [
+    "LOSSES_FILE",
     "RESULT_FILE",
+    "RESULT_VERSION",
     "RUN_POLICY_FILE",
     "LossRecord",
     "NonFinite",
     "PrecisionRecord",
     "RunPolicy",
     "WorkerResult",
+    "WorkerResultWriter",
+    "losses_path",
+    "read_losses",
     "read_run_policy",
     "read_worker_result",
     "worker_result_path",

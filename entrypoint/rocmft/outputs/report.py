@@ -5,7 +5,8 @@
 * ``trainer_log.jsonl`` (LLaMA-Factory's LogCallback: loss, eval_loss, lr, total_tokens per logging step),
 * ``trainer_state.json`` (transformers' ``log_history``: ``num_input_tokens_seen`` and ``train_runtime`` in
   seconds at each log, from which tokens/s per logging interval is computed),
-* ``rocmft/worker-result.json`` (rocmft's worker: GPU memory per log on GPUs, peak memory, steps),
+* ``rocmft/worker-result.json`` and ``rocmft/losses.jsonl`` (rocmft's worker: GPU memory per log on GPUs, peak
+  memory, steps),
 * ``rocmft/manifest.json`` (model, data sets, method, versions),
 
 and :func:`write_summary` turns them into ``run_summary.md`` and ``run_summary.png`` (loss train/eval,
@@ -306,7 +307,7 @@ def summary_markdown(facts: dict[str, Any], image: str | None) -> str:
     lines += [
         "",
         "Sources: trainer_log.jsonl and trainer_state.json (LLaMA-Factory, transformers), "
-        "rocmft/worker-result.json and rocmft/manifest.json (rocmft). Written by `rocmft report`.",
+        "rocmft/worker-result.json, rocmft/losses.jsonl and rocmft/manifest.json (rocmft). Written by `rocmft report`.",
         "",
     ]
     return "\n".join(lines)

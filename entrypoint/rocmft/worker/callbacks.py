@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from rocmft.console import say, warn
-from rocmft.records import LossRecord, NonFinite, RunPolicy, RunStatus, WorkerResult, with_reason, write_worker_result
+from rocmft.records import LossRecord, NonFinite, RunPolicy, RunStatus, WorkerResult, WorkerResultWriter, with_reason
 from rocmft.worker.faults import GradSpike, hang_at_step, nan_after_step
 
 
@@ -194,6 +194,7 @@ class _RocmftHooks:
     def __init__(self, policy: RunPolicy, run_dir: Path) -> None:
         self.policy, self.run_dir = policy, run_dir
         self.result = WorkerResult.start()
+        self.record = WorkerResultWriter(run_dir)  # its first write starts losses.jsonl afresh (a resumed run too)
         self.recent: list[float] = []  # the last logged losses, on every rank, for the spike watchdog
         self.recent_norms: list[float] = []  # the last logged gradient norms, for the gradient-norm watchdog
         self.norm_warned_at: int | None = None  # the step of the last gradient-norm warning
@@ -209,7 +210,12 @@ class _RocmftHooks:
         # that stopped because another rank was signalled can say so (rocmft.launch.run_worker reads it);
         # without torchrun (one process, or one scheduler task: RUN_DIR rocmft-rank<R>) the process always does
         if state.is_local_process_zero or not under_torchrun():
-            write_worker_result(self.run_dir, self.result)
+            self.write_record()
+
+    def write_record(self) -> None:
+        """Write :attr:`result` to RUN_DIR (the new losses appended, the record rewritten: O(1) per logged step);
+        for the process that writes the node's record only (:meth:`_save`). Raises OSError as the writer does."""
+        self.record.write(self.result)
 
     def _record_peak(self) -> None:
         import torch
@@ -320,7 +326,7 @@ class _RocmftHooks:
             message = f"{message}. {peers.resume_hint(Path(args.output_dir))}."
             say(message, stream=sys.stderr, all_ranks=True)
             self.result = self.result.updated(status=RunStatus.FAILED, error=message)
-            write_worker_result(self.run_dir, self.result)
+            self.write_record()
 
         peers.start(self.policy.peer_timeout_s or 0, on_lost)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rocmft.console import say
 from rocmft.errors import ExitCode
-from rocmft.records import RunPolicy, RunStatus, read_run_policy, with_reason, write_worker_result
+from rocmft.records import RunPolicy, RunStatus, read_run_policy, with_reason
 from rocmft.values import truthy
 from rocmft.worker import faults, patches
 from rocmft.worker.callbacks import SAME_STOP_S, STOP, Interrupted, NonFiniteLoss, rocmft_callback, under_torchrun
@@ -102,7 +102,7 @@ def main(run_dir: str) -> int:
     except Interrupted as err:
         callback.result = callback.result.updated(status=with_reason(RunStatus.INTERRUPTED, str(err)))
         if writes_record:
-            write_worker_result(run_path, callback.result)
+            callback.write_record()
         say(f"interrupted by {err}", stream=sys.stderr, all_ranks=True)  # rocmft.launch says what it means
         return ExitCode.INTERRUPTED
     except Exception as err:
@@ -120,7 +120,7 @@ def main(run_dir: str) -> int:
                 "safe fallbacks (ROCMFT_ON_HANG=retry does both by itself)",
                 stream=sys.stderr, all_ranks=True)  # fmt: skip
         if writes_record:
-            write_worker_result(run_path, callback.result)
+            callback.write_record()
         return ExitCode.TRAINING_FAILED
     return _exit_after_training()
 
