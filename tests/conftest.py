@@ -401,7 +401,7 @@ TRAINED_FIXTURES = frozenset({"lora_run", "exported"})
 TRAINED_FILES = frozenset({"test_export.py", "test_fabric.py", "test_serve_command.py"})
 # the same for the built-in default's run (default_run, default_export)
 DEFAULT_FIXTURES = frozenset({"default_run", "default_export"})
-DEFAULT_FILES = frozenset({"test_train.py", "test_serve.py"})
+DEFAULT_FILES = frozenset({"test_train.py", "test_serve.py", "test_serve_docker.py"})
 
 
 def _group(nodeid: str) -> str:
