@@ -58,8 +58,11 @@ def run_once(entrypoint: Path, work: Path) -> dict:
     output = work / "run"
     shutil.rmtree(output, ignore_errors=True)
     env = clean_environment()
+    (work / "tmp").mkdir(exist_ok=True)  # its own temp folder: `rocmft train` notes its run there for `rocmft
+    # status`, and a note in the system's temp folder outlived the deleted run (a newcomer's trial, 2026-12-05)
     env.update({"PYTHONPATH": f"{work / 'site'}{os.pathsep}{entrypoint}", "BENCH_CPU_LOG": str(log),
-                "OUTPUT_DIR": str(output), "MAX_STEPS": "10", "HF_HUB_OFFLINE": "1"})  # fmt: skip
+                "OUTPUT_DIR": str(output), "MAX_STEPS": "10", "HF_HUB_OFFLINE": "1",
+                "TMPDIR": str(work / "tmp")})  # fmt: skip
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "rocmft", "train"], env=env, cwd=work, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=900)  # fmt: skip

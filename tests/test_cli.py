@@ -240,6 +240,25 @@ def test_status_names_a_damaged_run_record_once(rocmft_here, tmp_path):
     assert damaged.stdout == f"no run: cannot read {record} (it is not a JSON object)\n", damaged.stdout
 
 
+def test_status_of_a_run_that_is_not_there_says_what_to_pass(rocmft_here, tmp_path):
+    """A folder given that does not exist, and the temp folder's note of an earlier `rocmft train` whose run was
+    deleted since: "no run" (exit 1) naming what is missing and what to pass. The first printed the bare errno, the
+    second named the deleted run with no word on why (a newcomer's trial, 2026-12-05)."""
+    from conftest import short_temp_folder
+
+    absent = rocmft_here("status", str(tmp_path / "nothing"))
+    assert absent.returncode == 1, absent.stdout
+    assert absent.stdout == (f"no run: {tmp_path / 'nothing'} does not exist here; pass the OUTPUT_DIR a `rocmft "
+                             "train` wrote to (as this machine or container sees it, e.g. saves/<run>)\n")  # fmt: skip
+    pointer = short_temp_folder(tmp_path) / "rocmft-current-run"
+    pointer.write_text(f"{tmp_path / 'deleted' / 'rocmft'}\n")
+    stale = rocmft_here("status")
+    assert stale.returncode == 1, stale.stdout
+    assert stale.stdout.startswith(f"no run: {pointer} notes {tmp_path / 'deleted' / 'rocmft'}, the run of an "
+                                   "earlier `rocmft train`, which no longer exists"), stale.stdout  # fmt: skip
+    assert "pass the run's OUTPUT_DIR" in stale.stdout and "Errno" not in stale.stdout
+
+
 @PARSES
 def test_a_failed_check_in_a_used_output_folder_keeps_the_earlier_run_and_leaves_only_its_report(rocmft_here, tmp_path):
     """The earlier training run's record moves to rocmft-history; rocmft/ then holds the new report alone."""

@@ -76,6 +76,10 @@ def run(args) -> int:
         print("no run: nothing started `rocmft train` here; pass the run's OUTPUT_DIR")
         return ExitCode.UNHEALTHY
     manifest_path, result_path = run_dir / MANIFEST_FILE, worker_result_path(run_dir)
+    missing = _missing_run(args.output_dir, run_dir)
+    if missing:
+        print(missing)
+        return ExitCode.UNHEALTHY
     try:
         manifest = read_manifest(manifest_path)
     except ConfigError as err:
@@ -100,6 +104,20 @@ def run(args) -> int:
     state = "running" if age <= limit else "stalled"
     print(f"{state}: {where}{loss}, last update {age:.0f} s ago (limit {limit:.0f} s; {run_dir})")
     return ExitCode.OK if state == "running" else ExitCode.UNHEALTHY
+
+
+def _missing_run(given: str | None, run_dir: Path) -> str | None:
+    """The "no run" line when ``run_dir`` is not there at all, with what to do; None when it is (a damaged
+    record inside is read_manifest's to name). A folder given that does not exist printed the bare errno, and the
+    temp folder's note of an earlier `rocmft train` whose run was deleted since named that run with no word on why
+    (a newcomer's trial, 2026-12-05)."""
+    if run_dir.exists():
+        return None
+    if given is not None:
+        return (f"no run: {given} does not exist here; pass the OUTPUT_DIR a `rocmft train` wrote to (as this machine "
+                "or container sees it, e.g. saves/<run>)")  # fmt: skip
+    return (f"no run: {current_run_pointer()} notes {run_dir}, the run of an earlier `rocmft train`, which no longer "
+            "exists; pass the run's OUTPUT_DIR")  # fmt: skip
 
 
 def _worker_record(run_dir: Path) -> tuple[WorkerResult | None, str | None]:
