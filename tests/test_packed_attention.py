@@ -174,6 +174,38 @@ def test_fp32_inputs_take_autocasts_dtype_or_the_per_segment_path_on_gpu():
     assert real.dtype == torch.float32 and (real.double().cpu() - reference).abs().max().item() < 1e-4
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: torch's varlen kernel")
+def test_gqa_goes_to_the_kernel_unrepeated_with_exact_gradients_on_gpu():
+    """K and V reach torch's varlen kernel with their own Hkv heads (no repeat to the Hq query heads, whose copies
+    the kernel's autograd context would keep for backward: 2.62 GiB on the 7B shape), and the output and the
+    gradients of Q, K and V equal a float64 per-segment SDPA reference (GQA through ``enable_gqa``)."""
+    torch.manual_seed(0)
+    tokens, heads, kv_heads, dim = 120, 8, 2, 64
+    cu = torch.tensor([0, 17, 70, 71, 120], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(tokens, h, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for h in (heads, kv_heads, kv_heads))  # fmt: skip
+    grad = torch.randn(tokens, heads, dim, device="cuda", dtype=torch.bfloat16)
+    saved = []
+
+    def pack(tensor):
+        saved.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = attention.varlen(q, k, v, cu, 53, None)
+    out.backward(grad)
+    assert (tokens, kv_heads, dim) in saved and (tokens, heads, dim) in saved
+    assert saved.count((tokens, heads, dim)) == 2, saved  # the query and the output; K and V kept at Hkv heads
+    reference = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    want = attention.varlen(*reference, cu.cpu(), 53, None)
+    want.backward(grad.double().cpu())
+    for got, ref in zip((out, q.grad, k.grad, v.grad), (want, *(t.grad for t in reference)), strict=True):
+        assert got.shape == ref.shape
+        error = (got.double().cpu() - ref.detach()).abs().max().item() / ref.abs().max().item()
+        assert error < 2e-2, (got.shape, error)
+
+
 def _worker_losses(folder, cache_dir, run_dir, packed_attention):
     """Train the rendered run in ``run_dir`` with run.json's packed_attention set as given (the planner plans only
     on a GPU: here the value is injected); the losses and the worker's attention record."""

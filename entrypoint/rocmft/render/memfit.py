@@ -126,9 +126,9 @@ its own dtype and the fp32 rstd (``ops/rms_norm.py``: ``save_for_backward(X, W, 
 linear cross-entropy (``ops/fused_linear_cross_entropy.py``) computes the loss and the input gradient chunk by
 chunk during forward and keeps only that gradient (T×h in the input dtype), the fp32 per-token loss and one
 chunk of logits (``chunk = next_pow2(ceil(T / ceil(V/h)))`` rows of V, with ``_CHUNK_MEM_CONST`` = 1): the
-T×V logits peak is gone. Measured with ``bench/throughput.py`` (one H200, BENCHMARKS.md): five Liger runs of the
-7B and 8B shapes, rocmft's varlen rows (K/V repeated to every head, :data:`memfit_layer.VARLEN_REPEATS_KV`) and
-plain packing, with and without peft's casts, QLoRA included, are estimated +2.6% to +3.0% above their peaks.
+T×V logits peak is gone. Measured with ``bench/throughput.py`` (one H200 or H100, BENCHMARKS.md): four Liger runs
+of the 7B and 8B shapes, rocmft's varlen rows (K/V kept at their own heads) and plain packing, with and without
+peft's casts, QLoRA included, are estimated +3.0% to +3.6% above their peaks.
 
 Not modelled: vision towers, mixture-of-experts, non-gated MLPs, Unsloth kernels, FSDP (use ZeRO-3's
 numbers), GaLore/APOLLO/BAdam optimizers. DPO/KTO with full or freeze tuning count a frozen reference copy of

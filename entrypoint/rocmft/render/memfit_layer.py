@@ -41,15 +41,6 @@ def _mode(shape: ModelShape, spec: TrainSpec) -> _Mode:
     return _Mode(e, amp, trainable_bytes, residual_bytes, frozenset(targets & set(LINEARS)), trainable_layers)
 
 
-# torch 2.11's varlen_attn (torch/nn/attention/varlen.py) takes no ``enable_gqa``, so rocmft.worker.attention.varlen
-# repeats K and V to every query head (``repeat_interleave``) before the kernel, whose autograd context saves the
-# repeated tensors (``_setup_context``: ``save_for_backward(query, key, value, ..., out, lse, ...)``). Measured on
-# one NVIDIA H200 (torch 2.11.0+cu130, Qwen2-7B shape, micro-batch 4 x 2048, LoRA, 2026-12-02, BENCHMARKS.md):
-# 58.31 GiB for rocmft's varlen run against 55.68 GiB for the same run on SDPA's GQA flash kernel; the repeated
-# K/V come to 2 x 2 x (q - kv) bytes per token and layer = 2.62 GiB for those 8192 tokens x 28 layers.
-VARLEN_REPEATS_KV = True
-
-
 def _attention_kind(shape: ModelShape, spec: TrainSpec, mode: _Mode) -> str:
     """``flash`` (no T×T kept), ``masked`` (K/V repeated for a 4-D mask) or ``math`` (T×T probabilities kept).
 
@@ -78,9 +69,9 @@ def _attention_saved_tensors(shape: ModelShape, spec: TrainSpec, mode: _Mode) ->
     q, kv = shape.q_dim, shape.kv_dim
     if shape.qk_norm:
         items.append(("q/k RMSNorm fp32 copies", 4 * (q + kv)))
-    # repeat_kv expands K/V to every head for a 4-D mask or the math kernel; so does rocmft's varlen path on a GPU
-    # (:data:`VARLEN_REPEATS_KV`)
-    kv_kept = q if kind in ("masked", "math") or (spec.attention == "varlen" and VARLEN_REPEATS_KV) else kv
+    # repeat_kv expands K/V to every head for a 4-D mask or the math kernel; the flash kernels, rocmft's varlen
+    # path included (rocmft.worker.attention.varlen), keep them at the Hkv heads
+    kv_kept = q if kind in ("masked", "math") else kv
     items += [
         ("q after RoPE", e_out * q),
         ("k after RoPE" + (" (repeated to all heads)" if kv_kept == q else ""), e_out * kv_kept),

@@ -149,9 +149,14 @@ def varlen(query, key, value, cu, max_len: int, scale: float | None):
     groups = query.shape[1] // key.shape[1]
     if kernel is not None:
         function, gqa, causal = kernel
+        # K and V go to the kernel with their own Hkv heads, never repeated: torch 2.11's varlen_attn calls
+        # aten::_flash_attention_forward/_backward, whose kernels take Hq a multiple of Hkv and give dK/dV in Hkv
+        # heads (FlashAttention-2 ``mha_varlen_fwd``/``mha_varlen_bwd`` on CUDA; AOTriton's ``mha_varlen_fwd_aot``
+        # on ROCm, aten/src/ATen/native/transformers/hip/flash_attn/aot/mha_all_aot.hip at pytorch 0119c205:
+        # "Number of heads in key/value must divide number of heads in query"). Repeating them cost 2.62 GiB of
+        # saved copies and 6.1 ms a step on the 7B shape (an H100 profile, BENCHMARKS.md); the gradients are
+        # checked on a GPU (tests/test_packed_attention.py). A later torch's ``enable_gqa`` is passed if it exists.
         extra = {"enable_gqa": True} if gqa and groups > 1 else {}
-        if groups > 1 and not gqa:
-            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         return function(query, key, value, cu, cu, max_len, max_len, scale=scale, **causal, **extra)
     out = torch.empty_like(query)
     for a, b in itertools.pairwise(cu.tolist()):
