@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import rocmft.records_worker
+from rocmft.cli.status import _progress
 from rocmft.records import (
     LOSSES_FILE,
     RESULT_FILE,
@@ -19,9 +20,11 @@ from rocmft.records import (
     RunPolicy,
     WorkerResult,
     WorkerResultWriter,
+    load_worker_result,
     read_worker_result,
     write_worker_result,
 )
+from rocmft.values import is_count
 from rocmft.worker import callbacks
 
 PRECISION = {"policy": "bf16", "compute_dtype": "bfloat16", "bf16": True, "fp16": False, "reason": "test"}
@@ -131,6 +134,26 @@ def test_a_torn_last_line_is_skipped(tmp_path):
     writer.write(result)  # a writer whose append failed half way goes on (disk full, then freed)
     assert [json.loads(line)["step"] for line in losses.read_text().splitlines()] == [1, 2, 3, 4]
     assert read_worker_result(tmp_path).losses == result.losses
+
+
+@pytest.mark.parametrize("value", [0, 3, True, False, -1, 2.0, "3", None])
+def test_one_count_check_serves_the_record_and_status(tmp_path, value):
+    """A number of logged steps is an int >= 0 (not JSON's true/false, a float, a string) by one test,
+    rocmft.values.is_count, in the record's reader and in `rocmft status`: a record whose losses_logged is no count
+    is no worker record (not read as 0 or 1 losses); a last_step that is no count is a step unknown."""
+    counted = type(value) is int and value >= 0
+    assert is_count(value) is counted
+    write_worker_result(tmp_path, WorkerResult.start().updated(losses=_losses(3), last_step=3))
+    record = json.loads((tmp_path / RESULT_FILE).read_text())
+    (tmp_path / RESULT_FILE).write_text(json.dumps({**record, "losses_logged": value}))
+    if counted:
+        assert load_worker_result(tmp_path).losses == _losses(3)[:value]
+    else:
+        with pytest.raises(ValueError, match=r"losses_logged is .*, not a number of logged steps"):
+            load_worker_result(tmp_path)
+    logged, words = _progress(WorkerResult(last_step=value, max_steps=10), Path("record"), None)
+    assert logged is counted
+    assert words == f"step {value}/10" if counted else value is None or "not a step number" in words
 
 
 @pytest.mark.parametrize("damage", ["folder", "not-utf8", "odd-lines", "gone"])

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 from rocmft.fsutil import atomic_write_json, atomic_write_text
 from rocmft.records_common import VERSION, RunStatus, _json_object
+from rocmft.values import is_count
 
 RESULT_FILE = "worker-result.json"  # OUTPUT_DIR/rocmft/: written by the worker, read by the entrypoint
 LOSSES_FILE = "losses.jsonl"  # OUTPUT_DIR/rocmft/, beside RESULT_FILE: the worker's logged steps, one line each
@@ -214,7 +215,7 @@ class WorkerResult:
 
 
 def _logged_count(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not is_count(value):
         raise TypeError(f"{LOGGED_KEY} is {value!r}, not a number of logged steps")
     return value
 
@@ -334,7 +335,7 @@ def load_worker_result(run_dir: Path) -> WorkerResult:
     """
     data = _json_object(worker_result_path(run_dir).read_text(), RESULT_FILE)
     logged = data.get(LOGGED_KEY) if "losses" not in data else None
-    limit = logged if isinstance(logged, int) and not isinstance(logged, bool) and logged >= 0 else 0
+    limit = logged if is_count(logged) else 0
     return WorkerResult.from_json(data, read_losses(run_dir, limit) if limit else ())
 
 

@@ -1,4 +1,5 @@
-"""The one reading of a yes/no value, from an environment variable, a YAML value or a JSON field."""
+"""The one reading of a yes/no value, from an environment variable, a YAML value or a JSON field; of a whole number
+from text (:func:`whole_number`); and the one test of a count in a parsed JSON value (:func:`is_count`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def whole_number(text: str | None) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and len(text) <= MAX_DIGITS else None
 
 
+def is_count(value: object) -> bool:
+    """Whether a parsed JSON/YAML ``value`` is a count (of steps, of logged lines): an ``int`` >= 0. JSON's
+    ``true``/``false`` are ints to Python but no counts; a float (``3.0``) is none either."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def truthy(value: Any) -> bool:
     """Whether ``value`` means yes: a string among :data:`TRUE_WORDS` (case and surrounding spaces ignored),
     else Python's truth of the value (``True``, a non-zero number). ``None`` is no."""
@@ -30,4 +37,4 @@ def truthy(value: Any) -> bool:
     return bool(value)
 
 
-__all__ = ["MAX_DIGITS", "TRUE_WORDS", "truthy", "whole_number"]
+__all__ = ["MAX_DIGITS", "TRUE_WORDS", "is_count", "truthy", "whole_number"]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from rocmft.cli.common import MANIFEST_FILE, current_run_pointer, given_path
 from rocmft.errors import ConfigError, ExitCode
+from rocmft.values import is_count
 
 if TYPE_CHECKING:
     from rocmft.records import WorkerResult
@@ -144,15 +145,10 @@ def _progress(result: WorkerResult | None, path: Path, problem: str | None) -> t
     step, total = (result.last_step, result.max_steps) if result is not None else (None, None)
     if step is None:
         return False, "no step logged yet"
-    if not _count(step):
+    if not is_count(step):
         return False, f"step unknown ({path} has last_step={step!r}, not a step number)"
     if total is None:
         return True, f"step {step} (total unknown: {path} has no max_steps)"
-    if not _count(total) or total == 0:
+    if not is_count(total) or total == 0:
         return True, f"step {step} (total unknown: {path} has max_steps={total!r}, not a number of steps)"
     return True, f"step {step}/{total}"
-
-
-def _count(value: object) -> bool:
-    """Whether ``value`` is a whole number of steps (an int ≥ 0; JSON's true/false are no counts)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
