@@ -180,6 +180,24 @@ def test_a_damaged_losses_file_reads_as_fewer_losses_never_an_error(tmp_path, da
     assert result is not None and result.losses == kept and result.last_step == 3
 
 
+@pytest.mark.parametrize(
+    "lines",
+    [
+        '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 2.5}, {"step": 3, "loss": 2.25}\n{"step": 4, "loss": 1.0}\n',
+        '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 2.5, "x": "\n"}\n{"step": 4, "loss": 1.0}\n',
+    ],
+    ids=["two-records-on-one-line", "two-torn-lines-that-join"],
+)
+def test_read_losses_counts_lines_not_the_values_of_their_join(tmp_path, lines):
+    """read_losses parses every line at once, joined by commas into one JSON array; lines that are not one value
+    each can join into a valid array of another length (a line holding two records; two torn halves whose join
+    is one object). Such lines are skipped as a line-by-line read skips them, never read as records: the check of
+    the array's length against the lines' number is what sends them to the line-by-line read."""
+    (tmp_path / LOSSES_FILE).write_text(lines)
+    assert rocmft.records_worker.read_losses(tmp_path) == (LossRecord(1, 2.0), LossRecord(4, 1.0))
+    assert rocmft.records_worker.read_losses(tmp_path, limit=3) == (LossRecord(1, 2.0), LossRecord(4, 1.0))
+
+
 def test_a_record_of_the_old_layout_still_reads(tmp_path):
     """A record written before losses.jsonl (layout 1: the losses inline, no version or version 1) reads with its
     losses, as `rocmft status` and `rocmft report` read old runs; a losses.jsonl beside it (an older rocmft that
