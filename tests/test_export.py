@@ -22,6 +22,7 @@ import yaml
 from conftest import EXPORT_SECRET as SECRET
 from conftest import REPO, all_text_under, rocmft_in
 from rocmft.errors import ConfigError, ExitCode
+from rocmft.records import LOSSES_FILE, RESULT_FILE, LossRecord, WorkerResult, read_worker_result, write_worker_result
 
 pytestmark = pytest.mark.train
 PROMPTS = ["What is two plus three?", "What is LoRA?", "Which GPU is gfx942?", "What does exit code 2 mean?"]
@@ -121,16 +122,31 @@ def test_chat_answers_from_the_export_and_from_the_adapter_alike(exported, lora_
 
 
 def _copy_run(run: Path, to: Path, **train_yaml: object) -> Path:
-    """The run's record and adapter (no checkpoints) in ``to``, with train.yaml values replaced."""
+    """The run's record (its worker's losses.jsonl included) and adapter (no checkpoints) in ``to``, with train.yaml
+    values replaced."""
     (to / "rocmft").mkdir(parents=True)
     for item in run.iterdir():
         if item.is_file():
             shutil.copy2(item, to / item.name)
-    for name in ("manifest.json", "train.yaml", "worker-result.json"):
+    for name in ("manifest.json", "train.yaml", RESULT_FILE, LOSSES_FILE):
         shutil.copy2(run / "rocmft" / name, to / "rocmft" / name)
     arguments = yaml.safe_load((to / "rocmft" / "train.yaml").read_text())
     (to / "rocmft" / "train.yaml").write_text(yaml.safe_dump({**arguments, **train_yaml, "output_dir": str(to)}))
     return to
+
+
+def test_a_copied_run_keeps_its_worker_losses(tmp_path):
+    """_copy_run copies losses.jsonl beside worker-result.json: a copy without it read as a run with no logged
+    step (the record counts lines of a file that is not there)."""
+    run = tmp_path / "run"
+    (run / "rocmft").mkdir(parents=True)
+    (run / "rocmft" / "manifest.json").write_text("{}")
+    (run / "rocmft" / "train.yaml").write_text(yaml.safe_dump({"output_dir": str(run)}))
+    result = WorkerResult.start().updated(losses=(LossRecord(1, 2.5), LossRecord(2, 2.0)), last_step=2)
+    write_worker_result(run / "rocmft", result)
+    copy = _copy_run(run, tmp_path / "copy", learning_rate=1e-3)
+    assert read_worker_result(copy / "rocmft") == result
+    assert yaml.safe_load((copy / "rocmft" / "train.yaml").read_text())["learning_rate"] == 1e-3
 
 
 def test_quantized_base_is_refused_and_the_unquantized_one_merges(exported, lora_run, work, cache_dir, tiny_model):
