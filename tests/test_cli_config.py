@@ -71,6 +71,24 @@ def test_a_dotted_key_merges_into_the_yamls_mapping_as_omegaconf_merge_does(tmp_
     )
 
 
+def test_the_yaml_is_composed_once_for_its_shape_and_its_text(tmp_path, monkeypatch):
+    """The user's YAML is read twice, and must be (rocmft.config.userconfig's comment): OmegaConf's load, as
+    LLaMA-Factory reads it, and one PyYAML compose for what OmegaConf's container loses, the document's kind and
+    each value's text as written. The compose ran twice, once for each (the file read and parsed three times)."""
+    from rocmft.config.userconfig import load_user_config
+
+    composed = []
+    real = yaml.compose
+    monkeypatch.setattr(yaml, "compose", lambda *args, **kwargs: composed.append(args) or real(*args, **kwargs))
+    raw: dict = {}
+    values = load_user_config(_yaml(tmp_path, "learning_rate: 1e-4\ncutoff_len: 64\nrun_name: r${cutoff_len}\n"),
+                              raw=raw)  # fmt: skip
+    assert values == {"learning_rate": 1e-4, "cutoff_len": 64, "run_name": "r64"} and len(composed) == 1
+    assert raw == {"learning_rate": "1e-4", "cutoff_len": "64", "run_name": "r64"}  # as written; ${...} resolved
+    with pytest.raises(ConfigError, match="holds a list of 2 items"):
+        load_user_config(_yaml(tmp_path, "- a\n- b\n", "list.yaml"))
+
+
 def test_the_yaml_on_the_command_line_and_rocmft_config_must_be_one_file(tmp_path, monkeypatch):
     config, other = _yaml(tmp_path, "cutoff_len: 64\n"), _yaml(tmp_path, "cutoff_len: 32\n", "other.yaml")
     monkeypatch.chdir(tmp_path)

@@ -42,7 +42,9 @@ def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, A
             f"its path inside: {mount('<your YAML on the host>', str(path), read_only=True)}." if on_command_line else
             f"Mount the YAML at that path: {mount('<your YAML on the host>', str(path), read_only=True)}.",
         )  # fmt: skip
-    shape = _not_a_mapping(path)
+    # Both parse: OmegaConf is LLaMA-Factory's reading (duplicate keys, ${...}); PyYAML's node keeps kind and raw text.
+    node = _compose(path)
+    shape = _not_a_mapping(node)
     if shape:  # before OmegaConf, which reads a lone `hello` as the key `hello` and refuses a lone number as an OSError
         raise ConfigError(f"{where} holds {shape}: {MAPPING}", MAPPING_FIX)
     try:
@@ -60,7 +62,7 @@ def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, A
     _refuse_unknown_keys(loaded, where, lambda key: key, lambda key: replacement(key, yaml_key=True))
     if raw is not None:  # the values as the YAML spells them, before typing (a "2k" or "1e-4" stays that text)
         raw.update(loaded)
-        raw.update({key: text for key, text in _plain_scalars(path).items() if not isinstance(loaded.get(key), str)})
+        raw.update({key: text for key, text in _plain_scalars(node).items() if not isinstance(loaded.get(key), str)})
     return _typed_values(loaded, where, lambda key, value: f"{key}: {value!r}", "Give each key a value of the type "
                          "shown.")  # fmt: skip
 
@@ -71,17 +73,24 @@ MAPPING_FIX = ("Write the settings as LLaMA-Factory's examples/ do (e.g. `learni
                "an empty file sets nothing.")  # fmt: skip
 
 
-def _not_a_mapping(path: Path) -> str | None:
-    """What the YAML at ``path`` holds when its one document is a list or a lone scalar (``the text 'hello'``,
-    ``a list of 2 items``), else None: a mapping, an empty file (no settings, as LLaMA-Factory reads it), a lone
-    ``null``, or a file PyYAML cannot compose (OmegaConf's own error then says why). OmegaConf 2.4 reads a lone
-    ``hello`` as ``{hello: None}``, which was reported as one unknown key (a break-it trial, 2026-12-05)."""
+def _compose(path: Path):
+    """The YAML at ``path`` composed by PyYAML (SafeLoader): its document's node (a ``yaml.Node``), or None for an
+    empty file or one that cannot be read or composed (OmegaConf's own error then says why)."""
     import yaml
 
     try:
-        node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        return yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
     except (OSError, ValueError, RecursionError, yaml.YAMLError):
         return None
+
+
+def _not_a_mapping(node) -> str | None:
+    """What a YAML document (its :func:`_compose` node) holds when it is a list or a lone scalar (``the text
+    'hello'``, ``a list of 2 items``), else None: a mapping, an empty file (no settings, as LLaMA-Factory reads it),
+    a lone ``null``, or a file PyYAML cannot compose (None). OmegaConf 2.4 reads a lone ``hello`` as
+    ``{hello: None}``, which was reported as one unknown key (a break-it trial, 2026-12-05)."""
+    import yaml
+
     if isinstance(node, yaml.SequenceNode):
         return f"a list of {len(node.value)} item{'' if len(node.value) == 1 else 's'}"
     if not isinstance(node, yaml.ScalarNode) or node.tag == "tag:yaml.org,2002:null":
@@ -92,17 +101,14 @@ def _not_a_mapping(path: Path) -> str | None:
     return f"only {kind} {node.value[:60]!r}"
 
 
-def _plain_scalars(path: Path) -> dict[str, str]:
-    """The top-level keys of the YAML at ``path`` whose value is a plain scalar, with its text as written: YAML reads
-    ``learning_rate: 1e-4`` as a float and ``fp16: 1`` as an int, which messages would otherwise show as 0.0001 and
-    true where the environment's LEARNING_RATE=1e-4 and the command line's fp16=1 show what the user typed.
-    Interpolations (``${...}``) are left out (their resolved value is shown); a file that does not compose, empty."""
+def _plain_scalars(node) -> dict[str, str]:
+    """The top-level keys of a YAML document (its :func:`_compose` node) whose value is a plain scalar, with its text
+    as written: YAML reads ``learning_rate: 1e-4`` as a float and ``fp16: 1`` as an int, which messages would
+    otherwise show as 0.0001 and true where the environment's LEARNING_RATE=1e-4 and the command line's fp16=1 show
+    what the user typed. Interpolations (``${...}``) are left out (their resolved value is shown); a file that does
+    not compose (None), empty."""
     import yaml
 
-    try:
-        node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
-    except (OSError, ValueError, RecursionError, yaml.YAMLError):
-        return {}
     if not isinstance(node, yaml.MappingNode):
         return {}
     return {key.value: value.value for key, value in node.value
