@@ -36,7 +36,7 @@ def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=
          **probes):  # fmt: skip
     from rocmft.checks import CheckSubject
     from rocmft.facts.device import facts_from_probe
-    from rocmft.facts.job import world_size
+    from rocmft.facts.job import job_shape
     from rocmft.facts.probes import Probes
     from rocmft.facts.scheduler import job_layout
 
@@ -49,7 +49,8 @@ def plan(image=GFX942_IMAGE, probe=None, launcher="python", nproc=None, workers=
         precision=SimpleNamespace(compute_dtype="bfloat16"),
     )  # fmt: skip
     stand_in.layout = job_layout(os.environ)  # read once, as render does
-    stand_in.world_size = world_size(stand_in.settings, stand_in.device, launcher, stand_in.layout)
+    stand_in.job = job_shape(stand_in.settings, stand_in.device, launcher, stand_in.layout)  # once, as render does
+    stand_in.world_size = stand_in.job.world_size  # a Rendered reads it from the job
     return CheckSubject(plan=stand_in, probes=Probes(injected={"image": image, "devices": probe, **probes}))
 
 

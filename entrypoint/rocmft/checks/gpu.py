@@ -26,7 +26,6 @@ from rocmft.facts.gfx import (
     override_target,
     safe_override,
 )
-from rocmft.render import processes_per_node
 
 # Share of a GPU's memory in use before training that suggests a leaked or foreign process (a fresh GPU shows
 # well under 1%; ROCm/CUDA contexts of the probe itself are a few hundred MiB).
@@ -118,7 +117,7 @@ def gpu_runtime(subject) -> Outcome:
     if record.get("torch_hip") and probe.get("backend") not in ("rocm",):
         return Outcome(FAIL, f"torch {probe.get('torch')}", "This ROCm image's torch is not the HIP build.",
                        "Rebuild the image (make image); a CUDA torch has slipped in.")  # fmt: skip
-    wanted = processes_per_node(subject.plan)
+    wanted = subject.plan.job.local_processes
     if not gpus:
         if gpu_expected(subject) or (
             subject.plan.launcher == "torchrun" and subject.plan.settings.rocmft.nproc_per_node
@@ -370,13 +369,13 @@ def shm(subject) -> Outcome:
     names the flag that grows /dev/shm and, when the user set the workers and fewer would fit, the number that fits."""
     from rocmft.container import shm_gib, shm_size
     from rocmft.facts.host import shm_bytes
-    from rocmft.render.loader import SHM_PER_WORKER, WORKERS, communicating_processes, shm_need, shown, workers_that_fit
+    from rocmft.render.loader import SHM_PER_WORKER, WORKERS, shm_need, shown, workers_that_fit
 
     if not Path("/dev/shm").is_dir():
         return Outcome(SKIP, "no /dev/shm", "This system has no /dev/shm.")
     size = subject.probes.get("shm_bytes", shm_bytes)
     plan = subject.plan
-    ranks = communicating_processes(plan.settings, plan.device, plan.launcher, plan.layout)
+    ranks = plan.job.communicating
     per_process = int(plan.arguments.get(WORKERS) or 0)
     workers = per_process * max(ranks, 1)
     need = shm_need(ranks, per_process)

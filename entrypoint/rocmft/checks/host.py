@@ -52,12 +52,10 @@ def cpus(subject) -> Outcome:
     data-loader workers (``dataloader_num_workers``, one process each). More than the CPUs warns: they take turns
     on the cores and the GPUs wait for batches. A site's CPUs per node differ from the hardware's (Frontier and LUMI-G
     reserve 8 of 64 cores: docs/clusters.md, "CPUs per task"), which is why train.sbatch takes the allocation's."""
-    from rocmft.facts.job import local_processes
-
     plan = subject.plan
     environ = plan.settings.environ
     count, source = subject.probes.get("cpus_allowed", lambda: allowed_cpus(environ))
-    processes = local_processes(plan.settings, plan.device, plan.launcher, plan.layout)  # 1 without torchrun
+    processes = plan.job.local_processes  # 1 without torchrun
     threads_text = str(environ.get("OMP_NUM_THREADS") or "1")
     threads = int(threads_text) if threads_text.isdigit() and int(threads_text) > 0 else 1
     workers = int(plan.arguments.get("dataloader_num_workers") or 0)

@@ -210,10 +210,9 @@ def memory_fit(subject) -> Outcome:
     memory it may use). Fails with up to three changes that would fit.
     FSDP full sharding is estimated as ZeRO-3 (both partition parameters, gradients and optimizer states)."""
     from rocmft.facts.device import memory_budget
-    from rocmft.render import processes_per_node
     from rocmft.render.memfit import estimate, fixes, read_model_shape, spec_from_arguments
 
-    gpus = devices_probe(subject).get("gpus", [])[: processes_per_node(subject.plan)]
+    gpus = devices_probe(subject).get("gpus", [])[: subject.plan.job.local_processes]
     if not gpus:
         return Outcome(SKIP, "no GPU", "Memory fit is estimated for GPUs only.")
     model_dir = Path(str(subject.plan.arguments.get("model_name_or_path", ""))).expanduser()

@@ -7,6 +7,7 @@ own. Read-only: nothing here changes the environment.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rocmft.facts.scheduler import JobLayout
@@ -29,21 +30,44 @@ def asked_processes(settings: Settings, layout: JobLayout) -> int:
     return settings.rocmft.nproc_per_node or given or layout.nproc_per_node or 0
 
 
-def local_processes(settings: Settings, device: DeviceFacts, launcher: str, layout: JobLayout) -> int:
-    """Processes rocmft starts on this node: 1 without torchrun (one process, or one scheduler task); with it
-    ROCMFT_NPROC_PER_NODE, else NPROC_PER_NODE, else the scheduler's, else one per visible GPU (at least one).
-    ``layout``: the run's job layout."""
-    if launcher != "torchrun":
-        return 1
-    return asked_processes(settings, layout) or max(device.count, 1)
+@dataclass(frozen=True)
+class JobShape:
+    """The job's shape, computed once by :func:`job_shape` when render has chosen the launcher; every later step
+    (the rules, the checks, the launch spec) reads these numbers and none derives them again from the settings.
+
+    Attributes:
+        launcher: ``python``, ``torchrun`` or ``task`` (:data:`LAUNCHERS`; rocmft.render decides it).
+        nnodes: nodes in the job (the layout's: the scheduler's, NNODES, else 1).
+        asked: processes per node the user or scheduler asked for (:func:`asked_processes`), 0 when none.
+        local_processes: processes rocmft starts on this node: 1 without torchrun (one process, or one scheduler
+            task); with it ``asked``, else one per visible GPU (at least one).
+        world_size: processes in the whole job: the scheduler's task count in task mode (at least 1), else
+            ``local_processes`` x ``nnodes``.
+        communicating: this node's processes that talk to each other through /dev/shm (rocmft.render.loader): torchrun's
+            ``local_processes``, the scheduler's tasks on this node (the layout's ``local_world_size``, at least 1),
+            or 0 for one process started alone.
+    """
+
+    launcher: str
+    nnodes: int
+    asked: int
+    local_processes: int
+    world_size: int
+    communicating: int
 
 
-def world_size(settings: Settings, device: DeviceFacts, launcher: str, layout: JobLayout) -> int:
-    """Processes in the whole job: the scheduler's task count in task mode, else processes per node × nodes.
-    ``layout``: the run's job layout."""
+def job_shape(settings: Settings, device: DeviceFacts, launcher: str, layout: JobLayout) -> JobShape:
+    """The job's :class:`JobShape` from the settings (ROCMFT_NPROC_PER_NODE, NPROC_PER_NODE), the probed
+    ``device`` (its GPU count), the chosen ``launcher`` (:data:`LAUNCHERS`) and the run's job ``layout``
+    (rocmft.facts.scheduler.job_layout, read once by render). Raises nothing."""
+    asked = asked_processes(settings, layout)
+    local = (asked or max(device.count, 1)) if launcher == "torchrun" else 1
     if launcher == "task":
-        return layout.world_size or 1
-    return local_processes(settings, device, launcher, layout) * layout.nnodes
+        world, communicating = layout.world_size or 1, layout.local_world_size or 1
+    else:
+        world, communicating = local * layout.nnodes, local if launcher == "torchrun" else 0
+    return JobShape(launcher=launcher, nnodes=layout.nnodes, asked=asked, local_processes=local, world_size=world,
+                    communicating=communicating)  # fmt: skip
 
 
-__all__ = ["LAUNCHERS", "asked_processes", "local_processes", "world_size"]
+__all__ = ["LAUNCHERS", "JobShape", "asked_processes", "job_shape"]

@@ -21,7 +21,7 @@ from rocmft.facts.image import launch_profile, read_profile
 from rocmft.facts.scheduler import JobLayout, job_layout
 from rocmft.launch.changes import LAUNCH, Added, argument_changes, cache_why, safe_collectives
 from rocmft.proc import free_port
-from rocmft.render import Plan, processes_per_node
+from rocmft.render import Plan
 
 LOG_DIR = "logs"
 
@@ -234,9 +234,9 @@ def build_launch_spec(plan: Plan, environ: Mapping[str, str], root: Path = Path(
         added.add("FORCE_TORCHRUN", "1", "LLaMA-Factory refuses DeepSpeed and several GPUs without it "
                   "(hiyouga/LlamaFactory#6268)", LAUNCH)  # fmt: skip
         added.add_all(network.env(), reasons, "network detection, rocmft.facts.netenv")
-        added.add_all(full_node_environment(processes_per_node(plan), environ, profile),
+        added.add_all(full_node_environment(plan.job.local_processes, environ, profile),
                       "tuned for a node whose GPUs all train", "docker/arch/<ARCH>.env FULL_NODE_ line")  # fmt: skip
-        gpus = (devices or {}).get("gpus", [])[: processes_per_node(plan)]
+        gpus = (devices or {}).get("gpus", [])[: plan.job.local_processes]
         addresses = [g.get("pci") for g in gpus]
         if all(addresses) and addresses:
             numa = binding_plan(addresses, plan.settings.rocmft.numa_bind, root, allowed_cpus, numactl)
@@ -296,7 +296,7 @@ def worker_command(plan: Plan, numa_args: list[str] | None, environ: Mapping[str
     One process, or one task of a scheduler's one-process-per-GPU launch: ``python -m rocmft.worker RUN_DIR``.
     Otherwise torchrun (``python -m torch.distributed.run``) with the job layout's nodes, node rank and rendezvous
     (rocmft.facts.scheduler: Slurm, Kubeflow, or NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT by hand), processes per
-    node from :func:`processes_per_node`, each local rank's output also in
+    node from ``plan.job`` (rocmft.facts.job.JobShape), each local rank's output also in
     ``RUN_DIR/logs`` (``--log-dir``, ``--tee 3``), and ``numa_args`` (``--numa-binding node``) when binding.
     ``environ``: where the job layout is read (the run's; a free port when no rendezvous is given).
     """
@@ -308,7 +308,7 @@ def worker_command(plan: Plan, numa_args: list[str] | None, environ: Mapping[str
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(layout.nnodes),
         "--node_rank", str(layout.node_rank),
-        "--nproc_per_node", str(processes_per_node(plan)),
+        "--nproc_per_node", str(plan.job.local_processes),
         "--master_addr", layout.master_addr or "127.0.0.1",
         "--master_port", str(layout.master_port or free_port()),
         "--log-dir", str(plan.run_dir / LOG_DIR), "--tee", "3",

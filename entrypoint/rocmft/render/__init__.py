@@ -34,7 +34,7 @@ from rocmft.config.settings import Settings
 from rocmft.console import say, warn
 from rocmft.errors import ConfigError
 from rocmft.facts.device import DeviceFacts
-from rocmft.facts.job import asked_processes, local_processes, world_size
+from rocmft.facts.job import JobShape, asked_processes, job_shape
 from rocmft.facts.modeldir import ModelDir
 from rocmft.facts.scheduler import JobLayout, job_layout
 from rocmft.fsutil import atomic_write_json, atomic_write_text
@@ -42,7 +42,7 @@ from rocmft.nesting import loads_json
 from rocmft.records import MANIFEST_FILE, read_manifest
 from rocmft.render import checkpointing, planner
 from rocmft.render.datasets import Registry, build_registry, split_names
-from rocmft.render.loader import WORKERS, communicating_processes, plan_workers
+from rocmft.render.loader import WORKERS, plan_workers
 from rocmft.render.precision import Precision, resolve_precision
 from rocmft.render.resume import ResumeChoice, checkpoints, choose, given_checkpoint
 
@@ -206,16 +206,14 @@ class Rendered:
         registry: the data sets.
         ds_config: the rendered DeepSpeed config, when ROCMFT_DISTRIBUTED=deepspeed.
         demo: whether this is the built-in default (tiny model, demo data).
-        launcher: ``"python"`` (one process), ``"torchrun"``, or ``"task"`` (one rank of a scheduler's
-            one-process-per-GPU launch; rocmft.facts.job.LAUNCHERS).
         perf: the planner's choices (rocmft.render.planner.PerfPlan): micro-batch, packing, checkpointing,
             attention, fused kernels, each with its reason; for the manifest and ``rocmft plan``.
         text: the rendered train.yaml.
         resume: ROCMFT_RESUME's choice (rocmft.render.resume.choose).
         resumable: whether OUTPUT_DIR has checkpoints (used or not): the resume note is printed then.
-        world_size: processes in the job (rocmft.facts.job.world_size: NNODES × processes per node, or the
-            scheduler's task count).
         layout: the run's job layout (rocmft.facts.scheduler), read once by render.
+        job: the job's shape (rocmft.facts.job.JobShape: launcher, nodes, processes per node, world size), computed
+            once when the launcher is chosen; ``launcher`` and ``world_size`` read it.
     """
 
     settings: Settings
@@ -229,13 +227,22 @@ class Rendered:
     registry: Registry
     ds_config: dict[str, Any] | None
     demo: bool
-    launcher: str
     perf: Any
     text: str
     resume: ResumeChoice
     resumable: bool
-    world_size: int
     layout: JobLayout
+    job: JobShape
+
+    @property
+    def launcher(self) -> str:
+        """``python`` (one process), ``torchrun``, or ``task`` (one rank of a scheduler's one-process-per-GPU run)."""
+        return self.job.launcher
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the job: NNODES × processes per node, or the scheduler's task count (:attr:`job`)."""
+        return self.job.world_size
 
     @cached_property
     def model(self) -> ModelDir:
@@ -425,18 +432,17 @@ def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging
     rendered_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
     text, arguments = _train_yaml(env, layered, fixed, rendered_at)
-    world = world_size(settings, device, fixed.launcher, layout)
+    job = job_shape(settings, device, fixed.launcher, layout)  # the job's shape, once: every later step reads it
     # the planner replaces template defaults (never the user's values) with ones chosen for the GPU
-    perf = _plan_performance(settings, arguments, device, precision, fixed.ds_config, world, demo, registry)
-    ranks = communicating_processes(settings, device, fixed.launcher, layout)
-    plan_workers(perf, arguments, sources.get(WORKERS), shm_bytes, ranks)  # what /dev/shm holds, when not yours
+    perf = _plan_performance(settings, arguments, device, precision, fixed.ds_config, job.world_size, demo, registry)
+    plan_workers(perf, arguments, sources.get(WORKERS), shm_bytes, job.communicating)  # /dev/shm, when not yours
     layered, sources, changed = planner.apply(perf, layered, sources)
     # adapters on frozen weights: the gradient-checkpointing mode that works with them (rocmft.render.checkpointing)
     layered, sources, mode_changed = checkpointing.safe_mode(layered, sources, fixed.values, fixed.ds_config)
     if changed or mode_changed:
         text, arguments = _train_yaml(env, layered, fixed, rendered_at)
     # the checkpoint decision compares the rendered arguments (template defaults included) with the earlier run's
-    resume = _resume(settings, arguments, where.output_dir, where.run_dir, world)
+    resume = _resume(settings, arguments, where.output_dir, where.run_dir, job.world_size)
     resumable = resume.checkpoint is not None or bool(checkpoints(where.output_dir))  # checkpoints there, used or not
     fixed = _resumed(settings, fixed, resume, resumable)
     if resumable:
@@ -453,13 +459,12 @@ def render(settings: Settings, device: DeviceFacts, layers: Layers, make_staging
         registry=registry,
         ds_config=fixed.ds_config,
         demo=demo,
-        launcher=fixed.launcher,
         perf=perf,
         text=text,
         resume=resume,
         resumable=resumable,
-        world_size=world,
         layout=layout,
+        job=job,
     )
 
 
@@ -509,12 +514,6 @@ def _plan_performance(settings: Settings, arguments: dict[str, Any], device: Dev
     return planner.plan_defaults(arguments, set(settings.arguments), device, compute_dtype=precision.compute_dtype,
                                  zero_stage=zero, offload=offload, world_size=world_size, demo=demo,
                                  sample_tokens=sample_tokens)  # fmt: skip
-
-
-def processes_per_node(plan: Rendered) -> int:
-    """Local processes the launch starts: 1 without torchrun; with it ROCMFT_NPROC_PER_NODE, else
-    NPROC_PER_NODE, else one per visible GPU (at least one)."""
-    return local_processes(plan.settings, plan.device, plan.launcher, plan.layout)
 
 
 def _resume(settings: Settings, arguments: dict[str, Any], output_dir: Path, run_dir: Path,

@@ -23,23 +23,11 @@ from typing import Any
 
 from rocmft.config.provenance import Source
 from rocmft.container import GiB, shm_gib, shm_size
-from rocmft.facts.job import local_processes
 from rocmft.render.planner import Choice, PerfPlan
 
 SHM_PER_RANK = 1 << 30
 SHM_PER_WORKER = 256 << 20
 WORKERS = "dataloader_num_workers"
-
-
-def communicating_processes(settings, device, launcher: str, layout) -> int:
-    """The local processes that talk to each other through /dev/shm: torchrun's on this node
-    (rocmft.facts.job.local_processes), or the scheduler's tasks on this node (``layout.local_world_size``); 0 for
-    one process started alone (``launcher`` ``python``)."""
-    if launcher == "torchrun":
-        return local_processes(settings, device, launcher, layout)
-    if launcher == "task":
-        return layout.local_world_size or 1
-    return 0
 
 
 def shm_need(ranks: int, workers_per_process: int) -> int:
@@ -68,9 +56,10 @@ def plan_workers(perf: PerfPlan, arguments: dict[str, Any], source: Source | Non
     """Add the loader workers' :class:`~rocmft.render.planner.Choice` to ``perf`` when /dev/shm (``shm_bytes``;
     None: no /dev/shm, nothing to plan) cannot hold the rendered ``dataloader_num_workers`` and the user did not
     choose it (``source``: its source; :attr:`Source.user_chosen`): the most workers that fit, down to 0. Nothing
-    is planned when the communicating processes (``ranks``, 0 for a single process) do not fit on their own: fewer
-    workers would not let the run pass, and the ``shm`` check refuses it with the flags. Returns whether a choice was
-    added; an inactive plan's note then says that this is all it planned."""
+    is planned when the communicating processes (``ranks``: the job's ``communicating``, rocmft.facts.job.JobShape;
+    0 for a single process) do not fit on their own: fewer workers would not let the run pass, and the ``shm`` check
+    refuses it with the flags. Returns whether a choice was added; an inactive plan's note then says that this is all
+    it planned."""
     rendered = arguments.get(WORKERS)
     if shm_bytes is None or not isinstance(rendered, int) or isinstance(rendered, bool) or rendered <= 0:
         return False
@@ -94,7 +83,6 @@ def plan_workers(perf: PerfPlan, arguments: dict[str, Any], source: Source | Non
 __all__ = [
     "SHM_PER_RANK",
     "SHM_PER_WORKER",
-    "communicating_processes",
     "plan_workers",
     "shm_need",
     "shown",

@@ -11,7 +11,7 @@ from rocmft.container import mount
 from rocmft.errors import ConfigError
 from rocmft.facts.scheduler import job_layout
 from rocmft.nesting import loads_json
-from rocmft.render import Plan, Rendered, processes_per_node
+from rocmft.render import Plan, Rendered
 from rocmft.validate.rules import Inputs, independent, rule
 from rocmft.validate.rules.common import named
 from rocmft.values import truthy
@@ -316,7 +316,7 @@ def world_size(plan: Plan) -> None:
     # refusal's fix changes
     if plan.launcher == "task":
         return  # the scheduler started every rank: its layout is the job
-    nodes, per_node = layout.nnodes, processes_per_node(plan)
+    nodes, per_node = plan.job.nnodes, plan.job.local_processes
     if nodes > 1 and plan.launcher != "torchrun":
         where = ", ".join(f"{k} from {v}" for k, v in layout.sources.items() if k in ("nnodes", "node_rank"))
         raise ConfigError(f"This job has {nodes} nodes ({where}), which needs a torchrun launch on each, but this "

@@ -12,9 +12,8 @@ from collections.abc import Mapping
 
 from rocmft.config.provenance import environment_variable
 from rocmft.errors import ConfigError
-from rocmft.facts.scheduler import job_layout
 from rocmft.findings import note
-from rocmft.render import Plan, processes_per_node
+from rocmft.render import Plan
 from rocmft.validate.rules import Inputs, independent, rule
 from rocmft.values import truthy, whole_number
 
@@ -175,10 +174,7 @@ def tunableop(plan: Plan) -> None:
     Raises:
         ConfigError: see there.
     """
-    layout = plan.layout or job_layout(plan.settings.environ)
-    world = layout.world_size if plan.launcher == "task" and layout.world_size else (
-        layout.nnodes * processes_per_node(plan))  # fmt: skip
-    tunableop_online_tuning(plan.settings.environ, world)
+    tunableop_online_tuning(plan.settings.environ, plan.job.world_size)
 
 
 # GPU visibility (ROCm docs, "GPU isolation techniques" and "HIP environment variables"): ROCR_VISIBLE_DEVICES is
