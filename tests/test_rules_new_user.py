@@ -346,3 +346,6 @@ def test_the_new_refusals_do_not_depend_on_how_the_value_was_written(rocmft_here
     }[how]
     assert where in result.stdout, result.stdout[-2000:]
     assert empty(tmp_path / "out") and not (tmp_path / "saves").exists()
+    if kind == "data set list with a trailing comma":  # the fix as it is written where the value was set
+        fix = {"environment": "DATASET=alpaca_en_demo.", "key=value": "dataset=alpaca_en_demo."}
+        assert f"Remove the extra comma: {fix.get(how, 'dataset: alpaca_en_demo.')}" in result.stdout
