@@ -100,6 +100,23 @@ EXIT_2 = {
                                       ["OUTPUT_DIR={data}/out (set in the environment)",
                                        "is the data folder (DATASET_DIR={data}, set in the environment)"]),
     "qlora as a method": ({"FINETUNING_TYPE": "qlora"}, ["FINETUNING_TYPE='qlora'", "QUANTIZATION_BIT=4"]),
+    # a break-it trial (2026-12-05): each rendered before (exit 0, or LLaMA-Factory's message naming no variable)
+    "data set list with a trailing comma": ({"DATASET": "alpaca_en_demo,"},
+                                            ["DATASET=alpaca_en_demo, (set in the environment)", "empty item",
+                                             "Remove the extra comma: DATASET=alpaca_en_demo."]),
+    "interleave probabilities with a trailing comma": ({"DATASET": "alpaca_en_demo,identity",
+                                                        "MIX_STRATEGY": "interleave_under",
+                                                        "INTERLEAVE_PROBS": "0.5,0.5,"},
+                                                       ["INTERLEAVE_PROBS=0.5,0.5, (set in the environment)",
+                                                        "INTERLEAVE_PROBS=0.5,0.5."]),
+    "packing with dpo": ({"STAGE": "dpo", "DATASET": "dpo_en_demo", "PACKING": "true"},
+                         ["PACKING=true (set in the environment) has no effect with STAGE=dpo", "Remove PACKING"]),
+    "quantization with full fine-tuning": ({"FINETUNING_TYPE": "full", "QUANTIZATION_BIT": "4"},
+                                           ["FINETUNING_TYPE=full (set in the environment) cannot be combined with "
+                                            "QUANTIZATION_BIT=4 (set in the environment), which needs "
+                                            "FINETUNING_TYPE=lora or oft", "remove QUANTIZATION_BIT"]),
+    "adapter with freeze": ({"FINETUNING_TYPE": "freeze", "ADAPTER_NAME_OR_PATH": "{tmp}"},
+                            ["ADAPTER_NAME_OR_PATH={tmp} (set in the environment), which needs FINETUNING_TYPE=lora"]),
     # gap 5: a user's DeepSpeed config ({tmp}/ds.json is written from DS_CONFIGS)
     "ds offload_param at ZeRO-2 (gap 5)": ({"DEEPSPEED": "{tmp}/ds-param.json"},
                                            ["DEEPSPEED={tmp}/ds-param.json", "offload_param", "stage 3",
@@ -274,3 +291,61 @@ def test_a_config_json_that_contradicts_the_weights_is_refused(rocmft_here, tmp_
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-2000:]
     assert words in result.stdout and f"{model}/config.json does not describe the weights" in result.stdout
     assert empty(output)
+
+
+# --- a break-it trial (2026-12-05): the same verdict whichever way the value was written ----------------------
+WRITTEN = {
+    "quantization with full fine-tuning": ({"finetuning_type": "full", "quantization_bit": 4},
+                                           "cannot be combined with", "which needs FINETUNING_TYPE=lora or oft"),
+    "packing with dpo": ({"stage": "dpo", "dataset": "dpo_en_demo", "packing": True},
+                         "has no effect with", "packs samples only for STAGE=sft and STAGE=pt"),
+    "data set list with a trailing comma": ({"dataset": "alpaca_en_demo,"}, "Lists with an empty item",
+                                            "alpaca_en_demo,"),
+    "empty output folder": ({"output_dir": ""}, "Empty values: ", "output_dir"),  # any case: OUTPUT_DIR=
+}  # fmt: skip
+
+
+def _written(values: dict, how: str, folder: Path) -> tuple[dict[str, str], list[str]]:
+    """``values`` (argument -> value) as the environment, ROCMFT_CONFIG, the command line's YAML (a name without
+    the usual suffix is refused by LLaMA-Factory's own rule, so .yml) or ``key=value`` tokens give them."""
+    import yaml
+
+    if how == "environment":
+        return {k.upper(): str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()}, []
+    if how == "key=value":
+        return {}, [f"{k}={str(v).lower() if isinstance(v, bool) else v if v != '' else repr(v)}"
+                    for k, v in values.items()]  # fmt: skip
+    path = folder / "my settings.yml"
+    path.write_text(yaml.safe_dump(values))
+    return ({"ROCMFT_CONFIG": str(path)}, []) if how == "ROCMFT_CONFIG" else ({}, [str(path)])
+
+
+@pytest.mark.parametrize("how", ["environment", "ROCMFT_CONFIG", "the command line's YAML", "key=value"])
+@pytest.mark.parametrize("kind", list(WRITTEN))
+def test_the_new_refusals_do_not_depend_on_how_the_value_was_written(rocmft_here, tmp_path, data_dir, tiny_model,
+                                                                     kind, how):  # fmt: skip
+    """Each refusal of the trial is exit 2, names the setting where it was written and leaves nothing, whether
+    it came from the environment, a YAML (either way) or the command line. An empty OUTPUT_DIR in the
+    environment used to run in saves/<model>-sft-lora without a word (the command line's ``output_dir=`` was
+    refused, ``output_dir=''`` and ``output_dir: ""`` were not)."""
+    values, *words = WRITTEN[kind]
+    env, args = _written(values, how, tmp_path)
+    base = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "alpaca_en_demo", "DATASET_DIR": str(data_dir),
+            "TEMPLATE": "qwen", "OUTPUT_DIR": str(tmp_path / "out"), "CUTOFF_LEN": "512"}  # fmt: skip
+    base = {k: v for k, v in base.items() if k.lower() not in values}
+    result = rocmft_here("render", *args, env={**base, **env})
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-2000:]
+    assert "Traceback" not in result.stdout
+    for word in words:  # the environment's names are upper case, the YAML's and the command line's lower
+        assert word.lower() in result.stdout.lower(), (word, result.stdout[-2000:])
+    where = {
+        "environment": "(set in the environment)",
+        "ROCMFT_CONFIG": "(in ROCMFT_CONFIG (",
+        "the command line's YAML": "(in the command line's CONFIG (",
+        "key=value": "(command line (",
+    }[how]
+    assert where in result.stdout, result.stdout[-2000:]
+    assert empty(tmp_path / "out") and not (tmp_path / "saves").exists()
+    if kind == "data set list with a trailing comma":  # the fix as it is written where the value was set
+        fix = {"environment": "DATASET=alpaca_en_demo.", "key=value": "dataset=alpaca_en_demo."}
+        assert f"Remove the extra comma: {fix.get(how, 'dataset: alpaca_en_demo.')}" in result.stdout

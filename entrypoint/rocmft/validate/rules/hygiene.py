@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rocmft.config.provenance import origin
+from rocmft.config.provenance import YAML_KINDS, Kind, Source, named_in, origin
 from rocmft.container import mount
 from rocmft.errors import ConfigError
 from rocmft.render import Rendered
@@ -14,6 +14,12 @@ from rocmft.validate.rules.common import user_set as _user_set
 PATH_ARGUMENTS = ("model_name_or_path", "adapter_name_or_path", "dataset_dir", "output_dir", "deepspeed",
                   "resume_from_checkpoint", "cache_dir", "tokenized_path", "media_dir", "logging_dir")  # fmt: skip
 
+# Arguments LLaMA-Factory 0.9.5 splits at commas and strips item by item, keeping empty items (``split_arg`` in
+# hparams/data_args.py and hparams/finetuning_args.py): DATASET=alpaca_en_demo, is the data sets
+# ["alpaca_en_demo", ""], and the empty name fails at data loading ("Undefined dataset  in dataset_info.json").
+LIST_ARGUMENTS = ("dataset", "eval_dataset", "interleave_probs", "lora_target", "oft_target", "additional_target",
+                  "freeze_trainable_modules", "freeze_extra_modules", "galore_target", "apollo_target")  # fmt: skip
+
 
 @rule("rendered", 10, masks=True)
 def text_hygiene(run: Rendered) -> None:
@@ -22,13 +28,22 @@ def text_hygiene(run: Rendered) -> None:
     saved with Windows CRLF line endings: ``docker --env-file`` keeps the ``\r``), a Windows path
     (``C:\\models\\qwen``; the container sees Linux paths of mounted volumes only).
 
-    Each of the three (empty, spaced, Windows paths) is reported when present, one finding each.
+    A comma-separated list with an empty item (``DATASET=alpaca_en_demo,``, ``LORA_TARGET=q_proj,,v_proj``):
+    LLaMA-Factory keeps the empty item (:data:`LIST_ARGUMENTS`), so an empty data set name passed every check and
+    the worker then failed at data loading with exit 4 (a break-it trial, 2026-12-05).
+
+    Each of the four (empty, spaced, empty list items, Windows paths) is reported when present, one finding each.
 
     Raises:
         ConfigError: naming each variable with its value shown by ``repr``.
     """
     arguments, sources = run.arguments, run.sources
-    empty = [named(run, name) for name, value in arguments.items() if value == "" and _user_set(name, sources)]
+    # the user's own values too: rocmft replaces an empty OUTPUT_DIR by the default folder before the rules run
+    # (rocmft.render.default_output_dir), which ran the run there without a word (a break-it trial, 2026-12-05)
+    given = {**run.settings.arguments, **arguments}
+    given.update({name: "" for name, value in run.settings.arguments.items() if value == ""})
+    empty = [named_in(name, given, sources, run.settings.given) for name, value in given.items()
+             if value == "" and _user_set(name, sources)]  # fmt: skip
     if empty:
         with independent():
             raise ConfigError(f"Empty values: {', '.join(empty)}.",
@@ -44,6 +59,8 @@ def text_hygiene(run: Rendered) -> None:
                                   "Save the .env file with Unix (LF) line endings (dos2unix .env, or your editor's "
                                   "line-ending setting).")  # fmt: skip
             raise ConfigError(f"Values with spaces around them: {shown}.", "Remove the spaces in the .env file.")
+    with independent():
+        _empty_items(run)
     windows = [
         named(run, name)
         for name in PATH_ARGUMENTS
@@ -54,6 +71,34 @@ def text_hygiene(run: Rendered) -> None:
                           "folders exist.",
                           f"Mount the folder into the container ({mount('C:/models', '/models', read_only=True)}) "
                           "and use the path inside it (/models/<name>), with forward slashes.")  # fmt: skip
+
+
+def _empty_items(run: Rendered) -> None:
+    """Raise for the :data:`LIST_ARGUMENTS` the user set whose text has an empty item between, before or after
+    its commas (an empty value is the ``Empty values`` finding's).
+
+    Raises:
+        ConfigError: naming each setting as written, with the list without its empty items.
+    """
+    found = [(name, value) for name in LIST_ARGUMENTS
+             if isinstance(value := run.arguments.get(name), str) and value.strip() and "," in value
+             and any(not item.strip() for item in value.split(",")) and _user_set(name, run.sources)]  # fmt: skip
+    if found:
+        shown = ", ".join(named(run, name) for name, _ in found)
+        fixed = ", ".join(_spelled_as_given(name, ",".join(i.strip() for i in value.split(",") if i.strip()),
+                                            run.sources[name]) for name, value in found)  # fmt: skip
+        raise ConfigError(f"Lists with an empty item (a comma too many): {shown}. LLaMA-Factory keeps the empty "
+                          "item as a name of its own (an empty data set name fails at data loading, after every "
+                          "check passed).",
+                          f"Remove the extra comma: {fixed}.")  # fmt: skip
+
+
+def _spelled_as_given(name: str, value: str, source: Source) -> str:
+    """``name`` set to ``value`` the way the user wrote it where it was set: ``DATASET=a`` (its environment
+    variable), ``dataset: a`` (a YAML), ``dataset=a`` (the command line)."""
+    if source.kind is Kind.ENVIRONMENT:
+        return f"{source.detail}={value}"
+    return f"{name}: {value}" if source.kind in YAML_KINDS else f"{name}={value}"
 
 
 @rule("rendered", 40, masks=True)

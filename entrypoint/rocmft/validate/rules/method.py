@@ -17,8 +17,18 @@ def method_settings(run: Rendered) -> None:
     would be ignored without a word. The method's settings are the fields of LLaMA-Factory's own LoraArguments /
     FreezeArguments / OFTArguments dataclasses.
 
+    Also, each a finding of its own (a break-it trial, 2026-12-05):
+
+    * QUANTIZATION_BIT with FINETUNING_TYPE=full or freeze, ADAPTER_NAME_OR_PATH with any method but LoRA:
+      LLaMA-Factory 0.9.5 refuses both in its parser (``_verify_model_args``: "Quantization is only compatible
+      with the LoRA or OFT method", "Adapter is only valid for the LoRA method"), with a message that names no
+      variable and only after this phase's other findings were reported.
+    * PACKING=true with a STAGE other than sft or pt: LLaMA-Factory packs only for those two
+      (``data/loader.py``, ``_get_dataset_processor``: pairwise, feedback and unsupervised data are never
+      packed), so the setting is ignored without a word.
+
     Raises:
-        ConfigError: naming the settings and the method.
+        ConfigError: naming the settings and the method or stage.
     """
     arguments, sources = run.arguments, run.sources
     from rocmft.config.lfargs import lf_arguments
@@ -26,11 +36,46 @@ def method_settings(run: Rendered) -> None:
     chosen = arguments.get("finetuning_type", "lora")
     owners = {"LoraArguments": "lora", "FreezeArguments": "freeze", "OFTArguments": "oft"}
     stray = [a for a in lf_arguments().values() if owners.get(a.group, chosen) != chosen and _user_set(a.name, sources)]
-    if stray:
-        shown = ", ".join(f"{named(run, a.name)}, a setting of {owners[a.group]}" for a in stray)
-        raise ConfigError(f"{named(run, 'finetuning_type', 'lora')} ignores {shown}.",
-                          f"Remove {', '.join(a.name.upper() for a in stray)}, or set FINETUNING_TYPE="
-                          f"{owners[stray[0].group]} if that is the method you meant.")  # fmt: skip
+    with independent():
+        if stray:
+            shown = ", ".join(f"{named(run, a.name)}, a setting of {owners[a.group]}" for a in stray)
+            raise ConfigError(f"{named(run, 'finetuning_type', 'lora')} ignores {shown}.",
+                              f"Remove {', '.join(a.name.upper() for a in stray)}, or set FINETUNING_TYPE="
+                              f"{owners[stray[0].group]} if that is the method you meant.")  # fmt: skip
+    with independent():
+        _adapters_only(run, chosen)
+    stage = arguments.get("stage", "sft")
+    if arguments.get("packing") is True and stage not in ("sft", "pt") and _user_set("packing", sources):
+        raise ConfigError(f"{named(run, 'packing')} has no effect with {named(run, 'stage', 'sft')}: LLaMA-Factory "
+                          "packs samples only for STAGE=sft and STAGE=pt (pairwise and feedback data are never "
+                          "packed).", "Remove PACKING, or set STAGE=sft if that is the stage you meant.")  # fmt: skip
+
+
+# Settings that need an adapter method, with the methods LLaMA-Factory 0.9.5 allows them with
+# (hparams/parser.py, _verify_model_args).
+ADAPTER_ONLY = {"quantization_bit": ("lora", "oft"), "adapter_name_or_path": ("lora",)}
+
+
+def _adapters_only(run: Rendered, chosen: str) -> None:
+    """Raise for the :data:`ADAPTER_ONLY` settings set with a method they do not work with.
+
+    Raises:
+        ConfigError: naming each setting and FINETUNING_TYPE, with the fix.
+    """
+    wrong = [name for name, methods in ADAPTER_ONLY.items()
+             if run.arguments.get(name) is not None and chosen not in methods]  # fmt: skip
+    if not wrong:
+        return
+    shown = " and ".join(f"{named(run, name)}, which needs FINETUNING_TYPE={' or '.join(ADAPTER_ONLY[name])}"
+                         for name in wrong)  # fmt: skip
+    quantized = "quantization_bit" in wrong
+    raise ConfigError(
+        f"{named(run, 'finetuning_type', 'lora')} cannot be combined with {shown}: "
+        + ("a quantized model's weights cannot be trained themselves, only adapters on them (QLoRA)."
+           if quantized else "an adapter is a LoRA adapter, loaded and trained by FINETUNING_TYPE=lora."),
+        f"Set FINETUNING_TYPE=lora, or remove {' and '.join(name.upper() for name in wrong)}"
+        + (" to train the full-precision weights." if quantized else "."),
+    )  # fmt: skip
 
 
 @rule("rendered", 90)
