@@ -96,7 +96,8 @@ def render_env(tmp_path, cache_dir, tiny_model):
             base["MODEL_NAME_OR_PATH"] = str(tiny_model)
         from rocmft.config.settings import load_settings
 
-        settings = load_settings({**_clean_environment(), **base, **environ}, overrides=overrides)
+        settings = load_settings({**_clean_environment(), **base, **environ}, overrides=overrides,
+                                 defer_unknown=True)  # as the commands that render read them  # fmt: skip
 
         def make_staging(output_dir: Path) -> Path:
             staging = tmp_path / "staging"

@@ -56,6 +56,38 @@ def test_the_inputs_phase_reports_its_refusals_together_with_rocmfts_own_setting
     ]
 
 
+def test_an_unknown_variable_is_reported_with_the_rules_findings_not_alone(render_env, tmp_path):
+    """A misspelled name and three bad values: all four in one run, the unknown variable first (a newcomer's trial,
+    2026-12-05: it was refused alone while the settings were read, the rules' findings only after a second run)."""
+    err = _refused(render_env, {"LERANING_RATE": "1e-4", **THREE})
+    assert isinstance(err, ConfigErrors) and err.code == ExitCode.CONFIG_ERROR
+    assert [f.code for f in err.findings if f.severity == "error"] == ["config", *THREE_CODES]
+    unknown = err.findings[0]
+    assert unknown.message.startswith("Unknown settings:") and "Did you mean LEARNING_RATE?" in unknown.message
+    assert [(s.name, s.value, s.source, s.kind) for s in unknown.settings] == [
+        ("LERANING_RATE", None, "LERANING_RATE", "environment")]  # fmt: skip
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_an_unknown_variable_and_a_value_of_the_wrong_type_are_read_together(render_env):
+    err = _refused(render_env, {"ROCMFT_PRECISSION": "bf16", "CUTOFF_LEN": "2k"})
+    assert isinstance(err, ConfigErrors)
+    assert [f.message.split(":")[0] for f in err.findings] == ["Unknown settings", "Invalid training arguments"]
+    assert "ROCMFT_PRECISSION is not a rocmft setting" in str(err) and "CUTOFF_LEN='2k'" in str(err)
+
+
+def test_an_unknown_variable_alone_reads_as_before_and_never_shows_its_value(render_env, tmp_path):
+    from rocmft.config.settings import load_settings
+
+    err = _refused(render_env, {"ROCMFT_HF_TOKEN": "hf_rocmftUnknownSecret1"})
+    assert type(err) is ConfigError and str(err).startswith("Unknown settings:\n  ROCMFT_HF_TOKEN is not a rocmft")
+    assert "hf_rocmftUnknownSecret1" not in str(err) + json.dumps([f.to_json() for f in err.reported()])
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    # the commands that run no rules (report, export, serve, chat) still refuse while reading the settings
+    with pytest.raises(ConfigError, match="ROCMFT_HF_TOKEN is not a rocmft setting"):
+        load_settings({"ROCMFT_HF_TOKEN": "x"})
+
+
 @pytest.mark.slow  # starts rocmft, LLaMA-Factory's parser or a trainer as a process (not the fast layer)
 def test_the_cli_prints_every_refusal_and_the_json_holds_the_same_codes_and_settings(tmp_path, cache_dir, tiny_model):
     output = tmp_path / "out"

@@ -99,6 +99,16 @@ class ConfigErrors(ConfigError):
         return "\n".join(str(f) for f in self.findings if f.severity == ERROR)
 
 
+def combined(*errors: ConfigError) -> ConfigError:
+    """One refusal reporting every finding of ``errors`` (each error's :meth:`~ConfigError.reported` findings, in
+    the order given): the error itself when only one is given, else a :class:`ConfigErrors`. For refusals made in
+    different places of one command (the unknown variables found while reading the settings, and the rules' own)."""
+    if len(errors) == 1:
+        return errors[0]
+    return ConfigErrors(tuple(f for error in errors for f in error.reported()),
+                        tuple(e for error in errors for e in getattr(error, "errors", ()) or (error,)))  # fmt: skip
+
+
 class ChecksFailed(RocmftError):
     """At least one health check failed. Exit code 3."""
 

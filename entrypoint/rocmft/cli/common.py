@@ -169,7 +169,8 @@ def _prepare(workspace: Workspace, timings: dict[str, float], command_line=None,
     from rocmft.validate.rules import render_checked
 
     started = time.monotonic()
-    settings = load_settings(os.environ, command_line=command_line, overrides=overrides)  # the run's one snapshot
+    # the run's one snapshot; unknown variables are refused by render_checked, with the rules' findings
+    settings = load_settings(os.environ, command_line=command_line, overrides=overrides, defer_unknown=True)
     validate_skip(settings.rocmft.skip_checks)
     timings["settings"] = time.monotonic() - started
 

@@ -33,7 +33,7 @@ def run(args) -> int:
 
     given = command_line(args)
     start_probes()
-    settings = load_settings(os.environ, command_line=given)
+    settings = load_settings(os.environ, command_line=given, defer_unknown=True)  # render_checked refuses them
     device = facts_from_probe(probe_devices_raw())
     staging = Path(tempfile.mkdtemp(prefix="rocmft-plan-"))
     try:

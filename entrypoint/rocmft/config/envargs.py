@@ -208,8 +208,8 @@ def _rocmft_variables() -> list[str]:
     return sorted(PREFIX + name.upper() for name in RocmftSettings.model_fields)
 
 
-def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
-    """Messages for variables that look meant for rocmft but are not understood by it.
+def unknown_variable_errors(environ: Mapping[str, str]) -> dict[str, str]:
+    """Messages for variables that look meant for rocmft but are not understood by it, by variable name (sorted).
 
     * every ``ROCMFT_*`` variable that is not a field of :class:`RocmftSettings`, the test hooks' variables
       (rocmft.testhooks: ROCMFT_TEST_PROBES, ROCMFT_FAULT_*) named as such;
@@ -220,26 +220,26 @@ def unknown_variable_errors(environ: Mapping[str, str]) -> list[str]:
     known_rocmft = _rocmft_variables()
     arguments = env_arguments()
     versions = stack_versions()
-    errors = []
+    errors: dict[str, str] = {}
     for name in sorted(environ):
         upper = name.upper()
         if upper.startswith(PREFIX):
             if upper in TEST_HOOK_VARIABLES:
-                errors.append(f"{name} is a test hook of rocmft's own tests; the rocmft command does not read it.")
+                errors[name] = f"{name} is a test hook of rocmft's own tests; the rocmft command does not read it."
             elif upper not in known_rocmft:
-                errors.append(f"{name} is not a rocmft setting.{_did_you_mean(upper, known_rocmft)}")
+                errors[name] = f"{name} is not a rocmft setting.{_did_you_mean(upper, known_rocmft)}"
             continue
         if upper in arguments or _is_foreign(upper) or not name.isupper():
             continue
         if replacement(upper):
-            errors.append(
+            errors[name] = (
                 f"{name} is not an argument of the installed LLaMA-Factory {versions['llamafactory']} / "
                 f"transformers {versions['transformers']}: {replacement(upper)}."
             )
             continue
         close = difflib.get_close_matches(upper, list(arguments), n=2, cutoff=TYPO_CUTOFF)
         if close:
-            errors.append(
+            errors[name] = (
                 f"{name} is not an argument of the installed LLaMA-Factory {versions['llamafactory']} / "
                 f"transformers {versions['transformers']} (it may have been removed or renamed). "
                 f"Did you mean {' or '.join(close)}?"

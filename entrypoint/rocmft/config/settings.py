@@ -47,7 +47,8 @@ from rocmft.config.knobs import PATH_KNOBS, PREFIX, RocmftSettings
 from rocmft.config.lfargs import is_secret_name, lf_arguments
 from rocmft.config.provenance import Kind, Source, texts
 from rocmft.config.userconfig import _refuse_unknown_keys, _typed_values, load_user_config
-from rocmft.errors import ConfigError
+from rocmft.errors import ConfigError, combined
+from rocmft.findings import ERROR, OUTSIDE_RULES, Finding, Setting
 
 
 @dataclass
@@ -70,6 +71,8 @@ class Settings:
         environ: the environment the settings were read from, a read-only snapshot taken where the command
             started: every later stage reads the process's variables (torch's, ROCm's, the scheduler's) here, never
             from ``os.environ`` (issue 29; docs/layout.md, "One run context").
+        unknown: variables that look meant for rocmft but that it does not understand (variable -> message;
+            :func:`rocmft.config.envargs.unknown_variable_errors`), kept when :func:`load_settings` defers them.
         overridden: rocmft's settings that rocmft itself set for this attempt (field -> its source, e.g. the
             restart after a non-finite loss: precision fp32, resume from a checkpoint); never in
             ``explicit_rocmft``, so no rule takes rocmft's decision for the user's.
@@ -83,6 +86,12 @@ class Settings:
     given: dict[str, str] = field(default_factory=dict)
     overridden: dict[str, Source] = field(default_factory=dict)
     environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    unknown: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def unknown_refusal(self) -> ConfigError | None:
+        """The refusal of the variables rocmft does not understand (:attr:`unknown`), or None when there are none:
+        :func:`rocmft.validate.rules.render_checked` reports it with the rules' findings."""
+        return unknown_settings(self.unknown) if self.unknown else None
 
     def named(self, name: str) -> str:
         """Argument ``name`` for a message: its value and where it came from
@@ -176,7 +185,8 @@ def _allowed_values(err: ValidationError) -> str:
 
 
 def load_settings(environ: Mapping[str, str], command_line: CommandLine | None = None,
-                  overrides: Mapping[str, tuple[Any, Source]] | None = None) -> Settings:  # fmt: skip
+                  overrides: Mapping[str, tuple[Any, Source]] | None = None, *,
+                  defer_unknown: bool = False) -> Settings:  # fmt: skip
     """Read and check every setting from ``environ`` (the process environment, which the command line passes: the
     run's one snapshot, kept as :attr:`Settings.environ`) and the command line.
 
@@ -192,6 +202,10 @@ def load_settings(environ: Mapping[str, str], command_line: CommandLine | None =
         overrides: rocmft's settings that rocmft itself decides for this attempt, field -> (value, source), above
             the environment (a restart's precision and checkpoint: rocmft.cli.train); recorded in
             :attr:`Settings.overridden`, never as the user's.
+        defer_unknown: keep the refusal of unknown variables in :attr:`Settings.unknown` for the command's rules to
+            report with their own findings (:func:`rocmft.validate.rules.render_checked`: a misspelled name and a
+            bad value come in one run, a newcomer's trial, 2026-12-05) instead of raising it here; a refusal while
+            reading the other settings then reports them too. The commands that run no rules leave it off.
 
     Raises:
         ConfigError: an unknown ``ROCMFT_`` variable, a variable that looks like a removed or misspelled
@@ -200,14 +214,31 @@ def load_settings(environ: Mapping[str, str], command_line: CommandLine | None =
             an argument or a value of the wrong type (named as typed).
     """
     environ = dict(environ)
-    command_line = command_line or CommandLine()
-    _refuse_unknown_variables(environ)
-    overrides = dict(overrides or {})
+    unknown = unknown_variable_errors(environ)
+    if unknown and not defer_unknown:
+        raise unknown_settings(unknown)
+    try:
+        return _read_settings(environ, command_line or CommandLine(), dict(overrides or {}), unknown)
+    except ConfigError as error:
+        if not unknown:
+            raise
+        raise combined(unknown_settings(unknown), error) from error
+
+
+def _read_settings(environ: dict[str, str], command_line: CommandLine, overrides: dict[str, tuple[Any, Source]],
+                   unknown: Mapping[str, str]) -> Settings:  # fmt: skip
+    """:func:`load_settings` past the unknown variables (kept in :attr:`Settings.unknown`).
+
+    Raises:
+        ConfigError: as :func:`load_settings` says, but for the unknown variables.
+    """
+    _refuse_case_twins(environ)
     rocmft, explicit = _read_rocmft_settings(environ, overrides)
     values = _read_training_environment(environ)
     rocmft, config_source = _choose_the_yaml(rocmft, explicit, command_line)
     settings = Settings(rocmft=rocmft, explicit_rocmft=explicit, environ=MappingProxyType(environ),
-                        overridden={name: source for name, (_, source) in overrides.items()})  # fmt: skip
+                        overridden={name: source for name, (_, source) in overrides.items()},
+                        unknown=MappingProxyType(dict(unknown)))  # fmt: skip
     upper = {k.upper(): v for k, v in environ.items()}
     settings.given.update({PREFIX + name.upper(): upper[PREFIX + name.upper()].strip() for name in explicit
                            if PREFIX + name.upper() in upper})  # fmt: skip
@@ -220,19 +251,23 @@ def load_settings(environ: Mapping[str, str], command_line: CommandLine | None =
     return settings
 
 
-def _refuse_unknown_variables(environ: Mapping[str, str]) -> None:
-    """Raise for every variable that looks meant for rocmft but is not understood (:func:`unknown_variable_errors`),
-    then for one setting given twice under names that differ only in case (:func:`case_twin_errors`).
+def unknown_settings(unknown: Mapping[str, str]) -> ConfigError:
+    """The refusal of variables rocmft does not understand (variable -> message,
+    :func:`rocmft.config.envargs.unknown_variable_errors`): one message a line, and a finding naming each variable
+    as set in the environment (its value left out: a misspelled secret's name would otherwise print the secret)."""
+    error = ConfigError("Unknown settings:\n  " + "\n  ".join(unknown.values()),
+                        "Rename or remove these variables (the variable reference is in the README).")  # fmt: skip
+    named = tuple(Setting(name, None, name, text=name, kind=Kind.ENVIRONMENT.value) for name in unknown)
+    error.findings = (Finding(OUTSIDE_RULES, ERROR, error.message, error.remedy, named),)
+    return error
+
+
+def _refuse_case_twins(environ: Mapping[str, str]) -> None:
+    """Raise for one setting given twice under names that differ only in case (:func:`case_twin_errors`).
 
     Raises:
-        ConfigError: the unknown settings, one a line.
+        ConfigError: the settings given twice, one a line.
     """
-    errors = unknown_variable_errors(environ)
-    if errors:
-        raise ConfigError(
-            "Unknown settings:\n  " + "\n  ".join(errors),
-            "Rename or remove these variables (the variable reference is in the README).",
-        )
     twins = case_twin_errors(environ)
     if twins:
         raise ConfigError("One setting given twice:\n  " + "\n  ".join(twins),
@@ -425,5 +460,6 @@ __all__ = [
     "load_settings",
     "load_user_config",
     "replacement",
+    "unknown_settings",
     "unknown_variable_errors",
 ]

@@ -274,19 +274,31 @@ def render_checked(settings: Settings, device: DeviceFacts, make_staging, shm_by
         make_staging: ``callable(output_dir) -> Path`` creating the staging folder (the caller owns its clean-up).
         shm_bytes: the size of /dev/shm, for the loader workers render plans (rocmft.render.loader); None: unknown.
 
+    Variables rocmft does not understand (:attr:`Settings.unknown`, when the settings deferred them) are ignored
+    while rendering and refused here with whatever the rules found, first.
+
     Raises:
-        ConfigError: a rule, or rendering (a bad template, a template that dropped a given argument, ...);
-            :class:`~rocmft.errors.ConfigErrors` when several rules of a phase refuse (:func:`apply`).
+        ConfigError: a rule, or rendering (a bad template, a template that dropped a given argument, ...), or the
+            unknown variables; :class:`~rocmft.errors.ConfigErrors` when several refuse (:func:`apply`).
     """
     from rocmft.config.layers import layer
+    from rocmft.errors import combined
     from rocmft.render import render, write
 
-    layers = layer(settings)
-    # a refusal of the inputs phase ends the run here (rendering needs what it refuses): the rendered phase's
-    # findings are reported once the inputs pass
-    apply("inputs", Inputs(settings=settings, arguments=layers.arguments, device=device, sources=layers.sources))
-    rendered = render(settings, device, layers, make_staging, shm_bytes)
-    apply("rendered", rendered)
+    unknown = settings.unknown_refusal()
+    try:
+        layers = layer(settings)
+        # a refusal of the inputs phase ends the run here (rendering needs what it refuses): the rendered phase's
+        # findings are reported once the inputs pass
+        apply("inputs", Inputs(settings=settings, arguments=layers.arguments, device=device, sources=layers.sources))
+        rendered = render(settings, device, layers, make_staging, shm_bytes)
+        apply("rendered", rendered)
+    except ConfigError as error:
+        if unknown is None:
+            raise
+        raise combined(unknown, error) from error
+    if unknown:
+        raise unknown
     return write(rendered)
 
 
