@@ -49,6 +49,21 @@ def test_command_line_over_environment_over_yaml(tmp_path):
     assert settings.redacted()["sources"]["learning_rate"] == "command line (learning_rate=5e-5)"  # the manifest's
 
 
+def test_a_list_where_llamafactory_splits_commas_is_its_comma_list(tmp_path):
+    """LLaMA-Factory takes ``dataset: [a, b]`` as it takes ``dataset: a,b`` (``split_arg`` keeps a list as it is);
+    rocmft refused the list as "expected str" (a break-it trial, 2026-12-05). Read from a YAML or the command line,
+    it is the comma list; a mapping or a list of lists is still the wrong type."""
+    config = _yaml(tmp_path, "dataset: [alpaca_en_demo, identity]\ninterleave_probs: [0.7, 0.3]\n")
+    settings = load_settings({}, parse_command_line([str(config), "lora_target=[q_proj, v_proj]"]))
+    assert settings.arguments == {"dataset": "alpaca_en_demo,identity", "interleave_probs": "0.7,0.3",
+                                  "lora_target": "q_proj,v_proj"}  # fmt: skip
+    assert settings.sources["dataset"].kind is Kind.COMMAND_LINE_YAML
+    with pytest.raises(ConfigError, match="wrong type"):
+        load_settings({}, parse_command_line(["dataset=[[a], b]"]))
+    with pytest.raises(ConfigError, match="wrong type"):
+        load_settings({}, parse_command_line(["report_to=wandb", "template=[qwen, llama3]"]))  # not a comma list
+
+
 def test_values_are_read_as_llamafactory_cli_reads_them_then_typed():
     """OmegaConf's reading (LLaMA-Factory 0.9.5 read_args: OmegaConf.from_cli) and then the argument's type."""
     settings = load_settings({}, parse_command_line([

@@ -59,6 +59,14 @@ _VOCABULARY_WORDS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special"
                      "stop", "image", "video", "audio", "think", "tool"}  # fmt: skip
 
 
+# Arguments LLaMA-Factory 0.9.5 splits at commas and strips item by item, keeping empty items, and takes as a list
+# as they are (``split_arg`` in hparams/data_args.py and hparams/finetuning_args.py): ``dataset: a,b`` and
+# ``dataset: [a, b]`` name the same two data sets.
+COMMA_LIST_ARGUMENTS = ("dataset", "eval_dataset", "interleave_probs", "lora_target", "oft_target",
+                        "additional_target", "freeze_trainable_modules", "freeze_extra_modules", "galore_target",
+                        "apollo_target")  # fmt: skip
+
+
 def is_secret_name(name: str) -> bool:
     """True when ``name`` (a field or variable name, any case) names a credential: a word of :data:`_SECRET_WORDS`
     anywhere, or ``token`` as the last word or after a word of access (:data:`_TOKEN_KINDS`), unless a tokenizer

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rocmft.config.envargs import _adapter, _did_you_mean, _process_variable_hint, _rocmft_setting_hint, replacement
-from rocmft.config.lfargs import lf_arguments, stack_versions
+from rocmft.config.lfargs import COMMA_LIST_ARGUMENTS, lf_arguments, stack_versions
 from rocmft.container import mount
 from rocmft.errors import ConfigError
 from rocmft.nesting import TOO_DEEP, TooDeep, check_depth
@@ -171,6 +171,7 @@ def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[
     """
     typed, bad = {}, []
     for key, value in values.items():
+        value = _comma_list(key, value)
         if _holds_nul(value):  # YAML's "\0": no file name or argument holds it (os.stat raised ValueError)
             bad.append(f"  {shown(key, value)}: holds a NUL character (\\0), which no file name or argument can hold")
             continue
@@ -181,6 +182,15 @@ def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[
     if bad:
         raise ConfigError(f"{where} has values of the wrong type:\n" + "\n".join(bad), fix)
     return typed
+
+
+def _comma_list(key: str, value: Any) -> Any:
+    """A YAML list (``dataset: [a, b]``) for an argument LLaMA-Factory splits at commas
+    (:data:`rocmft.config.lfargs.COMMA_LIST_ARGUMENTS`) as the comma list it stands for (``a,b``); LLaMA-Factory
+    takes either (``split_arg``), and rocmft's environment and train.yaml carry the text. Other values as given."""
+    scalars = isinstance(value, list | tuple) and all(isinstance(i, str | int | float) and not isinstance(i, bool)
+                                                       for i in value)  # fmt: skip
+    return ",".join(str(item).strip() for item in value) if key in COMMA_LIST_ARGUMENTS and value and scalars else value
 
 
 __all__ = ["load_user_config"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rocmft.config.lfargs import COMMA_LIST_ARGUMENTS
 from rocmft.config.provenance import YAML_KINDS, Kind, Source, named_in, origin
 from rocmft.container import mount
 from rocmft.errors import ConfigError
@@ -14,12 +15,6 @@ from rocmft.validate.rules.common import user_set as _user_set
 PATH_ARGUMENTS = ("model_name_or_path", "adapter_name_or_path", "dataset_dir", "output_dir", "deepspeed",
                   "resume_from_checkpoint", "cache_dir", "tokenized_path", "media_dir", "logging_dir")  # fmt: skip
 
-# Arguments LLaMA-Factory 0.9.5 splits at commas and strips item by item, keeping empty items (``split_arg`` in
-# hparams/data_args.py and hparams/finetuning_args.py): DATASET=alpaca_en_demo, is the data sets
-# ["alpaca_en_demo", ""], and the empty name fails at data loading ("Undefined dataset  in dataset_info.json").
-LIST_ARGUMENTS = ("dataset", "eval_dataset", "interleave_probs", "lora_target", "oft_target", "additional_target",
-                  "freeze_trainable_modules", "freeze_extra_modules", "galore_target", "apollo_target")  # fmt: skip
-
 
 @rule("rendered", 10, masks=True)
 def text_hygiene(run: Rendered) -> None:
@@ -29,8 +24,8 @@ def text_hygiene(run: Rendered) -> None:
     (``C:\\models\\qwen``; the container sees Linux paths of mounted volumes only).
 
     A comma-separated list with an empty item (``DATASET=alpaca_en_demo,``, ``LORA_TARGET=q_proj,,v_proj``):
-    LLaMA-Factory keeps the empty item (:data:`LIST_ARGUMENTS`), so an empty data set name passed every check and
-    the worker then failed at data loading with exit 4 (a break-it trial, 2026-12-05).
+    LLaMA-Factory keeps the empty item (:data:`rocmft.config.lfargs.COMMA_LIST_ARGUMENTS`), so an empty data set
+    name passed every check and the worker then failed at data loading with exit 4 (a break-it trial, 2026-12-05).
 
     Each of the four (empty, spaced, empty list items, Windows paths) is reported when present, one finding each.
 
@@ -74,13 +69,13 @@ def text_hygiene(run: Rendered) -> None:
 
 
 def _empty_items(run: Rendered) -> None:
-    """Raise for the :data:`LIST_ARGUMENTS` the user set whose text has an empty item between, before or after
-    its commas (an empty value is the ``Empty values`` finding's).
+    """Raise for the :data:`rocmft.config.lfargs.COMMA_LIST_ARGUMENTS` the user set whose text has an empty item
+    between, before or after its commas (an empty value is the ``Empty values`` finding's).
 
     Raises:
         ConfigError: naming each setting as written, with the list without its empty items.
     """
-    found = [(name, value) for name in LIST_ARGUMENTS
+    found = [(name, value) for name in COMMA_LIST_ARGUMENTS
              if isinstance(value := run.arguments.get(name), str) and value.strip() and "," in value
              and any(not item.strip() for item in value.split(",")) and _user_set(name, run.sources)]  # fmt: skip
     if found:
