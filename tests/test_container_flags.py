@@ -92,18 +92,22 @@ def test_a_hub_cache_where_locks_do_not_lock_gives_the_mount_flag():
     has_all(outcome.remedy, ['docker run -v "/local/disk/hf:/cache/huggingface"', "Apptainer: --bind /local/disk/hf"])
 
 
-def _host_subject(tmp_path: Path, **arguments) -> CheckSubject:
-    stand_in = SimpleNamespace(output_dir=tmp_path / "a-file" / "out", sources={}, arguments=arguments,
+def _host_subject(tmp_path: Path, output_dir: Path | None = None, **arguments) -> CheckSubject:
+    stand_in = SimpleNamespace(output_dir=output_dir or tmp_path / "a-file" / "out", sources={}, arguments=arguments,
                                settings=SimpleNamespace(environ={}))  # fmt: skip
     return CheckSubject(plan=stand_in, probes=Probes())
 
 
 def test_an_unwritable_output_dir_gives_the_user_and_volume_flags(tmp_path):
-    (tmp_path / "a-file").write_text("")  # for real: OUTPUT_DIR under a file cannot be made
-    outcome = host.output_writable(_host_subject(tmp_path))
+    # for real: no folder can be made under /proc, even as root
+    outcome = host.output_writable(_host_subject(tmp_path, output_dir=Path("/proc/rocmft-out")))
     assert outcome.status == FAIL
     has_all(outcome.remedy, ['docker run --user "$(id -u):$(id -g)"', "HOST_UID and HOST_GID in .env",
                              'docker run -v "$PWD/saves:/saves"', 'volumes: ["./saves:/saves"]'])  # fmt: skip
+    (tmp_path / "a-file").write_text("")  # OUTPUT_DIR under a file: the file is named, and no volume advice
+    outcome = host.output_writable(_host_subject(tmp_path))
+    assert outcome.status == FAIL and outcome.value == f"{tmp_path / 'a-file'} is a file, not a folder"
+    assert "not a file or a device" in outcome.remedy and "docker run" not in outcome.remedy
 
 
 def test_a_model_path_that_is_not_there_gives_the_mount_flag(tmp_path):
@@ -175,11 +179,31 @@ def test_a_users_ds_config_with_nvme_and_no_path_gives_the_mount_flag(base, tmp_
 def test_render_into_an_unwritable_output_dir_gives_the_user_and_volume_flags(run_rocmft, tmp_path, tiny_model,
                                                                               demo_data):  # fmt: skip
     """`rocmft render` as a process (its refusal is made in the command, after the staging folder could not be):
-    OUTPUT_DIR under a file, for real."""
-    (tmp_path / "a-file").write_text("")
+    OUTPUT_DIR where no folder can be made (/proc, even as root), for real; under a file, the file is named."""
     env = {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "rocmft_demo", "DATASET_DIR": str(demo_data),
-           "CUTOFF_LEN": "128", "OUTPUT_DIR": str(tmp_path / "a-file" / "out")}  # fmt: skip
+           "CUTOFF_LEN": "128", "OUTPUT_DIR": "/proc/rocmft-out"}  # fmt: skip
     result = run_rocmft("render", env=env)
     assert result.returncode == 2, result.stdout[-3000:]
     has_all(result.stdout, ["cannot be created or written", 'docker run -v "$PWD/saves:/saves"',
                             'docker run --user "$(id -u):$(id -g)"'])  # fmt: skip
+    (tmp_path / "a-file").write_text("")
+    result = run_rocmft("render", env={**env, "OUTPUT_DIR": str(tmp_path / "a-file" / "out")})
+    assert result.returncode == 2, result.stdout[-3000:]
+    has_all(result.stdout, [f"{tmp_path / 'a-file'} is a file, not a folder", "not a file or a device."])
+    assert "docker run -v" not in result.stdout
+
+
+def test_an_output_dir_through_a_file_or_device_is_named_as_not_a_folder(tmp_path):
+    """OUTPUT_DIR=/dev/null (or a path through a file) said "FileExistsError" and gave volume and permission advice
+    (a break-it trial, 2026-12-05); the reason now names what is in the way."""
+    from rocmft.cli.common import Workspace
+
+    (tmp_path / "notes.txt").write_text("x")
+    for output_dir, said in ((tmp_path / "notes.txt" / "out", f"{tmp_path / 'notes.txt'} is a file, not a folder"),
+                             (Path("/dev/null"), "/dev/null is a device or socket, not a folder")):  # fmt: skip
+        workspace = Workspace()
+        workspace.make_staging(output_dir)
+        try:
+            assert workspace.unwritable == said
+        finally:
+            workspace.discard()

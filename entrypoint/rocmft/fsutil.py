@@ -89,5 +89,23 @@ def write_error(folder: Path) -> str:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".rocmft-write-test-"):
             pass
     except OSError as err:
-        return f"{type(err).__name__}: {err.strerror or err}"
+        return folder_error(folder, err)
     return ""
+
+
+NOT_A_FOLDER = "not a folder"  # in :func:`folder_error`'s text when a file or device is in the way
+
+
+def not_a_folder_fix(variable: str) -> str:
+    """The fix for a :func:`folder_error` that says :data:`NOT_A_FOLDER`, for the setting ``variable`` names."""
+    return f"Set {variable} to a folder (or a path where one can be made), not a file or a device."
+
+
+def folder_error(folder: Path, err: OSError) -> str:
+    """Why ``folder`` could not be made or written, for a message: the file or device on its path that is in the way
+    (``/dev/null is a device or socket, not a folder``; errno alone said "FileExistsError" for OUTPUT_DIR=/dev/null,
+    a break-it trial, 2026-12-05), else ``"<OSError subclass>: <strerror>"``."""
+    blocking = next((p for p in (folder, *folder.parents) if os.path.exists(p) and not os.path.isdir(p)), None)
+    if blocking is not None:
+        return f"{blocking} is {'a file' if os.path.isfile(blocking) else 'a device or socket'}, {NOT_A_FOLDER}"
+    return f"{type(err).__name__}: {err.strerror or err}"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rocmft.changes import say_changes
 from rocmft.console import say
 from rocmft.errors import ChecksFailed, ConfigError
-from rocmft.fsutil import make_private_dir_public
+from rocmft.fsutil import folder_error, make_private_dir_public
 from rocmft.records import CHECKS_FILE, MANIFEST_FILE, read_manifest
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class Workspace:
             self.created = sorted(missing, key=lambda p: len(p.parts), reverse=True)
             self.staging = make_private_dir_public(Path(tempfile.mkdtemp(prefix=".rocmft-staging-", dir=output_dir)))
         except OSError as err:
-            self.unwritable = f"{type(err).__name__}: {err.strerror or err}"
+            self.unwritable = folder_error(output_dir, err)
             self.staging = Path(tempfile.mkdtemp(prefix="rocmft-staging-"))
         return self.staging
 

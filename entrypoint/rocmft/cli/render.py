@@ -6,6 +6,7 @@ from rocmft.cli.common import Workspace, _prepare, add_config_arguments, command
 from rocmft.console import say
 from rocmft.container import AS_YOU, mount
 from rocmft.errors import ConfigError, ExitCode
+from rocmft.fsutil import NOT_A_FOLDER, not_a_folder_fix
 
 
 def register(sub) -> None:
@@ -21,11 +22,12 @@ def run(args) -> int:
     try:
         plan = _prepare(workspace, timings, given).plan
         if workspace.unwritable:  # `check` and `train` report this through the output check (exit 3)
+            volume = (f"Set OUTPUT_DIR to a folder this user can write: a read-write volume "
+                      f"({mount('./saves', '/saves')}) owned by the user rocmft runs as ({AS_YOU}).")  # fmt: skip
             raise ConfigError(
                 f"OUTPUT_DIR {plan.output_dir} cannot be created or written ({workspace.unwritable}; "
                 f"{plan.sources.get('output_dir')}).",
-                f"Set OUTPUT_DIR to a folder this user can write: a read-write volume ({mount('./saves', '/saves')}) "
-                f"owned by the user rocmft runs as ({AS_YOU}).",
+                not_a_folder_fix("OUTPUT_DIR") if NOT_A_FOLDER in workspace.unwritable else volume,
             )
         workspace.promote(plan.run_dir)
     except BaseException:

@@ -83,8 +83,8 @@ def _empty_items(run: Rendered) -> None:
         fixed = ", ".join(_spelled_as_given(name, ",".join(i.strip() for i in value.split(",") if i.strip()),
                                             run.sources[name]) for name, value in found)  # fmt: skip
         raise ConfigError(f"Lists with an empty item (a comma too many): {shown}. LLaMA-Factory keeps the empty "
-                          "item as a name of its own (an empty data set name fails at data loading, after every "
-                          "check passed).",
+                          "item as a name of its own (an empty data set or module name fails only once training "
+                          "starts, after every check passed).",
                           f"Remove the extra comma: {fixed}.")  # fmt: skip
 
 
