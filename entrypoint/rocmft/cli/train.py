@@ -135,7 +135,12 @@ def _stop_preparing(signum, _frame) -> None:
     so that the staging folder and an OUTPUT_DIR this run created are removed (Workspace.discard) and rocmft exits
     143 (rocmft.cli.main), instead of dying with them half-written. Slurm sends it when another task of the job
     failed (srun --kill-on-bad-exit: a configuration every node refuses, refused first on one node) or on scancel.
-    From the launch on, rocmft.launch.run.run_spec handles the signals (a stop with a checkpoint)."""
+    From the launch on, rocmft.launch.run.run_spec handles the signals (a stop with a checkpoint).
+
+    Once: a second SIGTERM is ignored until :func:`_attempt` restores the handler, so that it cannot cut the clean-up
+    short (a clean-clone rehearsal, 2026-12-06: a Slurm rank stopped by --kill-on-bad-exit left a staging folder
+    without its run.json, removed half-way)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signum} before training began")
 
 
