@@ -308,7 +308,7 @@ deepspeed-ops-ready: venv
 	DS_ACCELERATOR=cpu $(BIN)/python -c "from deepspeed.accelerator import get_accelerator; \
 	  get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
 
-test: ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (30-70 min on 2 cores with set-up, by the machine; 2 workers)
+test: ## lint, then the whole test suite: unit, CPU training, Docker, Slurm, a CPU vLLM (20-70 min on 2 cores with set-up, by the machine; 2 workers)
 	$(MAKE) --no-print-directory -j2 --output-sync=line test-ready
 	SHARED_DIR=$(SHARED) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
