@@ -184,6 +184,13 @@ def stated(name: str, value: Any, source: Source | None, given: str | None = Non
     return f"{setting}, {where}"
 
 
+def written(name: str, value: Any, source: Source | None) -> str:
+    """Argument ``name`` set to ``value`` the way the user writes it where ``source`` says it was set, for a fix to
+    paste back: ``DATASET=a`` (its environment variable), ``dataset: a`` (a YAML), ``dataset=a`` (the command
+    line) (:func:`named` without the source's words)."""
+    return _parts(name, value, source, None)[0]
+
+
 def named_in(name: str, arguments: Mapping[str, Any], sources: Mapping[str, Source],
              given: Mapping[str, str] | None = None, default: Any = None) -> str:  # fmt: skip
     """:func:`named` for argument ``name`` of ``arguments`` with its source in ``sources`` and the user's text in
@@ -226,4 +233,4 @@ def environment_variable(name: str, environ: Mapping[str, str]) -> str:
 
 
 __all__ = ["FROM_ENVIRONMENT", "NOT_SET", "USER_KINDS", "Kind", "Source", "environment_variable",
-           "kinds", "knob", "named", "named_in", "origin", "removal", "spelled", "texts"]  # fmt: skip
+           "kinds", "knob", "named", "named_in", "origin", "removal", "spelled", "texts", "written"]  # fmt: skip

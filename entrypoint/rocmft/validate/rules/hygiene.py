@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rocmft.config.lfargs import COMMA_LIST_ARGUMENTS
-from rocmft.config.provenance import YAML_KINDS, Kind, Source, named_in, origin
+from rocmft.config.provenance import named_in, origin, written
 from rocmft.container import mount
 from rocmft.errors import ConfigError
 from rocmft.render import Rendered
@@ -80,20 +80,12 @@ def _empty_items(run: Rendered) -> None:
              and any(not item.strip() for item in value.split(",")) and _user_set(name, run.sources)]  # fmt: skip
     if found:
         shown = ", ".join(named(run, name) for name, _ in found)
-        fixed = ", ".join(_spelled_as_given(name, ",".join(i.strip() for i in value.split(",") if i.strip()),
-                                            run.sources[name]) for name, value in found)  # fmt: skip
+        fixed = ", ".join(written(name, ",".join(i.strip() for i in value.split(",") if i.strip()), run.sources[name])
+                          for name, value in found)  # fmt: skip
         raise ConfigError(f"Lists with an empty item (a comma too many): {shown}. LLaMA-Factory keeps the empty "
                           "item as a name of its own (an empty data set or module name fails only once training "
                           "starts, after every check passed).",
                           f"Remove the extra comma: {fixed}.")  # fmt: skip
-
-
-def _spelled_as_given(name: str, value: str, source: Source) -> str:
-    """``name`` set to ``value`` the way the user wrote it where it was set: ``DATASET=a`` (its environment
-    variable), ``dataset: a`` (a YAML), ``dataset=a`` (the command line)."""
-    if source.kind is Kind.ENVIRONMENT:
-        return f"{source.detail}={value}"
-    return f"{name}: {value}" if source.kind in YAML_KINDS else f"{name}={value}"
 
 
 @rule("rendered", 40, masks=True)
