@@ -196,7 +196,7 @@ def test_render_into_an_unwritable_output_dir_gives_the_user_and_volume_flags(ru
 def test_an_output_dir_through_a_file_or_device_is_named_as_not_a_folder(tmp_path):
     """OUTPUT_DIR=/dev/null (or a path through a file) said "FileExistsError" and gave volume and permission advice
     (a break-it trial, 2026-12-05); the reason now names what is in the way."""
-    from rocmft.cli.common import Workspace
+    from rocmft.cli.workspace import Workspace
 
     (tmp_path / "notes.txt").write_text("x")
     for output_dir, said in ((tmp_path / "notes.txt" / "out", f"{tmp_path / 'notes.txt'} is a file, not a folder"),

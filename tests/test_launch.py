@@ -389,25 +389,3 @@ def test_sigterm_while_a_run_is_prepared_removes_its_staging_folder_and_exits_14
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 143, f"{proc.returncode}\n{out[-3000:]}"
     assert not output.exists(), f"{sorted(p.name for p in output.iterdir())}\n{out[-3000:]}"
-
-
-def test_a_second_sigterm_while_a_run_stops_preparing_cannot_cut_its_cleanup_short():
-    """A clean-clone rehearsal (2026-12-06): a Slurm rank stopped while preparing left its staging folder without
-    run.json, removed half-way: a second SIGTERM (srun --kill-on-bad-exit signals the step as each bad task ends)
-    raised KeyboardInterrupt again inside the clean-up. The first SIGTERM now stops the preparation; later ones are
-    ignored until train restores the handler. In this process, with real signals."""
-    from rocmft.cli.train import _stop_preparing
-
-    before = signal.signal(signal.SIGTERM, _stop_preparing)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler runs at the next bytecode: this sleep is cut short
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)  # the second, as if during Workspace.discard
-            time.sleep(0.05)
-        except KeyboardInterrupt:
-            pytest.fail("a second SIGTERM interrupted the clean-up")
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGTERM, before)

@@ -1,11 +1,10 @@
-"""The steps the commands share: the configuration arguments (:func:`add_config_arguments`), the staging
-workspace, settings → render → validate (:func:`_prepare`), the health checks (:func:`_run_checks`), and the note
-of the current run for ``rocmft status``."""
+"""The steps the commands share: the configuration arguments (:func:`add_config_arguments`), settings → render →
+validate (:func:`_prepare`, into a :class:`rocmft.cli.workspace.Workspace`), the health checks (:func:`_run_checks`),
+and the note of the current run for ``rocmft status``."""
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -16,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from rocmft.changes import say_changes
 from rocmft.console import say
 from rocmft.errors import ChecksFailed, ConfigError
-from rocmft.fsutil import folder_error, make_private_dir_public
-from rocmft.records import CHECKS_FILE, MANIFEST_FILE, read_manifest
+from rocmft.records import CHECKS_FILE
 
 if TYPE_CHECKING:
+    from rocmft.cli.workspace import Workspace
     from rocmft.facts.probes import Probes
     from rocmft.launch import LaunchSpec
     from rocmft.render import Plan
@@ -37,66 +36,6 @@ records where each argument came from (settings.sources).
 
 example: rocmft %(command)s my.yaml learning_rate=5e-5 max_steps=100 output_dir=/saves/run1
 """
-
-
-class Workspace:
-    """Owns the staging folder and undoes everything on failure.
-
-    The staging folder is made inside OUTPUT_DIR (same file system, so the final move is a rename). When
-    OUTPUT_DIR cannot be written, it is made in the system temp folder instead and the ``output`` check
-    reports the real problem. :meth:`discard` removes the staging folder, and OUTPUT_DIR too when this
-    run created it and left it empty.
-    """
-
-    def __init__(self) -> None:
-        self.staging: Path | None = None
-        self.created: list[Path] = []
-        self.unwritable: str | None = None  # why OUTPUT_DIR could not hold the staging folder
-
-    def make_staging(self, output_dir: Path) -> Path:
-        try:
-            missing = [p for p in [output_dir, *output_dir.parents] if not p.exists()]
-            output_dir.mkdir(parents=True, exist_ok=True)
-            self.created = sorted(missing, key=lambda p: len(p.parts), reverse=True)
-            self.staging = make_private_dir_public(Path(tempfile.mkdtemp(prefix=".rocmft-staging-", dir=output_dir)))
-        except OSError as err:
-            self.unwritable = folder_error(output_dir, err)
-            self.staging = Path(tempfile.mkdtemp(prefix="rocmft-staging-"))
-        return self.staging
-
-    def discard(self) -> None:
-        if self.staging is not None:
-            shutil.rmtree(self.staging, ignore_errors=True)
-            self.staging = None
-        for folder in self.created:  # deepest first; only folders this run created, only when empty
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-
-    def promote(self, run_dir: Path) -> None:
-        """Move the staged files to ``run_dir``. The record of an earlier training run there (it has a
-        manifest) is kept in ``OUTPUT_DIR/rocmft-history/<when it started>/``, never deleted."""
-        from rocmft.fsutil import replace_dir
-
-        assert self.staging is not None
-        keep = None
-        manifest = run_dir / MANIFEST_FILE
-        if manifest.is_file():
-            try:
-                started = read_manifest(manifest).started_at
-            except ConfigError:  # a damaged record is kept all the same, under the time now
-                started = None
-            # a folder name: the manifest's own time (a damaged one, "../x" or 3, gives the time now)
-            if not isinstance(started, str) or not re.fullmatch(r"[0-9T:.+\-Z]+", started):
-                started = ""
-            stamp = (started or time.strftime("%Y-%m-%dT%H:%M:%S")).replace(":", "")
-            keep = run_dir.parent / "rocmft-history" / stamp
-            while keep.exists():
-                keep = keep.with_name(keep.name + "-1")
-            say(f"the earlier run's record moves to {keep}", all_ranks=True)
-        replace_dir(self.staging, run_dir, keep_old_as=keep)
-        self.staging = None
 
 
 def add_config_arguments(sub, name: str, help: str):

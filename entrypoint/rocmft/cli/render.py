@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rocmft.cli.common import Workspace, _prepare, add_config_arguments, command_line
+from rocmft.cli.common import _prepare, add_config_arguments, command_line
+from rocmft.cli.workspace import Workspace
 from rocmft.console import say
 from rocmft.container import AS_YOU, mount
 from rocmft.errors import ConfigError, ExitCode
@@ -18,8 +19,8 @@ def register(sub) -> None:
 def run(args) -> int:
     """Render and validate into OUTPUT_DIR/rocmft; exit 0, or raise ConfigError (exit 2, nothing left behind)."""
     given = command_line(args)  # a malformed token ends here, before any child process starts
-    workspace, timings = Workspace(), {}
-    try:
+    timings: dict[str, float] = {}
+    with Workspace() as workspace:  # removes everything staged on a failure or a stop signal
         plan = _prepare(workspace, timings, given).plan
         if workspace.unwritable:  # `check` and `train` report this through the output check (exit 3)
             volume = (f"Set OUTPUT_DIR to a folder this user can write: a read-write volume "
@@ -30,9 +31,6 @@ def run(args) -> int:
                 not_a_folder_fix("OUTPUT_DIR") if NOT_A_FOLDER in workspace.unwritable else volume,
             )
         workspace.promote(plan.run_dir)
-    except BaseException:
-        workspace.discard()
-        raise
     for path in plan.files.values():
         say(f"wrote {plan.run_dir / path.relative_to(plan.staging)}", all_ranks=True)
     return ExitCode.OK

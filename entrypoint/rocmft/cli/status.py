@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rocmft.cli.common import MANIFEST_FILE, current_run_pointer, given_path
+from rocmft.cli.common import current_run_pointer, given_path
 from rocmft.errors import ConfigError, ExitCode
+from rocmft.records import MANIFEST_FILE
 from rocmft.values import is_count
 
 if TYPE_CHECKING:

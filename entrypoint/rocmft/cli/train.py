@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import TYPE_CHECKING
 
 from rocmft.cli.common import (
     CHECKS_FILE,
-    MANIFEST_FILE,
-    Workspace,
     _prepare,
     _run_checks,
     add_config_arguments,
     command_line,
     current_run_pointer,
 )
+from rocmft.cli.workspace import Workspace
 from rocmft.console import say, warn
 from rocmft.errors import ExitCode
 from rocmft.fsutil import atomic_write_text
-from rocmft.records import RunStatus, WorkerResult
+from rocmft.records import MANIFEST_FILE, RunStatus, WorkerResult
 
 if TYPE_CHECKING:
     from rocmft.config.cmdline import CommandLine
@@ -77,20 +75,12 @@ def _attempt(restarts: list[Restart], given: CommandLine,
     from rocmft.records import read_worker_result, run_status
 
     started_at = now()
-    workspace, timings = Workspace(), {}
-    default_term = signal.getsignal(signal.SIGTERM)
-    if default_term is signal.SIG_DFL:  # an ignored SIGTERM (nohup-like parents) stays ignored
-        signal.signal(signal.SIGTERM, _stop_preparing)
-    try:
+    timings: dict[str, float] = {}
+    with Workspace() as workspace:  # a stop signal while preparing: everything staged is removed, exit 143
         prepared = _prepare(workspace, timings, given, keep_validator=True, overrides=overrides)
         checks = _run_checks(prepared, workspace, timings)
         plan = prepared.plan
         workspace.promote(plan.run_dir)
-    except BaseException:
-        workspace.discard()
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, default_term)
     manifest_path = plan.run_dir / MANIFEST_FILE
     checks_summary = {
         "status": checks["status"],
@@ -128,20 +118,6 @@ def _attempt(restarts: list[Restart], given: CommandLine,
         say(lost or f"training ended with exit code {int(code)} ({status}); see {plan.run_dir / 'train.log'}",
             all_ranks=True)  # fmt: skip
     return code, None
-
-
-def _stop_preparing(signum, _frame) -> None:
-    """SIGTERM while the run is being prepared (render, validate, checks): raise KeyboardInterrupt, as SIGINT does,
-    so that the staging folder and an OUTPUT_DIR this run created are removed (Workspace.discard) and rocmft exits
-    143 (rocmft.cli.main), instead of dying with them half-written. Slurm sends it when another task of the job
-    failed (srun --kill-on-bad-exit: a configuration every node refuses, refused first on one node) or on scancel.
-    From the launch on, rocmft.launch.run.run_spec handles the signals (a stop with a checkpoint).
-
-    Once: a second SIGTERM is ignored until :func:`_attempt` restores the handler, so that it cannot cut the clean-up
-    short (a clean-clone rehearsal, 2026-12-06: a Slurm rank stopped by --kill-on-bad-exit left a staging folder
-    without its run.json, removed half-way)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt(f"signal {signum} before training began")
 
 
 def _write_summary(plan) -> None:

@@ -1,0 +1,109 @@
+"""The staging workspace under stop signals, in this process with real signals (rocmft.cli.workspace).
+
+On Slurm, srun --kill-on-bad-exit sends SIGTERM to every other task when one refuses its configuration, and the
+others are often refusing it themselves at that moment. CI (stop 48) and a clean-clone rehearsal (2026-12-06) each
+found a rank's staging folder left in saves/<run>/ by tests/test_slurm.py: a KeyboardInterrupt raised by the signal
+inside the clean-up cut it short. These tests put the signal exactly inside each step that must not be cut."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+
+import pytest
+
+from rocmft.cli import workspace as workspace_module
+from rocmft.cli.workspace import Workspace
+from rocmft.errors import ConfigError
+
+
+def _signal_self(signum: int = signal.SIGTERM) -> None:
+    """Send ``signum`` to this process and give its Python handler the bytecodes to run on."""
+    os.kill(os.getpid(), signum)
+    time.sleep(0.05)
+
+
+def _staged(workspace: Workspace, output_dir):
+    staging = workspace.make_staging(output_dir)
+    for name in ("train.yaml", "run.json", "data/dataset_info.json"):
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).write_text("x")
+    return staging
+
+
+def test_a_sigterm_during_the_cleanup_of_a_refusal_waits_for_it_and_the_refusal_stands(tmp_path, monkeypatch):
+    """The CI failure: the rank refused the configuration itself (exit 2) and was removing its staging folder when
+    the SIGTERM for another rank's refusal came. The removal finishes, the folder and the OUTPUT_DIR the run made
+    are gone, and the refusal, not an interrupt (143), is what the run ends with."""
+    real_rmtree = workspace_module.shutil.rmtree
+
+    def rmtree_with_a_signal_inside(path, *args, **kwargs):
+        _signal_self()
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(workspace_module.shutil, "rmtree", rmtree_with_a_signal_inside)
+    output = tmp_path / "saves" / "refused"
+    with pytest.raises(ConfigError, match="refused"), Workspace() as workspace:
+        _staged(workspace, output)
+        raise ConfigError("refused", "fix it")
+    assert not (tmp_path / "saves").exists(), sorted(str(p) for p in tmp_path.rglob("*"))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler before the block is back
+
+
+def test_a_sigterm_while_the_staging_folder_is_made_stops_after_it_is_recorded(tmp_path, monkeypatch):
+    """A signal between mkdtemp's mkdir and the workspace noting the folder would leave an empty staging folder that
+    no clean-up knows of. The stop waits until it is noted, then removes it."""
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp_with_a_signal_after(*args, **kwargs):
+        made = real_mkdtemp(*args, **kwargs)
+        _signal_self()
+        return made
+
+    monkeypatch.setattr(workspace_module.tempfile, "mkdtemp", mkdtemp_with_a_signal_after)
+    output = tmp_path / "saves" / "stopped"
+    with pytest.raises(KeyboardInterrupt), Workspace() as workspace:
+        workspace.make_staging(output)
+        pytest.fail("make_staging returned although a SIGTERM came while it ran")
+    assert not (tmp_path / "saves").exists(), sorted(str(p) for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_first_stop_signal_ends_the_preparation_and_later_ones_cannot_cut_the_cleanup(tmp_path, signum):
+    """The first SIGTERM or SIGINT (scancel, Ctrl-C) while preparing raises KeyboardInterrupt (exit 143); the ones
+    after it (srun signals the step as each bad task ends; a second Ctrl-C) are ignored until the block ends, so
+    the clean-up runs whole; then the handlers from before the block are back."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    output = tmp_path / "saves" / "stopped"
+    with pytest.raises(KeyboardInterrupt, match=f"signal {int(signum)}"), Workspace() as workspace:
+        _staged(workspace, output)
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # cut short by the handler at its next bytecode
+        pytest.fail("the stop signal did not stop the preparation")
+    assert not (tmp_path / "saves").exists()
+    with Workspace() as workspace:
+        _staged(workspace, output)
+        with pytest.raises(KeyboardInterrupt):
+            _signal_self(signum)
+        for later in (signal.SIGTERM, signal.SIGINT):
+            assert signal.getsignal(later) is signal.SIG_IGN
+            _signal_self(later)  # ignored: no KeyboardInterrupt here
+        workspace.discard()
+    assert not (tmp_path / "saves").exists()
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_an_ignored_sigterm_stays_ignored(tmp_path):
+    """A parent that ignores SIGTERM (nohup-like) keeps it ignored through the preparation."""
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with Workspace() as workspace:
+            _staged(workspace, tmp_path / "out")
+            _signal_self()  # nothing happens
+            workspace.promote(tmp_path / "out" / "rocmft")
+        assert (tmp_path / "out" / "rocmft" / "run.json").is_file()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
