@@ -61,6 +61,8 @@ EXIT_2 = {
     "interleave with concat": ({"DATASET": "alpaca_en_demo,identity", "INTERLEAVE_PROBS": "0.5,0.5"},
                                ["MIX_STRATEGY=concat", "interleave_under"]),
     "lora alpha 0": ({"LORA_ALPHA": "0"}, ["LORA_ALPHA=0", "alpha / rank"]),
+    "lora rank above the hidden size": ({"LORA_RANK": "100000"},
+                                        ["LORA_RANK=100000", "above the model's hidden size (64", "at most 64"]),
     "learning rate nan": ({"LEARNING_RATE": "nan"}, ["LEARNING_RATE=nan", "must be a positive number"]),
     "learning rate inf": ({"LEARNING_RATE": "inf"}, ["LEARNING_RATE=inf", "must be a positive number"]),
     "nan and inf elsewhere": ({"MAX_GRAD_NORM": "nan", "NUM_TRAIN_EPOCHS": "inf"},

@@ -100,7 +100,7 @@ def more_values(run: Rendered) -> list[str]:
     """Values that are legal types but mean nothing useful, or settings that silently cancel each other.
 
     Errors: a NaN or infinite value (:func:`_not_a_number`); LORA_ALPHA ≤ 0 (the adapter's scale alpha/rank is
-    then 0 or negative, peft's LoRA formula); MAX_STEPS=0;
+    then 0 or negative, peft's LoRA formula); LORA_RANK above the model's hidden size; MAX_STEPS=0;
     WARMUP_STEPS < 0; MAX_GRAD_NORM < 0 (transformers clips only when > 0, so a negative value turns clipping
     off without a word); LOGGING_STEPS < 0 (nothing logged); SAVE_STEPS < 0 and EVAL_STEPS < 0 (no checkpoint
     during the run, evaluation only at its end); DATALOADER_NUM_WORKERS < 0 (torch refuses it late);
@@ -181,6 +181,24 @@ def _max_samples(run: Rendered) -> None:
     if samples is not None and samples <= 0:
         raise ConfigError(f"{named(run, 'max_samples')} leaves no records to "
                           "train on.", "Remove MAX_SAMPLES (all records) or set it to a positive count.")  # fmt: skip
+
+
+def _lora_rank_beyond_width(run: Rendered) -> None:
+    """LORA_RANK above the model's hidden size (config.json's ``hidden_size``) with LoRA. Every linear layer of a
+    decoder that LoRA adapts has the hidden size as its input or output width, and the adapter's update B·A (B:
+    out x r, A: r x in) has a rank of at most min(in, out) (Hu et al., "LoRA", 2021, section 4.1), so a larger rank
+    adds parameters and memory and nothing the adapter can express. LORA_RANK=100000 on the built-in model rendered
+    and exited 0 (a newcomer's trial, 2026-12-05); peft builds the matrices only when the model loads."""
+    rank = run.arguments.get("lora_rank")
+    if run.arguments.get("finetuning_type", "lora") != "lora" or not isinstance(rank, int) or isinstance(rank, bool):
+        return
+    hidden = (run.model.config() or {}).get("hidden_size")
+    if isinstance(hidden, int) and not isinstance(hidden, bool) and 0 < hidden < rank:
+        raise ConfigError(f"{named(run, 'lora_rank')} is above the model's hidden size ({hidden}, hidden_size in "
+                          f"{run.model.config_path}): an adapter's update has a rank of at most the smaller width "
+                          "of the layer it adapts, so the extra rank is memory that learns nothing.",
+                          f"Set LORA_RANK to at most {hidden} (ranks of 8 to 128 are usual for 7B-class models), "
+                          "or FINETUNING_TYPE=full to train every weight.")  # fmt: skip
 
 
 def _max_steps_zero(run: Rendered) -> None:
@@ -314,6 +332,7 @@ def _interleave(run: Rendered) -> None:
 _VALUE_CHECKS: tuple[Callable[[Rendered], None], ...] = (
     _not_a_number,
     _lora_alpha,
+    _lora_rank_beyond_width,
     _max_steps_zero,
     partial(_not_negative, name="warmup_steps",
             fix="Set WARMUP_STEPS to 0 or more (a count of steps, or a fraction below 1)."),
