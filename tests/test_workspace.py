@@ -19,6 +19,18 @@ from rocmft.cli.workspace import Workspace
 from rocmft.errors import ConfigError
 
 
+@pytest.fixture(autouse=True)
+def default_handlers():
+    """SIGTERM and SIGINT as an interactive shell's foreground command has them (a background job of a
+    non-interactive shell, such as a CI script started with `&`, inherits SIGINT ignored, which rocmft keeps)."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
 def _signal_self(signum: int = signal.SIGTERM) -> None:
     """Send ``signum`` to this process and give its Python handler the bytecodes to run on."""
     os.kill(os.getpid(), signum)
@@ -50,6 +62,7 @@ def test_a_sigterm_during_the_cleanup_of_a_refusal_waits_for_it_and_the_refusal_
         raise ConfigError("refused", "fix it")
     assert not (tmp_path / "saves").exists(), sorted(str(p) for p in tmp_path.rglob("*"))
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler before the block is back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_sigterm_while_the_staging_folder_is_made_stops_after_it_is_recorded(tmp_path, monkeypatch):
