@@ -120,3 +120,35 @@ def test_an_ignored_sigterm_stays_ignored(tmp_path):
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_stop_during_a_failed_exports_cleanup_leaves_none_of_its_staging_folder(tmp_path, monkeypatch):
+    """The export's staging folder holds a merged model (GBs for a 7B): a SIGTERM or a second Ctrl-C while it is
+    removed after a failure used to cut the removal short (a KeyboardInterrupt inside rmtree, or the default
+    SIGTERM restored before it), leaving ``.<name>-staging-*`` beside EXPORT_DIR. The merge fails here, the signal
+    comes inside the removal, and the merge's own error stands."""
+    from types import SimpleNamespace
+
+    from rocmft.errors import RocmftError
+    from rocmft.outputs import export as export_module
+
+    def failing_merge(plan, staging):
+        (staging / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 1024)
+        raise RocmftError("LLaMA-Factory's export raised: stand-in", "fix it")
+
+    real_rmtree = export_module.shutil.rmtree
+
+    def rmtree_with_a_signal_inside(path, *args, **kwargs):
+        _signal_self()
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(export_module, "check_disk", lambda plan, dtype: None)
+    monkeypatch.setattr(export_module, "_announce", lambda plan: None)
+    monkeypatch.setattr(export_module, "model_config", lambda base: {})
+    monkeypatch.setattr(export_module, "_merge", failing_merge)
+    monkeypatch.setattr(export_module.shutil, "rmtree", rmtree_with_a_signal_inside)
+    plan = SimpleNamespace(base=tmp_path / "base", export_dir=tmp_path / "exports" / "merged")
+    with pytest.raises(RocmftError, match="stand-in"):
+        export_module.export(plan)
+    assert list((tmp_path / "exports").iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -68,6 +67,7 @@ from rocmft.outputs.export_plan import (
 )
 from rocmft.outputs.model_card import model_card
 from rocmft.outputs.servable import prepare_for_serving
+from rocmft.stopsignals import StopOnSignals
 
 LATEST_EXPORT = "rocmft-latest-export.json"
 
@@ -128,15 +128,12 @@ def _normal_modes(folder: Path) -> None:
             os.chmod(path, 0o666 & ~mask)
 
 
-def _terminate_as_interrupt(signum, _frame) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
     """Run the export described by ``plan`` and return the export manifest (also written into the folder).
 
-    Writes into ``.<name>-staging-*`` beside EXPORT_DIR and renames it into place; SIGTERM/SIGINT or an error
-    remove the staging folder. Also records the export in ``saves_dir/rocmft-latest-export.json`` when given.
+    Writes into ``.<name>-staging-*`` beside EXPORT_DIR and renames it into place; SIGTERM/SIGINT (the first one:
+    rocmft.stopsignals.StopOnSignals) or an error remove the staging folder. Also records the export in
+    ``saves_dir/rocmft-latest-export.json`` when given.
 
     Raises:
         ChecksFailed: too little disk space.
@@ -148,24 +145,22 @@ def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
     check_disk(plan, base_dtype)
     _announce(plan)
     plan.export_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = make_private_dir_public(
-        Path(tempfile.mkdtemp(prefix=f".{plan.export_dir.name}-staging-", dir=plan.export_dir.parent))
-    )
-    try:
-        previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    except ValueError:  # not the main thread (an embedding program): its own signal handling stands
-        previous = None
     started = time.monotonic()
-    try:
-        _merge(plan, staging)
-        serve = prepare_for_serving(staging, model_config(plan.base), _lora_rank(plan.run))
-        seconds = time.monotonic() - started
-        record, files = _write_card_and_record(plan, staging, serve, seconds)
-        replace_dir(staging, plan.export_dir)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        shutil.rmtree(staging, ignore_errors=True)
+    staging = None
+    with StopOnSignals("during the export") as stops:  # the first SIGTERM/SIGINT ends it: exit 143
+        try:
+            with stops.held():  # the folder is noted before a signal can stop the export
+                staging = Path(tempfile.mkdtemp(prefix=f".{plan.export_dir.name}-staging-", dir=plan.export_dir.parent))
+            make_private_dir_public(staging)
+            _merge(plan, staging)
+            serve = prepare_for_serving(staging, model_config(plan.base), _lora_rank(plan.run))
+            seconds = time.monotonic() - started
+            record, files = _write_card_and_record(plan, staging, serve, seconds)
+            replace_dir(staging, plan.export_dir)
+        finally:
+            if staging is not None:
+                with stops.held(then_stop=False):  # a merged 7B is GBs: no signal leaves half of it behind
+                    shutil.rmtree(staging, ignore_errors=True)
     total = sum(files.values())
     size = f"{total / 2**30:.2f} GiB" if total >= 2**30 else f"{total / 2**20:.1f} MiB"
     say(f"exported {plan.export_dir} ({size}, {len(files)} files) in {seconds:.1f} s", all_ranks=True)
