@@ -1,0 +1,54 @@
+"""A break-it trial of the command line as a hostile but realistic user (2026-12-06): odd YAML values, paths that
+cannot be followed or written, names that are not UTF-8. Each case runs `rocmft render` in the pytest process
+(conftest's rocmft_here) and checks the exit code, the words of the message, that no traceback was printed and
+that nothing was left in OUTPUT_DIR. docs/rules.md's rows 91-93 are these refusals."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rocmft.errors import ExitCode
+
+
+@pytest.fixture
+def base(tmp_path, shared_data, tiny_model) -> dict[str, str]:
+    """A LoRA run on the tiny model and LLaMA-Factory's alpaca demo (its own data folder), OUTPUT_DIR in tmp_path."""
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(shared_data / "alpaca_en_demo.json", data / "alpaca_en_demo.json")
+    return {"MODEL_NAME_OR_PATH": str(tiny_model), "DATASET": "alpaca_en_demo", "DATASET_DIR": str(data),
+            "TEMPLATE": "qwen", "FINETUNING_TYPE": "lora", "OUTPUT_DIR": str(tmp_path / "out")}  # fmt: skip
+
+
+def refused(result, output: Path, *words: str) -> None:
+    """Exit 2, each of ``words`` in the output, no traceback, nothing in ``output`` and no staging folder beside it."""
+    assert result.returncode == ExitCode.CONFIG_ERROR, result.stdout[-3000:]
+    assert "Traceback" not in result.stdout, result.stdout[-3000:]
+    for word in words:
+        assert word in result.stdout, (word, result.stdout[-3000:])
+    assert not output.exists() or not any(output.iterdir())
+    assert not list(output.parent.glob(".rocmft-staging-*"))
+
+
+# --- a null for an argument that takes none ------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["YAML", "key=value"])
+def test_a_null_for_an_argument_without_none_is_refused_naming_the_default(rocmft_here, tmp_path, base, how):
+    """``cutoff_len: null`` / ``learning_rate: ~`` in a YAML, or ``cutoff_len=null`` on the command line:
+    LLaMA-Factory's parse took them (HfArgumentParser passes None on unchecked) and the run died after loading the
+    model (torch's AdamW compares lr with 0.0). The old code rendered them with exit 0 (``cutoff_len: null`` in
+    train.yaml)."""
+    if how == "YAML":
+        config = tmp_path / "my.yaml"
+        config.write_text("cutoff_len: null\nlearning_rate: ~\nmax_samples: null\n")
+        args = [str(config)]
+        words = ["cutoff_len: null: cutoff_len takes no null (expected int)", "default (2048)",
+                 "learning_rate: null: learning_rate takes no null (expected float)"]  # fmt: skip
+    else:
+        args = ["cutoff_len=null", "max_samples=null"]
+        words = ["cutoff_len=null: cutoff_len takes no null (expected int)", "default (2048)"]
+    result = rocmft_here("render", *args, env=base)
+    refused(result, tmp_path / "out", *words)
+    assert "max_samples" not in result.stdout  # Optional[int]: a null is its own default, and stays allowed
