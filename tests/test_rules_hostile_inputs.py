@@ -52,3 +52,17 @@ def test_a_null_for_an_argument_without_none_is_refused_naming_the_default(rocmf
     result = rocmft_here("render", *args, env=base)
     refused(result, tmp_path / "out", *words)
     assert "max_samples" not in result.stdout  # Optional[int]: a null is its own default, and stays allowed
+
+
+# --- a loop of symbolic links ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("variable", ["OUTPUT_DIR", "DATASET_DIR"])
+def test_a_path_through_a_loop_of_symbolic_links_is_refused_naming_the_variable(rocmft_here, tmp_path, base,
+                                                                                 variable):  # fmt: skip
+    """a -> b -> a: pathlib's resolve() raised RuntimeError ("Symlink loop") inside the output_not_input rule, so
+    OUTPUT_DIR=a/out ended `rocmft render` in a traceback with exit 1 on the old code; DATASET_DIR=a rendered."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    value = str(tmp_path / "a" / "out") if variable == "OUTPUT_DIR" else str(tmp_path / "a")
+    result = rocmft_here("render", env={**base, variable: value})
+    refused(result, tmp_path / "out", f"{variable}={value} (set in the environment) goes through a loop of symbolic "
+            "links", f"Set {variable} to a real folder")  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -35,6 +36,12 @@ def folders(run: Rendered) -> None:
         ("OUTPUT_DIR", Path(str(arguments.get("output_dir", ""))).expanduser(), sources.get("output_dir")),
     ]
     for variable, path, source in checks:
+        if path is not None and _loops(path):
+            with independent():
+                raise ConfigError(f"{variable}={path} ({origin(variable.lower(), source)}) goes through a loop of "
+                                  "symbolic links (a link that leads back to itself, directly or through others).",
+                                  f"Set {variable} to a real folder, or fix the links (`ls -l` each part of "
+                                  f"{path}).")  # fmt: skip
         if path is not None and path.is_file():
             parent = f" (its folder {path.parent} may be what you meant)" if variable != "OUTPUT_DIR" else ""
             with independent():
@@ -87,6 +94,19 @@ def _swapped(run: Rendered, model: str, dataset_names: list[str]) -> None:
                               "name.")  # fmt: skip
 
 
+def _loops(path: Path) -> bool:
+    """Whether ``path`` (or a folder on its way) is a loop of symbolic links: ``os.stat`` fails with ELOOP.
+    pathlib's ``is_file()`` reads that as False and its ``resolve()`` raises (RuntimeError in Python 3.11), so an
+    OUTPUT_DIR through a loop ended ``rocmft render`` in a traceback (exit 1; a break-it trial, 2026-12-06)."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        return err.errno == errno.ELOOP
+    except ValueError:  # a NUL byte: another rule's
+        return False
+    return False
+
+
 def _basis(source: Source | None) -> Source | None:
     """The user's input behind a value rocmft derived (DATASET_DIR behind the data set registry); None: not set."""
     return source.basis if source is not None else None
@@ -103,7 +123,10 @@ def output_not_input(run: Rendered) -> None:
     """
     arguments = run.arguments
     data_dir = run.registry.source_dir
-    output = Path(str(arguments.get("output_dir", ""))).expanduser().resolve()
+    try:
+        output = Path(str(arguments.get("output_dir", ""))).expanduser().resolve()
+    except (OSError, RuntimeError):  # a loop of symbolic links (Python 3.11 raises RuntimeError): `folders` says so
+        return
     model = Path(str(arguments.get("model_name_or_path", ""))).expanduser()
     if model.is_dir() and (output == model.resolve() or model.resolve() in output.parents):
         with independent():  # the data folder is checked too: both may hold OUTPUT_DIR
