@@ -66,3 +66,27 @@ def test_a_path_through_a_loop_of_symbolic_links_is_refused_naming_the_variable(
     result = rocmft_here("render", env={**base, variable: value})
     refused(result, tmp_path / "out", f"{variable}={value} (set in the environment) goes through a loop of symbolic "
             "links", f"Set {variable} to a real folder")  # fmt: skip
+
+
+# --- bytes that are not UTF-8 ------------------------------------------------------------------------------------
+LATIN1 = b"caf\xe9".decode("utf-8", "surrogateescape")  # a folder named in Latin-1, as os.environ reads it
+
+
+@pytest.mark.parametrize(("variable", "value", "shown"), [
+    ("OUTPUT_DIR", "{tmp}/" + LATIN1, "OUTPUT_DIR={tmp}/caf\\xe9 (set in the environment)"),
+    ("RUN_NAME", LATIN1, "RUN_NAME=caf\\xe9 (set in the environment)"),
+    ("ROCMFT_SAVES_DIR", "{tmp}/" + LATIN1, "ROCMFT_SAVES_DIR={tmp}/caf\\xe9 (set in the environment)"),
+    ("ROCMFT_CACHE_DIR", "{tmp}/" + LATIN1, "ROCMFT_CACHE_DIR={tmp}/caf\\xe9 (set in the environment)"),
+], ids=["OUTPUT_DIR", "RUN_NAME", "ROCMFT_SAVES_DIR", "ROCMFT_CACHE_DIR"])  # fmt: skip
+def test_a_value_that_is_not_utf8_is_refused_naming_the_variable(rocmft_here, tmp_path, base, variable, value, shown):
+    """The old code ended in "The rendered train.yaml is not valid YAML ... fix: Fix the template" (exit 2, naming
+    no variable) for the first three, and in tokenizers' UnicodeEncodeError (a traceback, exit 1) for a cache folder
+    of the built-in model, which the cache case runs (no model, no OUTPUT_DIR: the demo's defaults)."""
+    env = {**base, variable: value.format(tmp=tmp_path)}
+    if variable.startswith("ROCMFT_"):
+        env = {variable: value.format(tmp=tmp_path)}
+        if variable == "ROCMFT_SAVES_DIR":
+            env.update({k: base[k] for k in ("MODEL_NAME_OR_PATH", "DATASET", "DATASET_DIR", "TEMPLATE")})
+    result = rocmft_here("render", env=env)
+    refused(result, tmp_path / "out", "hold bytes that are not UTF-8", shown.format(tmp=tmp_path), "UTF-8 name")
+    assert not (tmp_path / "saves").exists() and not (tmp_path / LATIN1 / "rocmft").exists()
