@@ -90,3 +90,19 @@ def test_a_value_that_is_not_utf8_is_refused_naming_the_variable(rocmft_here, tm
     result = rocmft_here("render", env=env)
     refused(result, tmp_path / "out", "hold bytes that are not UTF-8", shown.format(tmp=tmp_path), "UTF-8 name")
     assert not (tmp_path / "saves").exists() and not (tmp_path / LATIN1 / "rocmft").exists()
+
+
+# --- a secret with its quotes still on -------------------------------------------------------------------------
+SECRET = "hf_notARealTokenButSecret0123456789"
+
+
+@pytest.mark.parametrize("variable", ["HF_TOKEN", "HUB_TOKEN", "WANDB_API_KEY"])
+@pytest.mark.parametrize("quote", ['"', "'"])
+def test_a_secret_with_its_quotes_on_is_refused_without_showing_it(rocmft_here, tmp_path, base, variable, quote):
+    """``docker --env-file`` keeps the quotes of HF_TOKEN="hf_..."; row 24's rule named every other quoted value,
+    but secrets are kept apart from the arguments, so the old code rendered (exit 0) and the quotes went to the hub
+    with the token. The value is never printed, in the message or the --json findings."""
+    result = rocmft_here("render", "--json", env={**base, variable: f"{quote}{SECRET}{quote}"})
+    refused(result, tmp_path / "out", "Values with their quotes still on", f"{variable} (set in the environment; a "
+            "secret, its value is not shown)", "Remove the quotes")  # fmt: skip
+    assert SECRET not in result.stdout + (result.stderr or "")
