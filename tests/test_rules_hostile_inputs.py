@@ -106,3 +106,25 @@ def test_a_secret_with_its_quotes_on_is_refused_without_showing_it(rocmft_here, 
     refused(result, tmp_path / "out", "Values with their quotes still on", f"{variable} (set in the environment; a "
             "secret, its value is not shown)", "Remove the quotes")  # fmt: skip
     assert SECRET not in result.stdout + (result.stderr or "")
+
+
+# --- messages that named the wrong thing -------------------------------------------------------------------------
+def test_a_device_as_the_yaml_is_not_called_missing(rocmft_here, tmp_path, base):
+    """ROCMFT_CONFIG=/dev/null exists: the old code said "no such file"."""
+    result = rocmft_here("render", env={**base, "ROCMFT_CONFIG": "/dev/null"})
+    refused(result, tmp_path / "out", "ROCMFT_CONFIG=/dev/null: not a regular file")
+    assert "no such file" not in result.stdout
+
+
+def test_rocmft_report_on_a_folder_without_a_run_does_not_send_you_to_export(tmp_path):
+    """`rocmft report <empty folder>` told the user to run `rocmft export saves/<run>`: find_run's fix, shared by
+    report, export, chat and serve, named export. (In-process: find_run is what each command calls.)"""
+    from rocmft.config.settings import load_settings
+    from rocmft.errors import ConfigError
+    from rocmft.outputs.export import find_run
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError) as caught:
+        find_run(str(tmp_path / "empty"), load_settings({"ROCMFT_SAVES_DIR": str(tmp_path / "saves")}))
+    assert "No rocmft run in" in caught.value.message and "its OUTPUT_DIR: saves/<run>" in caught.value.remedy
+    assert "rocmft export" not in str(caught.value)

@@ -6,6 +6,7 @@ helpers (:func:`rocmft.config.settings.load_settings`).
 
 from __future__ import annotations
 
+import os
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,7 +43,8 @@ def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, A
 
     where = f"The config file {path} (on the command line)" if on_command_line else f"ROCMFT_CONFIG={path}"
     if not path.is_file():
-        what = "a folder, not a YAML file" if path.is_dir() else "no such file"
+        what = ("a folder, not a YAML file" if path.is_dir() else "not a regular file (a device, a pipe or a socket)"
+                if os.path.exists(path) else "no such file")  # fmt: skip
         raise ConfigError(
             f"{where}: {what}.",
             f"Check the path (a relative one is read from {Path.cwd()}); in a container, mount the YAML and give "
