@@ -128,3 +128,16 @@ def test_rocmft_report_on_a_folder_without_a_run_does_not_send_you_to_export(tmp
         find_run(str(tmp_path / "empty"), load_settings({"ROCMFT_SAVES_DIR": str(tmp_path / "saves")}))
     assert "No rocmft run in" in caught.value.message and "its OUTPUT_DIR: saves/<run>" in caught.value.remedy
     assert "rocmft export" not in str(caught.value)
+
+
+@pytest.mark.parametrize("root", ["/", "//", "/tmp/.."])
+def test_output_dir_at_the_file_system_root_is_refused(render_env, base, root):
+    """``OUTPUT_DIR=$SAVES/$RUN`` with both unset is ``/``: the old code rendered (exit 0) and wrote /rocmft/
+    (training would have saved the weights and checkpoints into /). Rendered here into the test's staging folder
+    (conftest's render_env), so that a regression writes nothing into /."""
+    from rocmft.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        render_env({**base, "OUTPUT_DIR": root})
+    assert f"OUTPUT_DIR={root} (set in the environment) is the file system's root" in str(caught.value)
+    assert "OUTPUT_DIR=$SAVES/$RUN" in str(caught.value)

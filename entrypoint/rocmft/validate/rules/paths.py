@@ -20,7 +20,8 @@ from rocmft.validate.rules.common import user_set as _user_set
 def folders(run: Rendered) -> None:
     """Paths that are the wrong kind of thing: MODEL_NAME_OR_PATH, DATASET_DIR or OUTPUT_DIR naming a file
     where a folder is needed; ADAPTER_NAME_OR_PATH or RESUME_FROM_CHECKPOINT naming a path that does not exist;
-    a DATASET that is a model folder or a MODEL_NAME_OR_PATH that is a data set name (the two swapped). Each path
+    a DATASET that is a model folder or a MODEL_NAME_OR_PATH that is a data set name (the two swapped); a path
+    through a loop of symbolic links; OUTPUT_DIR the file system's root (a break-it trial, 2026-12-06). Each path
     is checked on its own, and every one that is wrong is reported; the swap is one finding.
 
     Raises:
@@ -66,6 +67,13 @@ def folders(run: Rendered) -> None:
                     f"Mount it at that path: {mount('<the folder on the host>', missing[0])}; or remove the "
                     f"variable{' (ROCMFT_RESUME=auto resumes from OUTPUT_DIR by itself)' if 'resume' in name else ''}.",
                 )
+    output = str(arguments.get("output_dir") or "")
+    if output and os.path.realpath(os.path.expanduser(output)) == "/":  # `OUTPUT_DIR=$SAVES/$RUN`, both unset
+        with independent():
+            raise ConfigError(f"{named(run, 'output_dir')} is the file system's root: the weights, checkpoints and "
+                              "rocmft/ would be written straight into /.",
+                              "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default); if it was built "
+                              "from variables (OUTPUT_DIR=$SAVES/$RUN), set them.")  # fmt: skip
     _swapped(run, model, dataset_names)
 
 
