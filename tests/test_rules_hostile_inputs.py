@@ -141,3 +141,24 @@ def test_output_dir_at_the_file_system_root_is_refused(render_env, base, root):
         render_env({**base, "OUTPUT_DIR": root})
     assert f"OUTPUT_DIR={root} (set in the environment) is the file system's root" in str(caught.value)
     assert "OUTPUT_DIR=$SAVES/$RUN" in str(caught.value)
+
+
+# --- a boolean for a number ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["YAML", "key=value"])
+def test_a_boolean_for_a_number_is_refused(rocmft_here, tmp_path, base, how):
+    """``lora_rank: true`` became lora_rank 1 and ``num_train_epochs: false`` 0 on the old code (pydantic's lax
+    mode; the environment's LORA_RANK=true was refused): the YAML was refused only for what 0 epochs meant, and
+    ``lora_rank: true`` rendered as a rank-1 adapter."""
+    if how == "YAML":
+        config = tmp_path / "my.yaml"
+        config.write_text("lora_rank: true\nnum_train_epochs: false\n")
+        args, words = (
+            [str(config)],
+            [
+                "lora_rank: true: a boolean where lora_rank takes a number (expected int)",
+                "num_train_epochs: false: a boolean where num_train_epochs takes a number",
+            ],
+        )
+    else:
+        args, words = ["lora_rank=true"], ["lora_rank=true: a boolean where lora_rank takes a number (expected int)"]
+    refused(rocmft_here("render", *args, env=base), tmp_path / "out", *words)

@@ -72,7 +72,7 @@ def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, A
     if raw is not None:  # the values as the YAML spells them, before typing (a "2k" or "1e-4" stays that text)
         raw.update(loaded)
         raw.update({key: text for key, text in _plain_scalars(node).items() if not isinstance(loaded.get(key), str)})
-    return _typed_values(loaded, where, lambda key, value: f"{key}: {'null' if value is None else repr(value)}",
+    return _typed_values(loaded, where, lambda key, value: f"{key}: {_yaml_text(value)}",
                          "Give each key a value of the type shown.")  # fmt: skip
 
 
@@ -184,6 +184,10 @@ def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[
         if _holds_nul(value):  # YAML's "\0": no file name or argument holds it (os.stat raised ValueError)
             bad.append(f"  {shown(key, value)}: holds a NUL character (\\0), which no file name or argument can hold")
             continue
+        if isinstance(value, bool) and _number_only(key):  # pydantic's lax mode reads true/false as 1/0
+            bad.append(f"  {shown(key, value)}: a boolean where {key} takes a number "
+                       f"(expected {lf_arguments()[key].type_text})")  # fmt: skip
+            continue
         if value is None and _takes_no_null(key):  # a YAML `key: null`/`~`, or `key=null` on the command line
             argument = lf_arguments()[key]
             bad.append(
@@ -208,6 +212,19 @@ def _takes_no_null(key: str) -> bool:
     2026-12-06)."""
     argument = lf_arguments()[key]
     return argument.default is not None and not _admits(argument.annotation, (type(None),))
+
+
+def _yaml_text(value: Any) -> str:
+    """A YAML value the way a YAML spells it, for messages: ``null``, ``true``, else its repr (``'qwen'``, ``8.5``)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def _number_only(key: str) -> bool:
+    """Whether the argument ``key`` takes a number and no boolean (``lora_rank: int``). pydantic's lax mode turned a
+    YAML's ``lora_rank: true`` into 1 and ``num_train_epochs: false`` into 0 (the environment's LORA_RANK=true was
+    refused: a break-it trial, 2026-12-06)."""
+    annotation = lf_arguments()[key].annotation
+    return _admits(annotation, (int, float)) and not _admits(annotation, (bool,))
 
 
 def _comma_list(key: str, value: Any) -> Any:
