@@ -162,3 +162,18 @@ def test_a_boolean_for_a_number_is_refused(rocmft_here, tmp_path, base, how):
     else:
         args, words = ["lora_rank=true"], ["lora_rank=true: a boolean where lora_rank takes a number (expected int)"]
     refused(rocmft_here("render", *args, env=base), tmp_path / "out", *words)
+
+
+# --- the home folder of a user there is none of ----------------------------------------------------------------------
+@pytest.mark.parametrize("variable", ["OUTPUT_DIR", "MODEL_NAME_OR_PATH", "DATASET_DIR", "ROCMFT_SAVES_DIR"])
+def test_a_home_folder_of_an_unknown_user_is_refused_naming_it(rocmft_here, tmp_path, base, variable):
+    """``MODEL_NAME_OR_PATH=~alice/models/qwen`` from the host's .env, in a container without alice: pathlib's
+    expanduser() raised RuntimeError ("Could not determine home directory") and the old code ended in a traceback
+    with exit 1 for the first three."""
+    user = "rocmft-no-such-user"
+    env = {**base, variable: f"~{user}/x"}
+    if variable == "ROCMFT_SAVES_DIR":
+        del env["OUTPUT_DIR"]
+    result = rocmft_here("render", env=env)
+    refused(result, tmp_path / "out", f"{variable}=~{user}/x (set in the environment): no user '{user}' here",
+            "Write the full path")  # fmt: skip

@@ -249,6 +249,7 @@ def _read_settings(environ: dict[str, str], command_line: CommandLine, overrides
     _refuse_overlong_names({f"{name} ({settings.source_of(name)})": value for name, value in settings.arguments.items()
                             if PATH_ARGUMENT.fullmatch(name) and isinstance(value, str | list)})  # fmt: skip
     _refuse_undecodable(settings)
+    _refuse_unknown_homes(settings)
     return settings
 
 
@@ -435,6 +436,48 @@ def _refuse_undecodable(settings: Settings) -> None:
                           "LLaMA-Factory take UTF-8 text only.",
                           "Rename the file or folder to a UTF-8 name (e.g. `convmv -f latin1 -t utf-8 --notest "
                           "<path>`), or write the value in UTF-8.")  # fmt: skip
+
+
+def _unknown_home(value: Any) -> str | None:
+    """The ``~user`` that starts ``value`` (or an item of its comma list) when no such user is here, else None:
+    ``os.path.expanduser`` leaves it as it is, pathlib's raises RuntimeError ("Could not determine home
+    directory")."""
+    for item in str(value).split(","):
+        item = item.strip()
+        if item.startswith("~") and os.path.expanduser(item) == item:
+            return item.split("/")[0]
+    return None
+
+
+def _refuse_unknown_homes(settings: Settings) -> None:
+    """Raise when a path setting starts with the home folder of a user there is none of here
+    (``MODEL_NAME_OR_PATH=~alice/models/qwen`` from the host's .env, in a container that has no user alice):
+    OUTPUT_DIR, MODEL_NAME_OR_PATH and DATASET_DIR so written ended ``rocmft render`` in pathlib's RuntimeError,
+    a traceback with exit 1 (a break-it trial, 2026-12-06).
+
+    Raises:
+        ConfigError: naming each setting and the ``~user`` (exit 2).
+    """
+    from rocmft.config.provenance import knob, named
+
+    homes = {named(name, value, settings.sources.get(name)): _unknown_home(value)
+             for name, value in settings.arguments.items()
+             if PATH_ARGUMENT.fullmatch(name) and isinstance(value, str) and _unknown_home(value)}  # fmt: skip
+    homes.update(
+        {
+            knob(name, getattr(settings.rocmft, name), name in settings.explicit_rocmft): _unknown_home(
+                getattr(settings.rocmft, name)
+            )
+            for name in (*PATH_KNOBS, "resume")
+            if getattr(settings.rocmft, name) is not None and _unknown_home(getattr(settings.rocmft, name))
+        }
+    )
+    if homes:
+        raise ConfigError("These settings start with the home folder of a user this machine or container does not "
+                          "have: " + "; ".join(f"{where}: no user {home[1:]!r} here" for where, home in homes.items())
+                          + ".",
+                          "Write the full path as rocmft sees it (a folder mounted into the container), or ~/... "
+                          "for the home folder of the user rocmft runs as.")  # fmt: skip
 
 
 def _apply_command_line(settings: Settings, command_line: CommandLine) -> None:
