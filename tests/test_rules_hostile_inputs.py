@@ -177,3 +177,27 @@ def test_a_home_folder_of_an_unknown_user_is_refused_naming_it(rocmft_here, tmp_
     result = rocmft_here("render", env=env)
     refused(result, tmp_path / "out", f"{variable}=~{user}/x (set in the environment): no user '{user}' here",
             "Write the full path")  # fmt: skip
+
+
+# --- an adapter that is not one ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["empty folder", "file", "pipe"])
+def test_an_adapter_path_that_is_not_an_adapter_folder_is_refused(rocmft_here, tmp_path, base, kind):
+    """ADAPTER_NAME_OR_PATH naming an existing folder without adapter_config.json, a file or a pipe: the old code's
+    render (and check) exited 0; peft's from_pretrained would have failed after the model loaded."""
+    import os
+
+    path = tmp_path / "adapter"
+    if kind == "empty folder":
+        path.mkdir()
+    elif kind == "file":
+        path.write_text("not an adapter\n")
+    else:
+        os.mkfifo(path)
+    result = rocmft_here("render", env={**base, "ADAPTER_NAME_OR_PATH": str(path)})
+    refused(
+        result,
+        tmp_path / "out",
+        f"ADAPTER_NAME_OR_PATH={path} (set in the environment): {path} is not an "
+        "adapter folder (no adapter_config.json",
+        "Point ADAPTER_NAME_OR_PATH at the folder a LoRA run saved",
+    )

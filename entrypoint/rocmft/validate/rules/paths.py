@@ -67,6 +67,7 @@ def folders(run: Rendered) -> None:
                     f"Mount it at that path: {mount('<the folder on the host>', missing[0])}; or remove the "
                     f"variable{' (ROCMFT_RESUME=auto resumes from OUTPUT_DIR by itself)' if 'resume' in name else ''}.",
                 )
+    _not_adapters(run)
     output = str(arguments.get("output_dir") or "")
     if output and os.path.realpath(os.path.expanduser(output)) == "/":  # `OUTPUT_DIR=$SAVES/$RUN`, both unset
         with independent():
@@ -100,6 +101,28 @@ def _swapped(run: Rendered, model: str, dataset_names: list[str]) -> None:
                               f"a model, and {named(run, 'dataset')}: MODEL_NAME_OR_PATH and DATASET look swapped.",
                               "Set MODEL_NAME_OR_PATH to the model's folder or hub id and DATASET to the data set "
                               "name.")  # fmt: skip
+
+
+def _not_adapters(run: Rendered) -> None:
+    """ADAPTER_NAME_OR_PATH naming something that exists and is not an adapter folder: a file, a pipe, or a folder
+    without ``adapter_config.json``. peft's ``PeftModel.from_pretrained`` reads that file from each folder LLaMA-Factory
+    passes it; render and check passed (exit 0) and training would fail after the model loaded (a break-it trial,
+    2026-12-06). A missing path is the caller's finding; a hub id is left to the hub.
+
+    Raises:
+        ConfigError: naming ADAPTER_NAME_OR_PATH and each path that is not an adapter folder.
+    """
+    value = run.arguments.get("adapter_name_or_path")
+    if not isinstance(value, str) or not _user_set("adapter_name_or_path", run.sources):
+        return
+    paths = [Path(item.strip()).expanduser() for item in value.split(",") if looks_like_path(item.strip())]
+    wrong = [str(p) for p in paths if p.exists() and not (p / "adapter_config.json").is_file()]
+    if wrong:
+        with independent():
+            raise ConfigError(f"{named(run, 'adapter_name_or_path')}: {', '.join(wrong)} is not an adapter folder "
+                              "(no adapter_config.json in it; peft loads an adapter from that file and its weights).",
+                              "Point ADAPTER_NAME_OR_PATH at the folder a LoRA run saved (its OUTPUT_DIR or a "
+                              "checkpoint-N inside it, with adapter_config.json), or remove it.")  # fmt: skip
 
 
 def _loops(path: Path) -> bool:
