@@ -248,6 +248,8 @@ def _read_settings(environ: dict[str, str], command_line: CommandLine, overrides
     _apply_command_line(settings, command_line)
     _refuse_overlong_names({f"{name} ({settings.source_of(name)})": value for name, value in settings.arguments.items()
                             if PATH_ARGUMENT.fullmatch(name) and isinstance(value, str | list)})  # fmt: skip
+    _refuse_undecodable(settings)
+    _refuse_unknown_homes(settings)
     return settings
 
 
@@ -393,6 +395,89 @@ def _refuse_overlong_names(given: Mapping[str, Any]) -> None:
         raise ConfigError(f"These settings name a file or folder longer than {NAME_MAX} bytes (the file system's "
                           f"limit for one name in a path): {', '.join(long)}.",
                           "Give a shorter name (a part between slashes may have at most 255 bytes).")  # fmt: skip
+
+
+# rocmft's path settings whose values are written into train.yaml or the ds_config (the output folder's parts, the
+# NVMe folder, the checkpoint to resume) or handed to tokenizers (the cache: the built-in model's tokenizer.json
+# raised UnicodeEncodeError in tokenizers' save); ROCMFT_CONFIG and ROCMFT_TEMPLATES are only opened, and a name that
+# is not UTF-8 works there.
+RENDERED_KNOBS = ("saves_dir", "run_name", "nvme_path", "resume", "cache_dir")
+
+
+def _undecodable(value: Any) -> bool:
+    """Whether ``value`` (a string, or a list of them) holds bytes that were not UTF-8: Python reads such bytes of
+    the environment as lone surrogates (U+DC80-U+DCFF, PEP 383's surrogateescape)."""
+    if isinstance(value, list):
+        return any(_undecodable(item) for item in value)
+    return isinstance(value, str | Path) and any("\udc80" <= char <= "\udcff" for char in str(value))
+
+
+def _refuse_undecodable(settings: Settings) -> None:
+    """Raise when a training argument or one of rocmft's path settings holds bytes that are not UTF-8
+    (``OUTPUT_DIR=/saves/caf\\xe9``, a Latin-1 folder name). train.yaml, run.json and LLaMA-Factory take UTF-8 text
+    only: such a value ended ``rocmft render`` in "The rendered train.yaml is not valid YAML ... fix: Fix the
+    template", naming no variable (a break-it trial, 2026-12-06).
+
+    Raises:
+        ConfigError: naming each setting, its bytes escaped (``caf\\xe9``), and where it was set (exit 2).
+    """
+    from rocmft.config.provenance import knob, named
+
+    def shown(value: Any) -> str:
+        return str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+    bad = [named(name, shown(value), settings.sources.get(name)) for name, value in settings.arguments.items()
+           if _undecodable(value)]  # fmt: skip
+    bad += [knob(name, shown(getattr(settings.rocmft, name)), name in settings.explicit_rocmft)
+            for name in RENDERED_KNOBS if _undecodable(getattr(settings.rocmft, name))]  # fmt: skip
+    if bad:
+        raise ConfigError("These settings hold bytes that are not UTF-8 (a name in Latin-1 or another legacy "
+                          "encoding; each shown as \\x<byte>): " + "; ".join(bad) + ". train.yaml, run.json and "
+                          "LLaMA-Factory take UTF-8 text only.",
+                          "Rename the file or folder to a UTF-8 name (e.g. `convmv -f latin1 -t utf-8 --notest "
+                          "<path>`), or write the value in UTF-8.")  # fmt: skip
+
+
+def _unknown_home(value: Any) -> str | None:
+    """The ``~user`` that starts ``value`` (or an item of its comma list) when no such user is here, else None:
+    ``os.path.expanduser`` leaves it as it is, pathlib's raises RuntimeError ("Could not determine home
+    directory")."""
+    for item in str(value).split(","):
+        item = item.strip()
+        if item.startswith("~") and os.path.expanduser(item) == item:
+            return item.split("/")[0]
+    return None
+
+
+def _refuse_unknown_homes(settings: Settings) -> None:
+    """Raise when a path setting starts with the home folder of a user there is none of here
+    (``MODEL_NAME_OR_PATH=~alice/models/qwen`` from the host's .env, in a container that has no user alice):
+    OUTPUT_DIR, MODEL_NAME_OR_PATH and DATASET_DIR so written ended ``rocmft render`` in pathlib's RuntimeError,
+    a traceback with exit 1 (a break-it trial, 2026-12-06).
+
+    Raises:
+        ConfigError: naming each setting and the ``~user`` (exit 2).
+    """
+    from rocmft.config.provenance import knob, named
+
+    homes = {named(name, value, settings.sources.get(name)): _unknown_home(value)
+             for name, value in settings.arguments.items()
+             if PATH_ARGUMENT.fullmatch(name) and isinstance(value, str) and _unknown_home(value)}  # fmt: skip
+    homes.update(
+        {
+            knob(name, getattr(settings.rocmft, name), name in settings.explicit_rocmft): _unknown_home(
+                getattr(settings.rocmft, name)
+            )
+            for name in (*PATH_KNOBS, "resume")
+            if getattr(settings.rocmft, name) is not None and _unknown_home(getattr(settings.rocmft, name))
+        }
+    )
+    if homes:
+        raise ConfigError("These settings start with the home folder of a user this machine or container does not "
+                          "have: " + "; ".join(f"{where}: no user {home[1:]!r} here" for where, home in homes.items())
+                          + ".",
+                          "Write the full path as rocmft sees it (a folder mounted into the container), or ~/... "
+                          "for the home folder of the user rocmft runs as.")  # fmt: skip
 
 
 def _apply_command_line(settings: Settings, command_line: CommandLine) -> None:

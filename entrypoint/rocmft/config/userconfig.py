@@ -6,6 +6,7 @@ helpers (:func:`rocmft.config.settings.load_settings`).
 
 from __future__ import annotations
 
+import os
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +14,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rocmft.config.envargs import _adapter, _did_you_mean, _process_variable_hint, _rocmft_setting_hint, replacement
+from rocmft.config.envargs import (
+    _adapter,
+    _admits,
+    _did_you_mean,
+    _process_variable_hint,
+    _rocmft_setting_hint,
+    replacement,
+)
 from rocmft.config.lfargs import COMMA_LIST_ARGUMENTS, lf_arguments, stack_versions
 from rocmft.container import mount
 from rocmft.errors import ConfigError
@@ -35,7 +43,8 @@ def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, A
 
     where = f"The config file {path} (on the command line)" if on_command_line else f"ROCMFT_CONFIG={path}"
     if not path.is_file():
-        what = "a folder, not a YAML file" if path.is_dir() else "no such file"
+        what = ("a folder, not a YAML file" if path.is_dir() else "not a regular file (a device, a pipe or a socket)"
+                if os.path.exists(path) else "no such file")  # fmt: skip
         raise ConfigError(
             f"{where}: {what}.",
             f"Check the path (a relative one is read from {Path.cwd()}); in a container, mount the YAML and give "
@@ -63,8 +72,8 @@ def load_user_config(path: Path, on_command_line: bool = False, raw: dict[str, A
     if raw is not None:  # the values as the YAML spells them, before typing (a "2k" or "1e-4" stays that text)
         raw.update(loaded)
         raw.update({key: text for key, text in _plain_scalars(node).items() if not isinstance(loaded.get(key), str)})
-    return _typed_values(loaded, where, lambda key, value: f"{key}: {value!r}", "Give each key a value of the type "
-                         "shown.")  # fmt: skip
+    return _typed_values(loaded, where, lambda key, value: f"{key}: {_yaml_text(value)}",
+                         "Give each key a value of the type shown.")  # fmt: skip
 
 
 # What a training YAML is, and how to write one (LLaMA-Factory's examples/train_lora/*.yaml).
@@ -175,6 +184,17 @@ def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[
         if _holds_nul(value):  # YAML's "\0": no file name or argument holds it (os.stat raised ValueError)
             bad.append(f"  {shown(key, value)}: holds a NUL character (\\0), which no file name or argument can hold")
             continue
+        if isinstance(value, bool) and _number_only(key):  # pydantic's lax mode reads true/false as 1/0
+            bad.append(f"  {shown(key, value)}: a boolean where {key} takes a number "
+                       f"(expected {lf_arguments()[key].type_text})")  # fmt: skip
+            continue
+        if value is None and _takes_no_null(key):  # a YAML `key: null`/`~`, or `key=null` on the command line
+            argument = lf_arguments()[key]
+            bad.append(
+                f"  {shown(key, value)}: {key} takes no null (expected {argument.type_text}); remove it for "
+                f"LLaMA-Factory's default ({argument.default_text})"
+            )
+            continue
         try:
             typed[key] = _adapter(key).validate_python(value)
         except ValidationError as err:
@@ -182,6 +202,29 @@ def _typed_values(values: Mapping[str, Any], where: str, shown: typing.Callable[
     if bad:
         raise ConfigError(f"{where} has values of the wrong type:\n" + "\n".join(bad), fix)
     return typed
+
+
+def _takes_no_null(key: str) -> bool:
+    """Whether the argument ``key`` has a default that is not None and a type without None (``cutoff_len: int =
+    2048``, ``learning_rate: float``). HfArgumentParser.parse_dict passes a null on as None, unchecked: LLaMA-Factory
+    0.9.5's parse accepted ``learning_rate: null`` and ``cutoff_len: null``, and the run died after the model loaded
+    (torch's AdamW: "'<=' not supported between instances of 'float' and 'NoneType'"; a break-it trial,
+    2026-12-06)."""
+    argument = lf_arguments()[key]
+    return argument.default is not None and not _admits(argument.annotation, (type(None),))
+
+
+def _yaml_text(value: Any) -> str:
+    """A YAML value the way a YAML spells it, for messages: ``null``, ``true``, else its repr (``'qwen'``, ``8.5``)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def _number_only(key: str) -> bool:
+    """Whether the argument ``key`` takes a number and no boolean (``lora_rank: int``). pydantic's lax mode turned a
+    YAML's ``lora_rank: true`` into 1 and ``num_train_epochs: false`` into 0 (the environment's LORA_RANK=true was
+    refused: a break-it trial, 2026-12-06)."""
+    annotation = lf_arguments()[key].annotation
+    return _admits(annotation, (int, float)) and not _admits(annotation, (bool,))
 
 
 def _comma_list(key: str, value: Any) -> Any:

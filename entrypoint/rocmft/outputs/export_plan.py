@@ -120,7 +120,7 @@ def find_run(given: str | None, settings) -> Run:
     listed = f" Runs in {saves}: {', '.join(found)}." if found else f" There are no runs in {saves}."
     raise ConfigError(
         f"No rocmft run in {folder.absolute()} ({how}): it has no rocmft/manifest.json.{listed}",
-        "Pass the run's folder (`rocmft export saves/<run>`), or set OUTPUT_DIR / ROCMFT_RUN_NAME as for training.",
+        "Pass the run's folder (its OUTPUT_DIR: saves/<run>), or set OUTPUT_DIR / ROCMFT_RUN_NAME as for training.",
     )
 
 

@@ -16,6 +16,18 @@ PATH_ARGUMENTS = ("model_name_or_path", "adapter_name_or_path", "dataset_dir", "
                   "resume_from_checkpoint", "cache_dir", "tokenized_path", "media_dir", "logging_dir")  # fmt: skip
 
 
+# The secrets a run hands to the hub and the trackers, besides LLaMA-Factory's own (Settings.secrets): a quoted one
+# ("hf_...") was taken without a word and sent with its quotes, a token the hub does not know (401 Unauthorized), only
+# once training downloads (a break-it trial, 2026-12-06). huggingface_hub strips spaces and line breaks from
+# HF_TOKEN, not quotes (huggingface_hub.utils._auth._clean_token).
+QUOTED_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
+
+
+def _in_quotes(value: object) -> bool:
+    """Whether ``value`` is a text wrapped in matching single or double quotes."""
+    return isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'"
+
+
 @rule("rendered", 10, masks=True)
 def text_hygiene(run: Rendered) -> None:
     """Values the user set that carry invisible characters or a host path the container cannot have:
@@ -98,8 +110,10 @@ def quoted_values(run: Rendered) -> None:
     """
     arguments, sources = run.arguments, run.sources
     quoted = [named(run, name) for name, value in arguments.items()
-              if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'"
-              and _user_set(name, sources)]  # fmt: skip
+              if _in_quotes(value) and _user_set(name, sources)]  # fmt: skip
+    secrets = {**{k: v for k, v in run.settings.environ.items() if k.upper() in QUOTED_SECRETS}, **run.settings.secrets}
+    quoted += [f"{name} (set in the environment; a secret, its value is not shown)" for name, value in secrets.items()
+               if _in_quotes(value)]  # fmt: skip
     if quoted:
         fix = "Remove the quotes in the .env file (docker --env-file passes them on as they are)."
         raise ConfigError(f"Values with their quotes still on: {', '.join(quoted)}.", fix)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from rocmft.validate.rules.common import user_set as _user_set
 def folders(run: Rendered) -> None:
     """Paths that are the wrong kind of thing: MODEL_NAME_OR_PATH, DATASET_DIR or OUTPUT_DIR naming a file
     where a folder is needed; ADAPTER_NAME_OR_PATH or RESUME_FROM_CHECKPOINT naming a path that does not exist;
-    a DATASET that is a model folder or a MODEL_NAME_OR_PATH that is a data set name (the two swapped). Each path
+    a DATASET that is a model folder or a MODEL_NAME_OR_PATH that is a data set name (the two swapped); a path
+    through a loop of symbolic links; OUTPUT_DIR the file system's root (a break-it trial, 2026-12-06). Each path
     is checked on its own, and every one that is wrong is reported; the swap is one finding.
 
     Raises:
@@ -35,6 +37,12 @@ def folders(run: Rendered) -> None:
         ("OUTPUT_DIR", Path(str(arguments.get("output_dir", ""))).expanduser(), sources.get("output_dir")),
     ]
     for variable, path, source in checks:
+        if path is not None and _loops(path):
+            with independent():
+                raise ConfigError(f"{variable}={path} ({origin(variable.lower(), source)}) goes through a loop of "
+                                  "symbolic links (a link that leads back to itself, directly or through others).",
+                                  f"Set {variable} to a real folder, or fix the links (`ls -l` each part of "
+                                  f"{path}).")  # fmt: skip
         if path is not None and path.is_file():
             parent = f" (its folder {path.parent} may be what you meant)" if variable != "OUTPUT_DIR" else ""
             with independent():
@@ -59,6 +67,14 @@ def folders(run: Rendered) -> None:
                     f"Mount it at that path: {mount('<the folder on the host>', missing[0])}; or remove the "
                     f"variable{' (ROCMFT_RESUME=auto resumes from OUTPUT_DIR by itself)' if 'resume' in name else ''}.",
                 )
+    _not_adapters(run)
+    output = str(arguments.get("output_dir") or "")
+    if output and os.path.realpath(os.path.expanduser(output)) == "/":  # `OUTPUT_DIR=$SAVES/$RUN`, both unset
+        with independent():
+            raise ConfigError(f"{named(run, 'output_dir')} is the file system's root: the weights, checkpoints and "
+                              "rocmft/ would be written straight into /.",
+                              "Set OUTPUT_DIR to a folder of its own (saves/<run name> by default); if it was built "
+                              "from variables (OUTPUT_DIR=$SAVES/$RUN), set them.")  # fmt: skip
     _swapped(run, model, dataset_names)
 
 
@@ -87,6 +103,41 @@ def _swapped(run: Rendered, model: str, dataset_names: list[str]) -> None:
                               "name.")  # fmt: skip
 
 
+def _not_adapters(run: Rendered) -> None:
+    """ADAPTER_NAME_OR_PATH naming something that exists and is not an adapter folder: a file, a pipe, or a folder
+    without ``adapter_config.json``. peft's ``PeftModel.from_pretrained`` reads that file from each folder LLaMA-Factory
+    passes it; render and check passed (exit 0) and training would fail after the model loaded (a break-it trial,
+    2026-12-06). A missing path is the caller's finding; a hub id is left to the hub.
+
+    Raises:
+        ConfigError: naming ADAPTER_NAME_OR_PATH and each path that is not an adapter folder.
+    """
+    value = run.arguments.get("adapter_name_or_path")
+    if not isinstance(value, str) or not _user_set("adapter_name_or_path", run.sources):
+        return
+    paths = [Path(item.strip()).expanduser() for item in value.split(",") if looks_like_path(item.strip())]
+    wrong = [str(p) for p in paths if p.exists() and not (p / "adapter_config.json").is_file()]
+    if wrong:
+        with independent():
+            raise ConfigError(f"{named(run, 'adapter_name_or_path')}: {', '.join(wrong)} is not an adapter folder "
+                              "(no adapter_config.json in it; peft loads an adapter from that file and its weights).",
+                              "Point ADAPTER_NAME_OR_PATH at the folder a LoRA run saved (its OUTPUT_DIR or a "
+                              "checkpoint-N inside it, with adapter_config.json), or remove it.")  # fmt: skip
+
+
+def _loops(path: Path) -> bool:
+    """Whether ``path`` (or a folder on its way) is a loop of symbolic links: ``os.stat`` fails with ELOOP.
+    pathlib's ``is_file()`` reads that as False and its ``resolve()`` raises (RuntimeError in Python 3.11), so an
+    OUTPUT_DIR through a loop ended ``rocmft render`` in a traceback (exit 1; a break-it trial, 2026-12-06)."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        return err.errno == errno.ELOOP
+    except ValueError:  # a NUL byte: another rule's
+        return False
+    return False
+
+
 def _basis(source: Source | None) -> Source | None:
     """The user's input behind a value rocmft derived (DATASET_DIR behind the data set registry); None: not set."""
     return source.basis if source is not None else None
@@ -103,7 +154,10 @@ def output_not_input(run: Rendered) -> None:
     """
     arguments = run.arguments
     data_dir = run.registry.source_dir
-    output = Path(str(arguments.get("output_dir", ""))).expanduser().resolve()
+    try:
+        output = Path(str(arguments.get("output_dir", ""))).expanduser().resolve()
+    except (OSError, RuntimeError):  # a loop of symbolic links (Python 3.11 raises RuntimeError): `folders` says so
+        return
     model = Path(str(arguments.get("model_name_or_path", ""))).expanduser()
     if model.is_dir() and (output == model.resolve() or model.resolve() in output.parents):
         with independent():  # the data folder is checked too: both may hold OUTPUT_DIR
