@@ -179,8 +179,10 @@ def test_an_eval_data_set_named_by_its_file_is_said_under_its_own_variable(rende
 
 
 def test_a_path_that_names_nothing_is_reported_where_it_was_looked_for(render_env, data_dir):
-    """A path to no file (and ~user of no user, which pathlib cannot expand) is a missing data set for the data
-    check, with where relative paths are read from; never a traceback."""
-    for name in ("./nowhere/train.jsonl", "~nosuchuser-rocmft/train.json"):
-        plan = render_env({"DATASET": name, "DATASET_DIR": str(data_dir)})
-        assert "working folder" in plan.registry.missing[name]
+    """A path to no file is a missing data set for the data check, with where relative paths are read from; a
+    ~user of no user, which pathlib cannot expand, is refused with the settings (naming DATASET and the user);
+    never a traceback."""
+    plan = render_env({"DATASET": "./nowhere/train.jsonl", "DATASET_DIR": str(data_dir)})
+    assert "working folder" in plan.registry.missing["./nowhere/train.jsonl"]
+    with pytest.raises(ConfigError, match=r"DATASET=~nosuchuser-rocmft/train\.json .*no user 'nosuchuser-rocmft'"):
+        render_env({"DATASET": "~nosuchuser-rocmft/train.json", "DATASET_DIR": str(data_dir)})
