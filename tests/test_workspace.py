@@ -152,3 +152,18 @@ def test_a_stop_during_a_failed_exports_cleanup_leaves_none_of_its_staging_folde
         export_module.export(plan)
     assert list((tmp_path / "exports").iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_ctrl_c_while_the_command_line_is_read_ends_as_a_stop_not_a_traceback(monkeypatch, capsys):
+    """A break-it trial (2026-12-06): SIGINT 0.14 s after `rocmft render` started came while argparse read the
+    command line, outside main's ``try``: Python printed a KeyboardInterrupt traceback and died by SIGINT. The stop
+    is said as every other one and exits 143."""
+    from rocmft import cli
+
+    def parser_cut_by_ctrl_c():
+        _signal_self(signal.SIGINT)
+        pytest.fail("SIGINT raised no KeyboardInterrupt")
+
+    monkeypatch.setattr(cli, "build_parser", parser_cut_by_ctrl_c)
+    assert cli.main(["render"]) == 143
+    assert capsys.readouterr().err == "[rocmft] interrupted\n"
