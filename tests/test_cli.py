@@ -259,6 +259,28 @@ def test_status_of_a_run_that_is_not_there_says_what_to_pass(rocmft_here, tmp_pa
     assert "pass the run's OUTPUT_DIR" in stale.stdout and "Errno" not in stale.stdout
 
 
+def test_status_does_not_take_another_users_run_for_yours(rocmft_here, tmp_path, monkeypatch):
+    """A /tmp shared by users (a host, Apptainer's default binds) holds the note of the first user's `rocmft train`,
+    which the others' cannot replace (the sticky bit): their `rocmft status` printed that user's run and its health
+    as their own (a break-it trial, 2026-12-06). The note is read only when it is this user's; here the note is
+    another uid's, as this process sees it."""
+    import os
+
+    from conftest import short_temp_folder
+
+    theirs = tmp_path / "theirs" / "rocmft"
+    theirs.mkdir(parents=True)
+    (theirs / "manifest.json").write_text('{"status": "running"}')
+    pointer = short_temp_folder(tmp_path) / "rocmft-current-run"
+    pointer.write_text(f"{theirs}\n")
+    real_uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real_uid + 1)
+    result = rocmft_here("status")
+    assert result.returncode == 1, result.stdout
+    assert result.stdout == (f"no run: {pointer} notes the run of another user's `rocmft train` (uid {real_uid}), "
+                             "not yours; pass the run's OUTPUT_DIR\n")  # fmt: skip
+
+
 @PARSES
 def test_a_failed_check_in_a_used_output_folder_keeps_the_earlier_run_and_leaves_only_its_report(rocmft_here, tmp_path):
     """The earlier training run's record moves to rocmft-history; rocmft/ then holds the new report alone."""

@@ -207,3 +207,29 @@ def test_an_output_dir_through_a_file_or_device_is_named_as_not_a_folder(tmp_pat
             assert workspace.unwritable == said
         finally:
             workspace.discard()
+
+
+def test_an_output_dir_through_a_symbolic_link_to_nothing_names_the_link_not_a_permission(tmp_path):
+    """saves/ linked to a volume that is not mounted: mkdir says "File exists", and render's refusal and the output
+    check said "FileExistsError" with volume and user advice ("not writable by uid 0", to root; a break-it trial,
+    2026-12-06). They now name the link and its missing target."""
+    from types import SimpleNamespace
+
+    from rocmft.checks.host import output_writable
+    from rocmft.cli.workspace import Workspace
+    from rocmft.fsutil import folder_fix
+
+    (tmp_path / "saves").symlink_to(tmp_path / "unmounted" / "saves")
+    for output_dir in (tmp_path / "saves", tmp_path / "saves" / "run1"):
+        workspace = Workspace()
+        workspace.make_staging(output_dir)
+        try:
+            said = f"{tmp_path / 'saves'} is a symbolic link to nothing: its target {tmp_path}/unmounted/saves"
+            assert workspace.unwritable.startswith(said), workspace.unwritable
+            assert "Make the folder that link points to" in folder_fix("OUTPUT_DIR", workspace.unwritable)
+        finally:
+            workspace.discard()
+        outcome = output_writable(SimpleNamespace(plan=SimpleNamespace(output_dir=output_dir, sources={})))
+        assert outcome.status == "fail" and outcome.value.startswith(said), outcome
+        assert "Make the folder that link points to" in outcome.remedy and "uid" not in outcome.message, outcome
+    assert not (tmp_path / "unmounted").exists()

@@ -201,3 +201,19 @@ def test_an_adapter_path_that_is_not_an_adapter_folder_is_refused(rocmft_here, t
         "adapter folder (no adapter_config.json",
         "Point ADAPTER_NAME_OR_PATH at the folder a LoRA run saved",
     )
+
+
+# --- a fix that names where the value was set ----------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["YAML", "key=value", "environment"])
+def test_a_value_out_of_range_is_fixed_where_it_was_set(rocmft_here, tmp_path, base, how):
+    """``rocmft render lora_rank=0`` with LORA_RANK=8 already set said "fix: Set LORA_RANK to a positive number.",
+    a variable the command line overrides (a break-it trial, 2026-12-06); a YAML's ``lora_rank: 0`` was sent to the
+    variable too. The fix now names the setting where the user wrote it."""
+    config = tmp_path / "my.yaml"
+    config.write_text("lora_rank: 0\n")
+    args, env, fix = {
+        "YAML": ([str(config)], base, f"fix: Set lora_rank in the command line's CONFIG ({config}) to a positive"),
+        "key=value": (["lora_rank=0"], {**base, "LORA_RANK": "8"}, "fix: Set lora_rank on the command line to a"),
+        "environment": ([], {**base, "LORA_RANK": "0"}, "fix: Set LORA_RANK to a positive number."),
+    }[how]
+    refused(rocmft_here("render", *args, env=env), tmp_path / "out", "must be positive.", fix)

@@ -152,3 +152,35 @@ def test_a_stop_during_a_failed_exports_cleanup_leaves_none_of_its_staging_folde
         export_module.export(plan)
     assert list((tmp_path / "exports").iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_ctrl_c_while_the_command_line_is_read_ends_as_a_stop_not_a_traceback(monkeypatch, capsys):
+    """A break-it trial (2026-12-06): SIGINT 0.14 s after `rocmft render` started came while argparse read the
+    command line, outside main's ``try``: Python printed a KeyboardInterrupt traceback and died by SIGINT. The stop
+    is said as every other one and exits 143."""
+    from rocmft import cli
+
+    def parser_cut_by_ctrl_c():
+        _signal_self(signal.SIGINT)
+        pytest.fail("SIGINT raised no KeyboardInterrupt")
+
+    monkeypatch.setattr(cli, "build_parser", parser_cut_by_ctrl_c)
+    assert cli.main(["render"]) == 143
+    assert capsys.readouterr().err == "[rocmft] interrupted\n"
+
+
+def test_a_stop_while_the_worker_imports_llamafactory_is_one_line_and_143(tmp_path, monkeypatch, capsys):
+    """A break-it trial (2026-12-06): SIGINT to `rocmft train` 36 s in reached the worker while it applied its
+    patches, before LLaMA-Factory's run_exp: the Interrupted its handler raised was outside main's ``try``, and a
+    40-line traceback filled train.log and the console (exit 143 all the same). Now it is one line and 143."""
+    from rocmft.worker import main as worker_main
+
+    def patches_cut_by_a_stop(policy, arguments):
+        _signal_self(signal.SIGINT)
+        pytest.fail("SIGINT raised nothing in the worker")
+
+    (tmp_path / "train.yaml").write_text("output_dir: out\n")
+    monkeypatch.setattr(worker_main, "read_run_policy", lambda run_path: None)
+    monkeypatch.setattr(worker_main, "_patch_and_arm", patches_cut_by_a_stop)
+    assert worker_main.main(str(tmp_path)) == 143
+    assert capsys.readouterr().err == "[rocmft] interrupted by SIGINT before training began\n"

@@ -101,10 +101,30 @@ def not_a_folder_fix(variable: str) -> str:
     return f"Set {variable} to a folder (or a path where one can be made), not a file or a device."
 
 
+DANGLING_LINK = "a symbolic link to nothing"  # in :func:`folder_error`'s text when a link on the path leads nowhere
+
+
+def folder_fix(variable: str, error: str) -> str | None:
+    """The fix for a :func:`folder_error` text ``error`` of the setting ``variable`` when it names what is in the way
+    (a file or device: :func:`not_a_folder_fix`; a symbolic link to nothing), else None: the caller's own (a
+    permission or a volume)."""
+    if NOT_A_FOLDER in error:
+        return not_a_folder_fix(variable)
+    if DANGLING_LINK in error:
+        return (f"Make the folder that link points to (a volume that is not mounted?), or set {variable} to a "
+                "folder that exists or can be made.")  # fmt: skip
+    return None
+
+
 def folder_error(folder: Path, err: OSError) -> str:
     """Why ``folder`` could not be made or written, for a message: the file or device on its path that is in the way
     (``/dev/null is a device or socket, not a folder``; errno alone said "FileExistsError" for OUTPUT_DIR=/dev/null,
-    a break-it trial, 2026-12-05), else ``"<OSError subclass>: <strerror>"``."""
+    a break-it trial, 2026-12-05), a symbolic link on it whose target does not exist (``saves`` linked to a volume
+    that is not mounted: mkdir says "File exists", and the message sent root to change the folder's owner, a
+    break-it trial, 2026-12-06), else ``"<OSError subclass>: <strerror>"``."""
+    dangling = next((p for p in (folder, *folder.parents) if os.path.islink(p) and not os.path.exists(p)), None)
+    if dangling is not None:
+        return f"{dangling} is {DANGLING_LINK}: its target {os.readlink(dangling)} does not exist"
     blocking = next((p for p in (folder, *folder.parents) if os.path.exists(p) and not os.path.isdir(p)), None)
     if blocking is not None:
         return f"{blocking} is {'a file' if os.path.isfile(blocking) else 'a device or socket'}, {NOT_A_FOLDER}"

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 from rocmft.checks import FAIL, PASS, SKIP, WARN, Outcome, check
 from rocmft.container import AS_YOU, mount
 from rocmft.facts.modeldir import TOKENIZER_FILES, ModelDir, looks_like_path
-from rocmft.fsutil import NOT_A_FOLDER, not_a_folder_fix, write_error
+from rocmft.fsutil import folder_fix, write_error
 from rocmft.render.datasets import available_names, record_problem, sample_records, sample_token_lengths
 from rocmft.values import truthy
 
@@ -77,12 +77,12 @@ def output_writable(subject) -> Outcome:
     """OUTPUT_DIR can be created and written by the running user (a test file is written and removed)."""
     target = subject.plan.output_dir
     if error := write_error(target):
-        if NOT_A_FOLDER in error:
+        if fix := folder_fix("OUTPUT_DIR", error):  # a file, a device or a link to nothing is in the way
             return Outcome(
                 FAIL,
                 error,
                 f"OUTPUT_DIR {target} cannot be a folder ({subject.plan.sources.get('output_dir')}).",
-                not_a_folder_fix("OUTPUT_DIR"),
+                fix,
             )
         uid, gid = os.getuid(), os.getgid()
         return Outcome(

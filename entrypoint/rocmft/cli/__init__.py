@@ -102,16 +102,21 @@ def quiet_deepspeed_cpu_notice() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``rocmft`` console script; returns the exit code."""
-    quiet_deepspeed_cpu_notice()
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and hasattr(args, "config_args") and not any(token.startswith("-") for token in extra):
-        # argparse ends a positional list at an option: `render my.yaml --json lr=1` leaves lr=1 over; keep order
-        args.config_args = [*args.config_args, *extra]
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    """Entry point of the ``rocmft`` console script; returns the exit code.
+
+    A Ctrl-C (SIGINT) while the parser is built or the arguments are read ends as every stop does, "interrupted"
+    and 143: it raised KeyboardInterrupt outside the ``try`` and Python printed a traceback and died by SIGINT (130)
+    when Ctrl-C came in the first tenth of a second (a break-it trial, 2026-12-06)."""
+    args = None
     try:
+        quiet_deepspeed_cpu_notice()
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra and hasattr(args, "config_args") and not any(token.startswith("-") for token in extra):
+            # argparse ends a positional list at an option: `render my.yaml --json lr=1` leaves lr=1 over; keep order
+            args.config_args = [*args.config_args, *extra]
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return int(args.handler(args))
     except ConfigError as err:
         report_refusal(err, as_json=getattr(args, "findings_json", False))

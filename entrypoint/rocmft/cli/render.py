@@ -7,7 +7,7 @@ from rocmft.cli.workspace import Workspace
 from rocmft.console import say
 from rocmft.container import AS_YOU, mount
 from rocmft.errors import ConfigError, ExitCode
-from rocmft.fsutil import NOT_A_FOLDER, not_a_folder_fix
+from rocmft.fsutil import folder_fix
 
 
 def register(sub) -> None:
@@ -28,7 +28,7 @@ def run(args) -> int:
             raise ConfigError(
                 f"OUTPUT_DIR {plan.output_dir} cannot be created or written ({workspace.unwritable}; "
                 f"{plan.sources.get('output_dir')}).",
-                not_a_folder_fix("OUTPUT_DIR") if NOT_A_FOLDER in workspace.unwritable else volume,
+                folder_fix("OUTPUT_DIR", workspace.unwritable) or volume,
             )
         workspace.promote(plan.run_dir)
     for path in plan.files.values():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,7 +58,10 @@ def run(args) -> int:
     """One line on the run's progress; exit 0 when healthy (starting, progressing, finished), 1 when not.
 
     The run folder is OUTPUT_DIR/rocmft of the given folder, else the one ``rocmft train`` noted in the temp
-    folder. Progress is the age of worker-result.json, which the worker rewrites at every logging step.
+    folder, when this user's: a /tmp shared by users (a host, Apptainer's default binds) holds the first user's note,
+    which the others' `rocmft train` cannot replace (the sticky bit), and their `rocmft status` showed that user's
+    run as their own (a break-it trial, 2026-12-06).
+    Progress is the age of worker-result.json, which the worker rewrites at every logging step.
     Reads two small files and losses.jsonl (the last loss; ~0.1 s after 50,000 logged steps): fast enough for a
     healthcheck every minute.
     """
@@ -68,6 +72,10 @@ def run(args) -> int:
         given = Path(args.output_dir)
         run_dir = given / RUN_SUBDIR if (given / RUN_SUBDIR / MANIFEST_FILE).is_file() else given
     elif current_run_pointer().is_file():
+        if (owner := current_run_pointer().stat().st_uid) != os.getuid():
+            print(f"no run: {current_run_pointer()} notes the run of another user's `rocmft train` (uid {owner}), "
+                  "not yours; pass the run's OUTPUT_DIR")  # fmt: skip
+            return ExitCode.UNHEALTHY
         try:  # one line rocmft train wrote; a damaged one (not UTF-8, a name too long) is no run
             run_dir = Path(current_run_pointer().read_text(encoding="utf-8").strip())
             (run_dir / MANIFEST_FILE).is_file()

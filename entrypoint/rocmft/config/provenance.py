@@ -147,6 +147,22 @@ def removal(name: str, source: Source | None) -> str:
     return f"leave {name.upper()} unset"
 
 
+def changed_where(name: str, source: Source | None) -> str:
+    """Where the user changes argument ``name``, for a fix: its variable (``LORA_RANK``, or the alias they set),
+    ``lora_rank in ROCMFT_CONFIG (x.yaml)``, ``lora_rank on the command line``; ``NAME`` for a default. A fix that
+    named the variable of a value given on the command line sent the user to a setting that value overrides (a
+    break-it trial, 2026-12-06: LORA_RANK=8 set, ``lora_rank=0`` refused with "Set LORA_RANK")."""
+    if source is not None and source.kind is Kind.ROCMFT and source.basis is not None and source.basis.user_chosen:
+        source = source.basis
+    if source is not None and source.kind is Kind.ENVIRONMENT:
+        return source.detail
+    if source is not None and source.kind in YAML_KINDS:
+        return f"{name} in {source}"
+    if source is not None and source.kind is Kind.COMMAND_LINE:
+        return f"{name} on the command line"
+    return name.upper()
+
+
 def _parts(name: str, value: Any, source: Source | None, given: str | None) -> tuple[str, str, str, Source | None]:
     """The setting as the user would find it where it was set (``LEARNING_RATE=1e-4``, ``cutoff_len: 2k``), where
     that is in words, the value as shown, and the source named; a value rocmft derived from one of the user's
@@ -232,5 +248,5 @@ def environment_variable(name: str, environ: Mapping[str, str]) -> str:
     return shown
 
 
-__all__ = ["FROM_ENVIRONMENT", "NOT_SET", "USER_KINDS", "Kind", "Source", "environment_variable",
+__all__ = ["FROM_ENVIRONMENT", "NOT_SET", "USER_KINDS", "Kind", "Source", "changed_where", "environment_variable",
            "kinds", "knob", "named", "named_in", "origin", "removal", "spelled", "texts", "written"]  # fmt: skip

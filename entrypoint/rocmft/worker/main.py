@@ -82,18 +82,11 @@ def main(run_dir: str) -> int:
     # torchrun's local rank 0 writes this node's RUN_DIR record; without torchrun the process writes its own
     writes_record = int(os.environ.get("LOCAL_RANK", "0")) == 0 or not under_torchrun()
     _take_stop_signals()
-
-    from omegaconf import OmegaConf
-
-    arguments = OmegaConf.to_container(OmegaConf.load(run_path / "train.yaml"), resolve=True)
-    arguments.update(_secret_arguments())
-    attention_choice = _patch_and_arm(policy, arguments)
-
-    from llamafactory.train.tuner import run_exp
-
-    callback = rocmft_callback(policy, run_path)
-    if attention_choice:
-        callback.result = callback.result.updated(attention=attention_choice)
+    try:
+        arguments, run_exp, callback = _set_up(policy, run_path)
+    except Interrupted as err:  # before training began: LLaMA-Factory's import, the patches (seconds)
+        say(f"interrupted by {err} before training began", stream=sys.stderr, all_ranks=True)
+        return ExitCode.INTERRUPTED
     try:
         run_exp(args=arguments, callbacks=[callback])
     except NonFiniteLoss as err:
@@ -123,6 +116,25 @@ def main(run_dir: str) -> int:
             callback.write_record()
         return ExitCode.TRAINING_FAILED
     return _exit_after_training()
+
+
+def _set_up(policy: RunPolicy, run_path: Path):
+    """The run's arguments (the secrets added), LLaMA-Factory's ``run_exp`` and rocmft's callback, the patches
+    applied. A stop signal here raises Interrupted, which :func:`main` turns into exit 143 with one line: it printed a
+    traceback through the worker's log and the console when SIGINT came during ``import llamafactory``'s seconds (a
+    break-it trial, 2026-12-06)."""
+    from omegaconf import OmegaConf
+
+    arguments = OmegaConf.to_container(OmegaConf.load(run_path / "train.yaml"), resolve=True)
+    arguments.update(_secret_arguments())
+    attention_choice = _patch_and_arm(policy, arguments)
+
+    from llamafactory.train.tuner import run_exp
+
+    callback = rocmft_callback(policy, run_path)
+    if attention_choice:
+        callback.result = callback.result.updated(attention=attention_choice)
+    return arguments, run_exp, callback
 
 
 def _take_stop_signals() -> None:

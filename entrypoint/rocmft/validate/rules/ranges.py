@@ -7,7 +7,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from rocmft.config.provenance import origin
+from rocmft.config.provenance import changed_where, origin
 from rocmft.errors import ConfigError
 from rocmft.render import Rendered
 from rocmft.validate.rules import independent, rule
@@ -64,7 +64,7 @@ def ranges(run: Rendered) -> list[str]:
         if isinstance(value, (int, float)) and value <= 0:
             with independent():
                 raise ConfigError(f"{named(run, name)} must be positive.",
-                                  f"Set {name.upper()} to a positive number.")  # fmt: skip
+                                  f"Set {changed_where(name, sources.get(name))} to a positive number.")  # fmt: skip
     rate = arguments.get("learning_rate")
     warnings = []
     if isinstance(rate, (int, float)) and not (math.isfinite(rate) and rate > 0):  # NaN and inf are no rates
