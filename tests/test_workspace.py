@@ -184,3 +184,80 @@ def test_a_stop_while_the_worker_imports_llamafactory_is_one_line_and_143(tmp_pa
     monkeypatch.setattr(worker_main, "_patch_and_arm", patches_cut_by_a_stop)
     assert worker_main.main(str(tmp_path)) == 143
     assert capsys.readouterr().err == "[rocmft] interrupted by SIGINT before training began\n"
+
+
+def _aged(folder, seconds: float):
+    """Set ``folder``'s and its files' change times ``seconds`` in the past."""
+    then = time.time() - seconds
+    for path in (folder, *folder.rglob("*")):
+        os.utime(path, (then, then))
+
+
+def test_a_killed_runs_staging_folder_is_named_with_its_size_and_the_command_that_removes_it(tmp_path, capsys):
+    """A break-it trial (2026-12-06): `rocmft render` killed with SIGKILL (the OOM killer, a lost node) left
+    ``OUTPUT_DIR/.rocmft-staging-*`` and the next run said nothing of it. The next run names an old one with its
+    size and a pasteable removal, and leaves it there; a fresh one (another rank preparing now) is not named."""
+    output = tmp_path / "saves" / "run"
+    old = output / ".rocmft-staging-killed1"
+    (old / "data").mkdir(parents=True)
+    (old / "data" / "train.json").write_bytes(b"x" * (3 * 2**20))
+    _aged(old, 2 * 3600)
+    fresh = output / ".rocmft-staging-otherrank"
+    fresh.mkdir()
+    with Workspace() as workspace:
+        staging = workspace.make_staging(output)
+    out = capsys.readouterr().out
+    assert f"WARNING: {old} (3.0 MiB, last changed " in out and f"rm -rf {old}\n" in out
+    assert "otherrank" not in out and staging.name not in out
+    assert old.is_dir() and fresh.is_dir()  # never deleted by rocmft: it may be someone else's
+
+
+def test_an_exports_killed_staging_folder_is_named_before_the_export_starts(tmp_path, monkeypatch, capsys):
+    """An export's staging folder beside EXPORT_DIR is a hidden merged model (GBs): an export killed before its
+    clean-up left it with no word. The next export to that folder names it; one to another folder does not."""
+    from types import SimpleNamespace
+
+    from rocmft.errors import RocmftError
+    from rocmft.outputs import export as export_module
+
+    def failing_merge(plan, staging):
+        raise RocmftError("stand-in merge", "fix it")
+
+    exports = tmp_path / "exports"
+    old = exports / ".merged-staging-k1ll3d"
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(b"\0" * 1024)
+    _aged(old, 5 * 3600)
+    monkeypatch.setattr(export_module, "check_disk", lambda plan, dtype: None)
+    monkeypatch.setattr(export_module, "_announce", lambda plan: None)
+    monkeypatch.setattr(export_module, "model_config", lambda base: {})
+    monkeypatch.setattr(export_module, "_merge", failing_merge)
+    for name, named in (("other", False), ("merged", True)):
+        with pytest.raises(RocmftError, match="stand-in"):
+            export_module.export(SimpleNamespace(base=tmp_path / "base", export_dir=exports / name))
+        out = capsys.readouterr().out
+        assert (f"{old} (0.0 MiB" in out and f"an export to {exports / name}" in out) is named, out
+    assert old.is_dir()
+
+
+def test_a_stop_between_the_two_renames_of_the_promotion_waits_for_the_run_folder(tmp_path, monkeypatch):
+    """``replace_dir`` moves the earlier run folder aside and then the staged one into place: a SIGTERM between the
+    two renames left no run folder (the earlier one under ``.rocmft-old-<pid>``). It now waits for both, then stops
+    the preparation with the new folder in place."""
+    from rocmft import fsutil
+
+    real_replace_dir = fsutil.replace_dir
+
+    def replace_dir_with_a_signal_inside(staging, final, keep_old_as=None):
+        _signal_self()
+        real_replace_dir(staging, final, keep_old_as=keep_old_as)
+
+    monkeypatch.setattr(fsutil, "replace_dir", replace_dir_with_a_signal_inside)
+    output = tmp_path / "saves" / "run"
+    (output / "rocmft").mkdir(parents=True)
+    (output / "rocmft" / "train.yaml").write_text("old")
+    with pytest.raises(KeyboardInterrupt), Workspace() as workspace:
+        _staged(workspace, output)
+        workspace.promote(output / "rocmft")
+    assert (output / "rocmft" / "run.json").is_file()
+    assert [p.name for p in output.iterdir()] == ["rocmft"]

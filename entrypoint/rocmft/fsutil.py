@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,49 @@ def replace_dir(staging: Path, final: Path, keep_old_as: Path | None = None) -> 
         old.rename(keep_old_as)
     elif old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+STALE_STAGING_S = 3600  # a run's preparation stages for seconds and an export's shard writes for minutes
+
+
+def stale_staging(folder: Path, prefix: str, now: float | None = None) -> list[tuple[Path, int, float]]:
+    """The staging folders named ``prefix*`` in ``folder`` that nothing changed for :data:`STALE_STAGING_S`
+    seconds: each as (path, bytes, newest change as a Unix time), oldest first. A run killed with SIGKILL (the
+    kernel's OOM killer, a node failure, `docker kill`) cannot remove its own; a live one, another rank's or another
+    node's on a shared OUTPUT_DIR, changes within seconds. Unreadable entries count as absent. Raises nothing."""
+    now = time.time() if now is None else now
+    found = []
+    try:
+        candidates = [p for p in folder.iterdir() if p.name.startswith(prefix) and p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+    for path in candidates:
+        size, newest = 0, 0.0
+        for entry in (path, *path.rglob("*")):
+            try:
+                info = entry.lstat()
+            except OSError:
+                continue
+            size += info.st_size if not entry.is_dir() else 0
+            newest = max(newest, info.st_mtime)
+        if now - newest >= STALE_STAGING_S:
+            found.append((path, size, newest))
+    return sorted(found, key=lambda item: item[2])
+
+
+def warn_stale_staging(folder: Path, prefix: str, what: str) -> None:
+    """Warn, with the command that removes each, about :func:`stale_staging` folders in ``folder``: rocmft never
+    deletes them itself (a staging folder belongs to whichever process made it). ``what`` says what they would have
+    become (``a run's files``, ``an export``). A break-it trial (2026-12-06) found a SIGKILLed render's folder
+    staying in OUTPUT_DIR with no word; an export's is a hidden merged model of several GB."""
+    from rocmft.console import warn
+
+    for path, size, newest in stale_staging(folder, prefix):
+        shown = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(newest))
+        warn(f"{path} ({shown}, last changed {when}) is the staging folder of {what} that was killed before it "
+             "could clean up (SIGKILL, the OOM killer, a lost node); nothing uses it. Remove it: "
+             f"rm -rf {shlex.quote(str(path))}")  # fmt: skip
 
 
 def default_cache_dir() -> Path:

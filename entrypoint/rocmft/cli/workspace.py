@@ -12,9 +12,11 @@ from pathlib import Path
 
 from rocmft.console import say
 from rocmft.errors import ConfigError
-from rocmft.fsutil import folder_error, make_private_dir_public
+from rocmft.fsutil import folder_error, make_private_dir_public, warn_stale_staging
 from rocmft.records import MANIFEST_FILE, read_manifest
 from rocmft.stopsignals import StopOnSignals
+
+STAGING_PREFIX = ".rocmft-staging-"  # in OUTPUT_DIR; hidden, and on the same file system as the run folder
 
 
 class Workspace:
@@ -62,8 +64,9 @@ class Workspace:
                 missing = [p for p in [output_dir, *output_dir.parents] if not p.exists()]
                 output_dir.mkdir(parents=True, exist_ok=True)
                 self.created = sorted(missing, key=lambda p: len(p.parts), reverse=True)
-                self.staging = Path(tempfile.mkdtemp(prefix=".rocmft-staging-", dir=output_dir))
+                self.staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir))
                 make_private_dir_public(self.staging)
+                warn_stale_staging(output_dir, STAGING_PREFIX, "a run's files")
             except OSError as err:
                 if self.staging is not None:  # made, but its mode could not be set: not used
                     shutil.rmtree(self.staging, ignore_errors=True)
@@ -104,5 +107,6 @@ class Workspace:
             while keep.exists():
                 keep = keep.with_name(keep.name + "-1")
             say(f"the earlier run's record moves to {keep}", all_ranks=True)
-        replace_dir(self.staging, run_dir, keep_old_as=keep)
-        self.staging = None
+        with self._signals.held():  # between replace_dir's two renames the run folder is absent: not cut there
+            replace_dir(self.staging, run_dir, keep_old_as=keep)
+            self.staging = None

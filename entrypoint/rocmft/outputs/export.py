@@ -49,7 +49,7 @@ from rocmft import __version__
 from rocmft.console import say, warn
 from rocmft.errors import ChecksFailed, ExitCode, RocmftError
 from rocmft.facts.modeldir import ModelDir
-from rocmft.fsutil import atomic_write_json, atomic_write_text, make_private_dir_public, replace_dir
+from rocmft.fsutil import atomic_write_json, atomic_write_text, make_private_dir_public, replace_dir, warn_stale_staging
 from rocmft.outputs.export_plan import (
     DTYPE_BYTES,
     EXPORT_MANIFEST,
@@ -149,14 +149,18 @@ def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
     staging = None
     with StopOnSignals("during the export") as stops:  # the first SIGTERM/SIGINT ends it: exit 143
         try:
+            prefix = f".{plan.export_dir.name}-staging-"
+            warn_stale_staging(plan.export_dir.parent, prefix, f"an export to {plan.export_dir}")
             with stops.held():  # the folder is noted before a signal can stop the export
-                staging = Path(tempfile.mkdtemp(prefix=f".{plan.export_dir.name}-staging-", dir=plan.export_dir.parent))
+                staging = Path(tempfile.mkdtemp(prefix=prefix, dir=plan.export_dir.parent))
             make_private_dir_public(staging)
             _merge(plan, staging)
             serve = prepare_for_serving(staging, model_config(plan.base), _lora_rank(plan.run))
             seconds = time.monotonic() - started
             record, files = _write_card_and_record(plan, staging, serve, seconds)
-            replace_dir(staging, plan.export_dir)
+            with stops.held():  # the export folder is absent between replace_dir's two renames: not cut there
+                replace_dir(staging, plan.export_dir)
+                staging = None
         finally:
             if staging is not None:
                 with stops.held(then_stop=False):  # a merged 7B is GBs: no signal leaves half of it behind
