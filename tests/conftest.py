@@ -9,6 +9,7 @@ ROCMFT_FAULT_* (rocmft.testhooks); without them set it is `python -m rocmft`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -256,13 +257,21 @@ def rocmft_here(tmp_path, cache_dir):
 
 @pytest.fixture
 def start_rocmft(tmp_path, cache_dir):
-    """Start ``rocmft <args>`` like :func:`run_rocmft` but return the running Popen (stdout+stderr piped, text)."""
+    """Start ``rocmft <args>`` like :func:`run_rocmft` but return the running Popen (stdout+stderr piped, text;
+    into the file ``log`` instead when given).
 
-    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        return subprocess.Popen(
-            [*ROCMFT, *args], cwd=tmp_path, env=_rocmft_environment(tmp_path, cache_dir, env),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+    A test that waits for something else before it reads the pipe must pass ``log``: a pipe holds 64 KiB, and a
+    rocmft whose console is not read stops writing train.log at once and stalls its training a little later
+    (measured: two NNODES=2 nodes with unread pipes stopped train.log at 48.8 kB and trained on to step 490 of 5000,
+    then no further; tests/test_resilience.py's lost-node test timed out waiting for checkpoint-20 in a clean-clone
+    rehearsal, 2026-12-06)."""
+
+    def start(*args: str, env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+        with open(log, "w") if log is not None else contextlib.nullcontext(subprocess.PIPE) as out:
+            return subprocess.Popen(
+                [*ROCMFT, *args], cwd=tmp_path, env=_rocmft_environment(tmp_path, cache_dir, env),
+                stdout=out, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
 
     return start
 

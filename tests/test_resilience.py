@@ -331,19 +331,23 @@ def test_a_lost_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
         "NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
         "PREPROCESSING_NUM_WORKERS": "1", "ROCMFT_PEER_TIMEOUT_S": str(timeout_s),
     }  # fmt: skip
-    nodes = [start_rocmft("train", env={**env, "NODE_RANK": str(rank)}) for rank in (0, 1)]
+    # into files: nothing reads the nodes' consoles until node 0 ends, and a full pipe stalls a node's training
+    logs = [tmp_path / f"node{rank}.txt" for rank in (0, 1)]
+    nodes = [start_rocmft("train", env={**env, "NODE_RANK": str(rank)}, log=logs[rank]) for rank in (0, 1)]
     try:
         deadline = time.monotonic() + 300
         while not (output / "checkpoint-20" / "trainer_state.json").is_file():  # the first: training, watched
-            assert time.monotonic() < deadline and all(n.poll() is None for n in nodes), "no checkpoint-20"
+            running = time.monotonic() < deadline and all(n.poll() is None for n in nodes)
+            assert running, f"no checkpoint-20:\n{logs[0].read_text()[-3000:]}"
             time.sleep(1)
         frozen = _node_workers(output / "rocmft-node1")
         assert frozen, "node 1's rank was not found"
         for pid in frozen:
             os.killpg(os.getpgid(pid), signal.SIGSTOP if how == "frozen" else signal.SIGKILL)
         froze_at = time.monotonic()
-        text, _ = nodes[0].communicate(timeout=bound + 60)
+        nodes[0].wait(timeout=bound + 60)
         took = time.monotonic() - froze_at
+        text = logs[0].read_text()
     finally:
         for node in nodes:
             for pid in _node_workers(output / ("rocmft-node1" if node is nodes[1] else "rocmft")):
@@ -359,8 +363,11 @@ def test_a_lost_node_ends_the_job_within_the_peer_timeout_and_the_job_resumes(
 
     newest = max(int(p.name.split("-")[1]) for p in output.glob("checkpoint-*") if (p / "trainer_state.json").is_file())
     again = {**env, "MAX_STEPS": str(newest + 10), "MASTER_PORT": str(free_port())}
-    resumed = [start_rocmft("train", env={**again, "NODE_RANK": str(rank)}) for rank in (0, 1)]
-    outputs = [node.communicate(timeout=300)[0] for node in resumed]
+    logs = [tmp_path / f"resumed{rank}.txt" for rank in (0, 1)]
+    resumed = [start_rocmft("train", env={**again, "NODE_RANK": str(rank)}, log=logs[rank]) for rank in (0, 1)]
+    for node in resumed:
+        node.wait(timeout=300)
+    outputs = [log.read_text() for log in logs]
     assert [node.returncode for node in resumed] == [ExitCode.OK, ExitCode.OK], outputs[0][-3000:]
     assert f"resuming from {output / f'checkpoint-{newest}'}" in outputs[0], outputs[0][-3000:]
     assert json.loads((output / "trainer_state.json").read_text())["global_step"] == newest + 10
