@@ -105,19 +105,19 @@ def stale_staging(folder: Path, prefix: str, now: float | None = None) -> list[t
     return sorted(found, key=lambda item: item[2])
 
 
-def warn_stale_staging(folder: Path, prefix: str, what: str) -> None:
-    """Warn, with the command that removes each, about :func:`stale_staging` folders in ``folder``: rocmft never
-    deletes them itself (a staging folder belongs to whichever process made it). ``what`` says what they would have
-    become (``a run's files``, ``an export``). A break-it trial (2026-12-06) found a SIGKILLed render's folder
-    staying in OUTPUT_DIR with no word; an export's is a hidden merged model of several GB."""
-    from rocmft.console import warn
-
+def stale_staging_notes(folder: Path, prefix: str, what: str) -> list[str]:
+    """A warning's text for each :func:`stale_staging` folder in ``folder``, with the command that removes it:
+    rocmft never deletes one itself (a staging folder belongs to whichever process made it). ``what`` says what
+    they would have become (``a run's files``, ``an export to <folder>``). A break-it trial (2026-12-06) found a
+    SIGKILLed render's folder staying in OUTPUT_DIR with no word; an export's is a hidden merged model of GBs."""
+    notes = []
     for path, size, newest in stale_staging(folder, prefix):
         shown = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(newest))
-        warn(f"{path} ({shown}, last changed {when}) is the staging folder of {what} that was killed before it "
-             "could clean up (SIGKILL, the OOM killer, a lost node); nothing uses it. Remove it: "
-             f"rm -rf {shlex.quote(str(path))}")  # fmt: skip
+        notes.append(f"{path} ({shown}, last changed {when}) is the staging folder of {what} that was killed before "
+                     "it could clean up (SIGKILL, the OOM killer, a lost node); nothing uses it. Remove it: "
+                     f"rm -rf {shlex.quote(str(path))}")  # fmt: skip
+    return notes
 
 
 def default_cache_dir() -> Path:

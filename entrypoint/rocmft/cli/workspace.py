@@ -10,9 +10,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rocmft.console import say
+from rocmft.console import say, warn
 from rocmft.errors import ConfigError
-from rocmft.fsutil import folder_error, make_private_dir_public, warn_stale_staging
+from rocmft.fsutil import folder_error, make_private_dir_public, stale_staging_notes
 from rocmft.records import MANIFEST_FILE, read_manifest
 from rocmft.stopsignals import StopOnSignals
 
@@ -66,7 +66,8 @@ class Workspace:
                 self.created = sorted(missing, key=lambda p: len(p.parts), reverse=True)
                 self.staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir))
                 make_private_dir_public(self.staging)
-                warn_stale_staging(output_dir, STAGING_PREFIX, "a run's files")
+                for note in stale_staging_notes(output_dir, STAGING_PREFIX, "a run's files"):
+                    warn(note)
             except OSError as err:
                 if self.staging is not None:  # made, but its mode could not be set: not used
                     shutil.rmtree(self.staging, ignore_errors=True)

@@ -49,7 +49,13 @@ from rocmft import __version__
 from rocmft.console import say, warn
 from rocmft.errors import ChecksFailed, ExitCode, RocmftError
 from rocmft.facts.modeldir import ModelDir
-from rocmft.fsutil import atomic_write_json, atomic_write_text, make_private_dir_public, replace_dir, warn_stale_staging
+from rocmft.fsutil import (
+    atomic_write_json,
+    atomic_write_text,
+    make_private_dir_public,
+    replace_dir,
+    stale_staging_notes,
+)
 from rocmft.outputs.export_plan import (
     DTYPE_BYTES,
     EXPORT_MANIFEST,
@@ -150,7 +156,8 @@ def export(plan: ExportPlan, saves_dir: Path | None = None) -> dict[str, Any]:
     with StopOnSignals("during the export") as stops:  # the first SIGTERM/SIGINT ends it: exit 143
         try:
             prefix = f".{plan.export_dir.name}-staging-"
-            warn_stale_staging(plan.export_dir.parent, prefix, f"an export to {plan.export_dir}")
+            for note in stale_staging_notes(plan.export_dir.parent, prefix, f"an export to {plan.export_dir}"):
+                warn(note)
             with stops.held():  # the folder is noted before a signal can stop the export
                 staging = Path(tempfile.mkdtemp(prefix=prefix, dir=plan.export_dir.parent))
             make_private_dir_public(staging)
