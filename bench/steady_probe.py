@@ -35,6 +35,9 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH / "stepprobe"))
+import gaps  # noqa: E402  (bench/stepprobe/gaps.py, beside this script)
+
 # The processes bench/stepprobe probes: rocmft's parser child, which becomes the worker on one GPU
 # (rocmft.validate.child), or a worker started afresh when it cannot (rocmft.launch.run); Unsloth's run (e).
 PROBES = "rocmft=rocmft.validate.child,rocmft=-m rocmft.worker,peer=peer_unsloth.py"
@@ -68,7 +71,7 @@ def _run(name: str, command: list[str], env: dict, log: Path) -> int:
 def _steps(args, out: Path, work: Path, log: Path) -> dict[str, int]:
     """Steps 1-3 of the module docstring (as ``--parts`` asks); their exit codes by name."""
     base_path = os.environ.get("PYTHONPATH", "")
-    probe_env = dict(os.environ, BENCH_STEPPROBE=PROBES,
+    probe_env = dict(os.environ, BENCH_STEPPROBE=PROBES, BENCH_STEPPROBE_GAPS="1" if args.gaps else "0",
                      BENCH_STEPPROBE_AT=str(args.at), PYTHONPATH=os.pathsep.join(
                          p for p in (str(BENCH / "stepprobe"), base_path) if p))  # fmt: skip
     common = ["--data", str(args.data.resolve()), "--shape", args.shape, "--steps", str(args.steps),
@@ -106,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--at", type=int, default=16, help="the first profiled optimizer step (1-based)")
     parser.add_argument("--timeout", type=float, default=200)
     parser.add_argument("--parts", default="loss,peer,addmm,compiled", help="what to run (600 s a call: split)")
+    parser.add_argument(
+        "--gaps",
+        action="store_true",
+        help="also record Python frames and report where the GPU waited (bench/stepprobe/gaps.py)",
+    )
     args = parser.parse_args(argv)
     if not 3 <= args.at < args.steps:
         parser.error(f"--at {args.at}: give a step in 3..{args.steps - 1} (two steps before it are the steady ones)")
@@ -133,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             if profile.is_file():
                 entry["profile"] = json.loads(profile.read_text())
                 shutil.copy2(profile.with_suffix(".txt"), out / f"profile-{name}{label}.txt")
+            trace = profile.with_name(f"trace-{name}.json.gz")
+            if trace.is_file():  # the trace stays in WORK (tens of MB); its summary goes in the report
+                entry["gaps"] = gaps.analyze(gaps.load(str(trace)))
             report["runs"][name + label] = entry
     if (out / "loss_kernels.json").is_file():
         report["loss_kernels"] = json.loads((out / "loss_kernels.json").read_text())
@@ -158,6 +169,17 @@ def _summarize(report: dict) -> None:
         )
         for kernel, us in (profile.get("top_kernels_us") or [])[:8]:
             print(f"{'':<18}{us / 1e3:>8.1f} ms  {kernel[:110]}")
+        idle = run.get("gaps") or {}
+        if idle.get("gpu_busy_us"):
+            long_ms = idle["idle_in_gaps_over_1ms_us"] / 1e3
+            print(
+                f"{'':<18}GPU busy {idle['gpu_busy_us'] / 1e3:.1f} ms, idle {idle['gpu_idle_us'] / 1e3:.1f} ms in "
+                f"{idle['gaps']} gaps ({idle['gaps_over_1ms']} over 1 ms: {long_ms:.1f} ms)"
+            )
+            for frame, us in idle["idle_by_frame_us"][:25]:
+                print(f"{'':<20}idle {us / 1e3:>7.2f} ms under {frame[:120]}")
+            for call, count, us in idle["syncs"][:12]:
+                print(f"{'':<20}sync x{count} {us / 1e3:>7.2f} ms {call[:160]}")
     b, e = runs.get("rocmft", {}), runs.get("peer", {})
     for key in ("steady_tokens_per_s", "steady_before_profile"):
         if _ratio(b, e, key):

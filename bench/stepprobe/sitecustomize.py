@@ -12,6 +12,8 @@ the process that validated the configuration goes on to train, rocmft.launch.run
   and by :func:`kernel_group`, the window's wall seconds and, rewritten at the end of training, the wall time
   of every step's start from the first's);
   the profiled steps run slower: leave them out of a steady rate (the JSON's ``step_starts_s``);
+* with ``BENCH_STEPPROBE_GAPS=1`` as well: records Python frames (``with_stack``) and writes the window's Chrome
+  trace, ``DIR/trace-NAME.json.gz``, for bench/stepprobe/gaps.py (where the GPU waited and for what);
 * with ``BENCH_STEPPROBE_LORA=addmm``: peft's LoRA Linears add the adapter's product with one ``addmm``
   (:func:`lora_addmm`);
 * with ``BENCH_STEPPROBE_COMPILE=layers``: compiles each module whose class name ends in ``DecoderLayer`` in place
@@ -100,6 +102,7 @@ def _callback_class(base):
             self.at = int(os.environ.get("BENCH_STEPPROBE_AT", "16"))
             self.compile = os.environ.get("BENCH_STEPPROBE_COMPILE") == "layers"
             self.starts: list[float] = []
+            self.gaps = os.environ.get("BENCH_STEPPROBE_GAPS") == "1"
             self.profiler, self.window_start, self.report = None, 0.0, None
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -116,7 +119,8 @@ def _callback_class(base):
                 activities = [torch.profiler.ProfilerActivity.CPU]
                 if torch.cuda.is_available():
                     activities.append(torch.profiler.ProfilerActivity.CUDA)
-                self.profiler = torch.profiler.profile(activities=activities)
+                # BENCH_STEPPROBE_GAPS=1: Python frames too, and the Chrome trace for bench/stepprobe/gaps.py
+                self.profiler = torch.profiler.profile(activities=activities, with_stack=self.gaps)
                 self.profiler.__enter__()
                 self.window_start = time.perf_counter()
             elif self.profiler is not None and state.global_step == self.at + 1:
@@ -140,6 +144,8 @@ def _callback_class(base):
             with open(os.path.join(self.folder, f"profile-{self.name}.txt"), "w") as handle:
                 handle.write(averages.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90))
             report = {"name": self.name, "profiled_steps": [self.at, self.at + 1], "window_s": round(window, 4)}
+            if self.gaps:
+                self.profiler.export_chrome_trace(os.path.join(self.folder, f"trace-{self.name}.json.gz"))
             try:
                 report.update(summarize(self.profiler.events()))
             except Exception as err:  # the table above is written; the summary is extra
