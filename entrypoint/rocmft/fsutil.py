@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -98,7 +99,7 @@ def stale_staging(folder: Path, prefix: str, now: float | None = None) -> list[t
                 info = entry.lstat()
             except OSError:
                 continue
-            size += info.st_size if not entry.is_dir() else 0
+            size += 0 if stat.S_ISDIR(info.st_mode) else info.st_size
             newest = max(newest, info.st_mtime)
         if now - newest >= STALE_STAGING_S:
             found.append((path, size, newest))

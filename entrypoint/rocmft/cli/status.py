@@ -71,16 +71,16 @@ def run(args) -> int:
     if given_path(args.output_dir, "rocmft status"):
         given = Path(args.output_dir)
         run_dir = given / RUN_SUBDIR if (given / RUN_SUBDIR / MANIFEST_FILE).is_file() else given
-    elif current_run_pointer().is_file():
-        if (owner := current_run_pointer().stat().st_uid) != os.getuid():
-            print(f"no run: {current_run_pointer()} notes the run of another user's `rocmft train` (uid {owner}), "
+    elif (pointer := current_run_pointer()).is_file():
+        if (owner := pointer.stat().st_uid) != os.getuid():
+            print(f"no run: {pointer} notes the run of another user's `rocmft train` (uid {owner}), "
                   "not yours; pass the run's OUTPUT_DIR")  # fmt: skip
             return ExitCode.UNHEALTHY
         try:  # one line rocmft train wrote; a damaged one (not UTF-8, a name too long) is no run
-            run_dir = Path(current_run_pointer().read_text(encoding="utf-8").strip())
+            run_dir = Path(pointer.read_text(encoding="utf-8").strip())
             (run_dir / MANIFEST_FILE).is_file()
         except (OSError, ValueError) as err:
-            print(f"no run: {current_run_pointer()} cannot be read ({err}); pass the run's OUTPUT_DIR")
+            print(f"no run: {pointer} cannot be read ({err}); pass the run's OUTPUT_DIR")
             return ExitCode.UNHEALTHY
     else:
         print("no run: nothing started `rocmft train` here; pass the run's OUTPUT_DIR")

@@ -66,13 +66,14 @@ class Workspace:
                 self.created = sorted(missing, key=lambda p: len(p.parts), reverse=True)
                 self.staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir))
                 make_private_dir_public(self.staging)
-                for note in stale_staging_notes(output_dir, STAGING_PREFIX, "a run's files"):
-                    warn(note)
             except OSError as err:
                 if self.staging is not None:  # made, but its mode could not be set: not used
                     shutil.rmtree(self.staging, ignore_errors=True)
                 self.unwritable = folder_error(output_dir, err)
                 self.staging = Path(tempfile.mkdtemp(prefix="rocmft-staging-"))
+        if self.unwritable is None:  # outside the held block: a stop during this walk of OUTPUT_DIR is not delayed
+            for note in stale_staging_notes(output_dir, STAGING_PREFIX, "a run's files"):
+                warn(note)
         return self.staging
 
     def discard(self) -> None:
