@@ -3,7 +3,9 @@
 Builds the 7B (Qwen2) shape on the ``meta`` device (no memory, no weights) with LoRA on its seven Linears as
 LLaMA-Factory's ``lora_target: all`` does, and times, on this machine's CPU, the per-micro-step calls of
 transformers 5.6's ``Trainer``: ``model.train()`` (``training_step``), the same with rocmft's
-``patches.train_mode_set_once``, and ``num_parameters(exclude_embeddings=True)`` (``floating_point_ops``).
+``patches.train_mode_set_once``, ``num_parameters(exclude_embeddings=True)`` (``floating_point_ops``), and the
+parameter walk of the clip (``model.parameters()``) and of ``model.zero_grad()`` at each optimizer step, against
+rocmft's ``patches.gradients_found_without_walking`` (``rocmft.worker.params``).
 
     python bench/host_cost.py [--shape 7b] [--repeat 50]
 
@@ -44,13 +46,22 @@ def main() -> None:
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets))
     modules = sum(1 for _ in model.modules())
     print(f"{args.shape}: {modules} modules, {sum(1 for _ in model.parameters())} parameters")
-    print(f"model.train()                              {per_call_ms(model.train, args.repeat):7.2f} ms")
-    print(f"num_parameters(exclude_embeddings=True)    "
-          f"{per_call_ms(lambda: model.num_parameters(exclude_embeddings=True), args.repeat):7.2f} ms")  # fmt: skip
-    from rocmft.worker import patches
+
+    def show(label: str, function) -> None:
+        print(f"{label:<48} {per_call_ms(function, args.repeat):7.2f} ms")
+
+    show("model.train()", model.train)
+    show("num_parameters(exclude_embeddings=True)", lambda: model.num_parameters(exclude_embeddings=True))
+    show("list(model.parameters()) (the clip's walk)", lambda: list(model.parameters()))
+    show("model.zero_grad()", model.zero_grad)
+    from rocmft.worker import params, patches
 
     patches.train_mode_set_once()
-    print(f"model.train(), rocmft's train_mode_set_once {per_call_ms(model.train, args.repeat):7.2f} ms")
+    patches.gradients_found_without_walking()
+    params.listed(model)  # as the run's first clip makes it
+    show("model.train(), rocmft's train_mode_set_once", model.train)
+    show("params.with_grad(model) (rocmft's clip)", lambda: params.with_grad(model))
+    show("model.zero_grad(), rocmft's listed one", model.zero_grad)
     mlp = model.base_model.model.model.layers[3].mlp
     mlp.eval()
     started = time.perf_counter()

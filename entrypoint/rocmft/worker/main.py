@@ -184,6 +184,7 @@ def _patch_and_arm(policy: RunPolicy, arguments: dict) -> dict | None:
     patches.lora_inputs_uncast_under_autocast()
     patches.lora_product_in_the_gemm()
     patches.train_mode_set_once()
+    patches.gradients_found_without_walking()
     patches.count_tokens_under_4d_masks()
     patches.step_logs_said_once()
     patches.deepspeed_accelerator_without_gpu(os.environ)

@@ -467,3 +467,46 @@ def train_mode_set_once() -> None:
     plain = {torch.nn.Module.train, train, train_unless_training}
     train_unless_training._rocmft = True
     owner.train = train_unless_training
+
+
+def gradients_found_without_walking() -> None:
+    """Clip and zero the trained model's gradients through :mod:`rocmft.worker.params` (its docstring has the why and
+    the measurement) instead of walking its module tree at every optimizer step.
+
+    Wraps transformers 5.6's ``Trainer._clip_grad_norm`` (``accelerator.clip_grad_norm_(model.parameters(), ...)``):
+    for one process and DDP (accelerate's ``DistributedType.NO``/``MULTI_GPU``, where accelerate unscales and hands
+    the parameters to torch's ``clip_grad_norm_``) the same call gets the listed parameters that hold a gradient;
+    DeepSpeed, FSDP and every other kind keep transformers' call. And ``torch.nn.Module.zero_grad``: for a model
+    clipped that way, with the default ``set_to_none``, the listed parameters' gradients are set to None, as torch's
+    loop over ``parameters()`` does; other modules, ``set_to_none=False`` and DataParallel replicas get torch's own.
+    """
+    import torch
+    from accelerate.utils import DistributedType
+    from transformers import Trainer
+
+    from rocmft.worker import params
+
+    if getattr(Trainer._clip_grad_norm, "_rocmft", False):
+        return
+    if not _applies("the gradients found without walking", "transformers", TRANSFORMERS,
+                    {"_clip_grad_norm": Trainer}):  # fmt: skip
+        return
+    clip, zero_grad = Trainer._clip_grad_norm, torch.nn.Module.zero_grad
+    plain = (DistributedType.NO, DistributedType.MULTI_GPU)
+
+    def clip_listed(self, model):
+        if self.accelerator.distributed_type not in plain or self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            return clip(self, model)
+        return self.accelerator.clip_grad_norm_(params.with_grad(model), self.args.max_grad_norm)
+
+    def zero_grad_listed(self, set_to_none: bool = True) -> None:
+        if not set_to_none or getattr(self, "_is_replica", False) or not params.is_listed(self):
+            return zero_grad(self, set_to_none)
+        for param in params.listed(self):
+            if param.grad is not None:
+                param.grad = None
+        return None
+
+    clip_listed._rocmft = zero_grad_listed._rocmft = True
+    Trainer._clip_grad_norm = clip_listed
+    torch.nn.Module.zero_grad = zero_grad_listed

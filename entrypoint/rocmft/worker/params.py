@@ -1,0 +1,59 @@
+"""A trained model's parameters listed once, not found again by walking its module tree at every optimizer step.
+
+transformers 5.6's Trainer clips with ``accelerator.clip_grad_norm_(model.parameters(), ...)`` and calls
+``model.zero_grad()`` at every optimizer step; each walks every module (2,333 for the 7B Qwen2 shape with LoRA on its
+seven Linears) and hashes each of its 731 parameters, on the host while the GPU waits: on an H100, the profiled
+steps' GPU sat idle 42 ms in torch's ``clip_grad_norm_`` and 40 ms in the epoch loop's own lines (``zero_grad``)
+against 8 ms and 1 ms for Unsloth, whose ``unsloth_zoo/fast_grad_params.py`` (2026.10.9) lists them once too
+(``bench/steady_probe.py --gaps``; BENCHMARKS.md, issue 32).
+
+:func:`listed` is ``tuple(root.parameters())``, in that order, kept until a module of the tree registers a parameter
+or a submodule (torch's global registration hooks, ``torch.nn.modules.module``); then every list is made again.
+Filtering it by ``p.grad is not None`` at call time is what torch's ``clip_grad_norm_`` and ``Module.zero_grad`` do
+over ``parameters()``, so the gradients found, and their order, are the same, a frozen parameter holding a
+gradient and one unfrozen mid-run included. Not seen: a parameter set to None or deleted with ``del`` (neither runs
+a hook; it stays listed, harmless unless it still holds a gradient), and ``_parameters`` edited directly (FSDP,
+DeepSpeed ZeRO-3: rocmft.worker.patches leaves those runs to transformers).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+_LISTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # root module -> tuple of its parameters
+_TRACKED: weakref.WeakSet = weakref.WeakSet()  # every module of a listed tree
+_HOOKS: list[Any] = []
+
+
+def _registered(module, _name, _value) -> None:
+    """torch's global hook on every parameter and submodule registration: a change in a listed tree drops every
+    list (a ModuleList sliced in a forward, ``layers[:n]``, registers into a new, untracked list: no change)."""
+    if module in _TRACKED:
+        _LISTED.clear()
+        _TRACKED.clear()
+
+
+def listed(root) -> tuple:
+    """``tuple(root.parameters())``, made once while ``root``'s tree is unchanged (module docstring)."""
+    params = _LISTED.get(root)
+    if params is None:
+        if not _HOOKS:
+            from torch.nn.modules import module
+
+            _HOOKS.append(module.register_module_parameter_registration_hook(_registered))
+            _HOOKS.append(module.register_module_module_registration_hook(_registered))
+        params = tuple(root.parameters())
+        _TRACKED.update(root.modules())
+        _LISTED[root] = params
+    return params
+
+
+def is_listed(root) -> bool:
+    """Whether ``root`` has a list (:func:`listed` was called for it and its tree has not changed since)."""
+    return root in _LISTED
+
+
+def with_grad(root) -> list:
+    """The parameters of ``root`` that hold a gradient, in ``root.parameters()`` order."""
+    return [p for p in listed(root) if p.grad is not None]
