@@ -21,6 +21,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import torch
+
 _LISTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # root module -> tuple of its parameters
 _TRACKED: weakref.WeakSet = weakref.WeakSet()  # every module of a listed tree
 _HOOKS: list[Any] = []
@@ -29,6 +31,11 @@ _HOOKS: list[Any] = []
 def _registered(module, _name, _value) -> None:
     """torch's global hook on every parameter and submodule registration: a change in a listed tree drops every
     list (a ModuleList sliced in a forward, ``layers[:n]``, registers into a new, untracked list: no change)."""
+    if torch.compiler.is_compiling():
+        # Dynamo traces this hook where a compiled forward slices a ModuleList, and tracing the WeakSet's weak
+        # references to the compiled model itself fails ("already tracked for mutation": a Trainer with
+        # torch_compile crashed at its first forward after the first clip); what it traces is a new list anyway
+        return
     if module in _TRACKED:
         _LISTED.clear()
         _TRACKED.clear()

@@ -1,0 +1,155 @@
+"""Trying to break patches.train_mode_set_once and patches.gradients_found_without_walking (rocmft.worker.params):
+a real transformers Trainer on the CPU trains the same with them as without them, through evaluations, gradient
+accumulation, gradient checkpointing, torch.compile and peft or module surgery mid-run; a model they saw is freed when
+dropped; and nothing that worked without them raises with them.
+
+The reference run puts transformers' and torch's own functions back (the ones each patch wrapped, read from its
+closure) for its duration. The model is a Qwen2 of two layers with peft LoRA (dropout 0.1) on every Linear.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+from transformers import modeling_utils  # noqa: E402
+from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
+
+from rocmft.worker import params, patches  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _patched():
+    patches.train_mode_set_once()
+    patches.gradients_found_without_walking()
+
+
+def _wrapped(function, name: str):
+    """The function a patch wrapped: ``name`` in the patch's closure."""
+    return function.__closure__[function.__code__.co_freevars.index(name)].cell_contents
+
+
+@contextlib.contextmanager
+def _unpatched():
+    """transformers' and torch's own ``_clip_grad_norm``, ``zero_grad`` and ``train`` while the block runs."""
+    owners = {(transformers.Trainer, "_clip_grad_norm"): "clip", (torch.nn.Module, "zero_grad"): "zero_grad",
+              (modeling_utils.PreTrainedModel, "train"): "train"}  # fmt: skip
+    saved = {key: getattr(*key) for key in owners}
+    for (owner, attribute), name in owners.items():
+        setattr(owner, attribute, _wrapped(saved[owner, attribute], name))
+    try:
+        yield
+    finally:
+        for (owner, attribute), function in saved.items():
+            setattr(owner, attribute, function)
+
+
+def _model(dropout: float = 0.1):
+    config = transformers.Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config)
+    return peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                                      lora_dropout=dropout, init_lora_weights=False))  # fmt: skip
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __init__(self, count: int) -> None:
+        self.ids = torch.randint(1, 97, (count, 16), generator=torch.Generator().manual_seed(3))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index):
+        return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+
+class _AtStep(transformers.TrainerCallback):
+    """Runs ``operations[step](model)`` when optimizer step ``step`` ends (a callback's surgery mid-run)."""
+
+    def __init__(self, operations) -> None:
+        self.operations = operations
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step in self.operations:
+            self.operations[state.global_step](model)
+
+
+def _train(tmp_path, operations=None, checkpointing=False, **arguments):
+    """6 optimizer steps of 2 micro-steps, clipped at 0.05, evaluated every 2: the log, the parameters, the modes."""
+    model = _model()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        model.enable_input_require_grads()
+    arguments = {"output_dir": str(tmp_path), "report_to": [], "use_cpu": True, "max_grad_norm": 0.05,
+                 "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "max_steps": 6,
+                 "eval_strategy": "steps", "eval_steps": 2, "logging_steps": 1, "seed": 1, "save_strategy": "no",
+                 "learning_rate": 1e-2, "disable_tqdm": True, **arguments}  # fmt: skip
+    trainer = transformers.Trainer(model=model, args=transformers.TrainingArguments(**arguments),
+                                   train_dataset=_Rows(40), eval_dataset=_Rows(4),
+                                   callbacks=[_AtStep(operations)] if operations else None)  # fmt: skip
+    trainer.train()
+    log = [{k: v for k, v in entry.items() if "runtime" not in k and "per_second" not in k}
+           for entry in trainer.state.log_history]  # fmt: skip
+    return log, dict(model.named_parameters()), [m.training for m in model.modules()], trainer
+
+
+def _add_adapter(model) -> None:
+    model.add_adapter("b", peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.2))
+    model.set_adapter("b")
+
+
+def _delete_adapter(model) -> None:
+    model.set_adapter("default")
+    model.delete_adapter("b")
+
+
+def _forward_without_adapters(model) -> None:
+    with model.disable_adapter():
+        ids = torch.arange(1, 17).view(1, -1)
+        model(input_ids=ids, labels=ids)
+
+
+def _replace_mlp(model) -> None:
+    torch.manual_seed(5)
+    model.base_model.model.model.layers[1].mlp = modeling_qwen2.Qwen2MLP(model.config)
+
+
+def _replace_parameters(model) -> None:
+    attention = model.base_model.model.model.layers[0].self_attn
+    lora_a = attention.q_proj.lora_A["default"]
+    lora_a.weight = torch.nn.Parameter(lora_a.weight.detach() * 2)
+    attention.k_proj.base_layer.bias = None
+    del attention.v_proj.lora_dropout["default"]
+    attention.v_proj.lora_dropout["default"] = torch.nn.Identity()
+
+
+RUNS = {
+    "eval between steps, dropout, accumulation": {},
+    "no accumulation": {"gradient_accumulation_steps": 1},
+    "max_grad_norm 0": {"max_grad_norm": 0},
+    "gradient checkpointing": {"checkpointing": True},
+    "peft add, set, delete adapter": {"operations": {2: _add_adapter, 4: _delete_adapter}},
+    "peft disable_adapter, enable_input_require_grads": {
+        "operations": {1: _forward_without_adapters, 2: lambda m: m.enable_input_require_grads()}
+    },
+    "module and parameters replaced, set to None, deleted": {"operations": {2: _replace_mlp, 4: _replace_parameters}},
+    "torch.compile": {"torch_compile": True, "torch_compile_backend": "eager"},
+}
+
+
+@pytest.mark.parametrize("case", RUNS, ids=list(RUNS))
+def test_a_trainer_run_is_the_same_with_the_patches(tmp_path, case):
+    with _unpatched():
+        log, weights, modes, _ = _train(tmp_path / "reference", **RUNS[case])
+    got_log, got_weights, got_modes, trainer = _train(tmp_path / "patched", **RUNS[case])
+    assert got_log == log
+    assert got_modes == modes, "a module was left in another train/eval mode"
+    for name, weight in weights.items():
+        assert torch.equal(got_weights[name], weight), f"{name} trained differently"
+    assert params.is_listed(trainer.model_wrapped) == (trainer.args.max_grad_norm > 0), "the list was not used"
