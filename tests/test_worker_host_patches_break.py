@@ -153,3 +153,25 @@ def test_a_trainer_run_is_the_same_with_the_patches(tmp_path, case):
     for name, weight in weights.items():
         assert torch.equal(got_weights[name], weight), f"{name} trained differently"
     assert params.is_listed(trainer.model_wrapped) == (trainer.args.max_grad_norm > 0), "the list was not used"
+
+
+def test_a_module_that_cannot_be_hashed_is_still_built_once_a_list_exists():
+    """torch registers submodules and parameters without hashing the module; the list's hook must not either."""
+    params.listed(_model())  # installs torch's global registration hooks, for every module built after it
+
+    class Compared(torch.nn.Module):
+        """``__eq__`` without ``__hash__``: its instances cannot be hashed."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 2)
+            self.scale = torch.nn.Parameter(torch.ones(2))
+
+        def __eq__(self, other) -> bool:
+            return type(other) is Compared
+
+        def forward(self, x):
+            return self.linear(x) * self.scale
+
+    module = Compared()
+    assert module(torch.ones(1, 2)).shape == (1, 2)

@@ -36,7 +36,11 @@ def _registered(module, _name, _value) -> None:
         # references to the compiled model itself fails ("already tracked for mutation": a Trainer with
         # torch_compile crashed at its first forward after the first clip); what it traces is a new list anyway
         return
-    if module in _TRACKED:
+    try:
+        changed = module in _TRACKED
+    except TypeError:  # a class with __eq__ and no __hash__: never tracked (modules() hashes every module it yields),
+        return  # and torch builds one without hashing it, so a hook that hashed it raised where torch did not
+    if changed:
         _LISTED.clear()
         _TRACKED.clear()
 
