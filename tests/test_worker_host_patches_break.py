@@ -10,6 +10,8 @@ closure) for its duration. The model is a Qwen2 of two layers with peft LoRA (dr
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 
 import pytest
 
@@ -175,3 +177,12 @@ def test_a_module_that_cannot_be_hashed_is_still_built_once_a_list_exists():
 
     module = Compared()
     assert module(torch.ones(1, 2)).shape == (1, 2)
+
+
+def test_a_model_trained_and_dropped_is_freed(tmp_path):
+    """Two models trained one after another in one process: the first one's weights go when it is dropped."""
+    trainer = _train(tmp_path, max_steps=2)[3]
+    dropped = [weakref.ref(trainer.model), weakref.ref(trainer.model.base_model.model)]  # peft's, transformers'
+    del trainer
+    gc.collect()
+    assert [ref() is None for ref in dropped] == [True, True], "a model dropped after training is still alive"

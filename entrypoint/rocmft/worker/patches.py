@@ -455,13 +455,14 @@ def train_mode_set_once() -> None:
     train, listed = owner.train, weakref.WeakKeyDictionary()
 
     def train_unless_training(self, mode: bool = True):
-        modules = listed.get(self)
-        if mode and modules is not None and not getattr(self, "use_kernels", False) and all(
+        modules = listed.get(self)  # the modules under self, not self
+        if mode and modules is not None and self.training and not getattr(self, "use_kernels", False) and all(
                 m.training for m in modules):  # fmt: skip
             return self
         out = train(self, mode)
-        modules = list(self.modules())
-        listed[self] = modules if all(type(m).train in plain for m in modules) else None
+        modules = tuple(self.modules())
+        # not self itself: a value that holds its key keeps it alive (every model once trained stayed in memory)
+        listed[self] = modules[1:] if all(type(m).train in plain for m in modules) else None
         return out
 
     plain = {torch.nn.Module.train, train, train_unless_training}
