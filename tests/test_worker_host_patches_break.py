@@ -10,6 +10,7 @@ closure) for its duration. The model is a Qwen2 of two layers with peft LoRA (dr
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import weakref
 
@@ -186,3 +187,51 @@ def test_a_model_trained_and_dropped_is_freed(tmp_path):
     del trainer
     gc.collect()
     assert [ref() is None for ref in dropped] == [True, True], "a model dropped after training is still alive"
+
+
+def test_a_module_put_in_after_the_walk_is_walked():
+    """``layer.mlp = loaded``: a module in eval mode (as ``from_pretrained`` leaves one) or with a ``train`` of its
+    own, put into a tree whose walk the patch skips, gets the walk that transformers gives it."""
+
+    class Counted(torch.nn.Identity):
+        calls = 0
+
+        def train(self, mode: bool = True):
+            Counted.calls += 1
+            return super().train(mode)
+
+    model = _model()
+    model.train()
+    layer = model.base_model.model.model.layers[0]
+    loaded = copy.deepcopy(layer.mlp).eval()
+    layer.mlp = loaded
+    model.train()
+    assert loaded.training, "a module put in in eval mode stayed in eval mode"
+    layer.counted = Counted()
+    model.train()
+    assert Counted.calls == 1, "a module with a train of its own, put in later, did not get its call"
+
+
+def test_in_a_trainer_run_the_walk_runs_at_the_start_and_around_each_evaluation(tmp_path):
+    """The skip still works in a real run (no registration into the tree at each step brings the walk back): one
+    LoRA MLP's ``train`` calls, 12 micro-steps with an evaluation after every 4."""
+    calls: list[bool] = []
+
+    class Watch(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            mlp = model.base_model.model.model.layers[1].mlp
+            walk = mlp.train
+
+            def train(mode: bool = True):
+                calls.append(mode)
+                return walk(mode)
+
+            mlp.train = train  # an instance attribute: the class's train, which the patch looks at, is unchanged
+
+    arguments = {"output_dir": str(tmp_path), "report_to": [], "use_cpu": True, "max_steps": 6, "eval_steps": 2,
+                 "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "eval_strategy": "steps",
+                 "save_strategy": "no", "disable_tqdm": True}  # fmt: skip
+    trainer = transformers.Trainer(model=_model(), args=transformers.TrainingArguments(**arguments),
+                                   train_dataset=_Rows(40), eval_dataset=_Rows(4), callbacks=[Watch()])  # fmt: skip
+    trainer.train()
+    assert calls == [True, False, True, False, True, False]

@@ -439,13 +439,16 @@ def train_mode_set_once() -> None:
     the last full walk already trains, so an evaluation that put the root, the model inside a DDP wrapper or any one
     submodule in eval mode gets the full walk back. Wraps ``PreTrainedModel.train``; a model whose tree holds a
     class with a ``train`` of its own (other than ``PreTrainedModel``'s), or that asked for hub kernels
-    (``use_kernels``: its ``train`` kernelizes), always gets the full walk. A module added to the tree after a walk
-    is not looked at until the next full one (new modules start in training mode).
+    (``use_kernels``: its ``train`` kernelizes), always gets the full walk. A module registered into the tree after a
+    walk (``layer.mlp = loaded``: it may be in eval mode, as ``from_pretrained`` leaves one) brings the full walk
+    back, through rocmft.worker.params' registration hooks.
     """
     import weakref
 
     import torch
     from transformers import modeling_utils
+
+    from rocmft.worker import params
 
     owner = modeling_utils.PreTrainedModel
     if getattr(owner.train, "_rocmft", False):
@@ -455,14 +458,14 @@ def train_mode_set_once() -> None:
     train, listed = owner.train, weakref.WeakKeyDictionary()
 
     def train_unless_training(self, mode: bool = True):
-        modules = listed.get(self)  # the modules under self, not self
-        if mode and modules is not None and self.training and not getattr(self, "use_kernels", False) and all(
-                m.training for m in modules):  # fmt: skip
+        seen = listed.get(self)  # (params.changes() when listed, the modules under self) or None
+        if (mode and seen is not None and seen[0] == params.changes() and self.training
+                and not getattr(self, "use_kernels", False) and all(m.training for m in seen[1])):  # fmt: skip
             return self
         out = train(self, mode)
         modules = tuple(self.modules())
         # not self itself: a value that holds its key keeps it alive (every model once trained stayed in memory)
-        listed[self] = modules[1:] if all(type(m).train in plain for m in modules) else None
+        listed[self] = (params.track(modules), modules[1:]) if all(type(m).train in plain for m in modules) else None
         return out
 
     plain = {torch.nn.Module.train, train, train_unless_training}
