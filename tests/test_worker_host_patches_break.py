@@ -235,3 +235,21 @@ def test_in_a_trainer_run_the_walk_runs_at_the_start_and_around_each_evaluation(
                                    train_dataset=_Rows(40), eval_dataset=_Rows(4), callbacks=[Watch()])  # fmt: skip
     trainer.train()
     assert calls == [True, False, True, False, True, False]
+
+
+def test_sagemaker_model_parallel_under_fp16_keeps_the_optimizers_clip(tmp_path, monkeypatch):
+    """transformers' ``_clip_grad_norm`` clips the optimizer's fp32 master gradients there, not the model's."""
+    arguments = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_grad_norm=0.5)
+    trainer = transformers.Trainer(model=_model(), args=arguments)
+    monkeypatch.setattr(transformers.trainer, "is_sagemaker_mp_enabled", lambda: True)
+    monkeypatch.setattr(trainer.args, "fp16", True)
+    clipped: list[float] = []
+
+    class MasterGradients:
+        def clip_master_grads(self, max_norm):
+            clipped.append(max_norm)
+            return torch.tensor(1.0)
+
+    trainer.optimizer = MasterGradients()
+    trainer._clip_grad_norm(trainer.model)
+    assert clipped == [0.5]

@@ -480,13 +480,14 @@ def gradients_found_without_walking() -> None:
     Wraps transformers 5.6's ``Trainer._clip_grad_norm`` (``accelerator.clip_grad_norm_(model.parameters(), ...)``):
     for one process and DDP (accelerate's ``DistributedType.NO``/``MULTI_GPU``, where accelerate unscales and hands
     the parameters to torch's ``clip_grad_norm_``) the same call gets the listed parameters that hold a gradient;
-    DeepSpeed, FSDP and every other kind keep transformers' call. And ``torch.nn.Module.zero_grad``: for a model
-    clipped that way, with the default ``set_to_none``, the listed parameters' gradients are set to None, as torch's
-    loop over ``parameters()`` does; other modules, ``set_to_none=False`` and DataParallel replicas get torch's own.
+    DeepSpeed, FSDP, every other kind and SageMaker model parallel under fp16 keep transformers' call. And
+    ``torch.nn.Module.zero_grad``: for a model clipped that way, with the default ``set_to_none``, the listed
+    parameters' gradients are set to None, as torch's loop over ``parameters()`` does; other modules,
+    ``set_to_none=False`` and DataParallel replicas get torch's own.
     """
     import torch
     from accelerate.utils import DistributedType
-    from transformers import Trainer
+    from transformers import Trainer, trainer
 
     from rocmft.worker import params
 
@@ -501,6 +502,8 @@ def gradients_found_without_walking() -> None:
     def clip_listed(self, model):
         if self.accelerator.distributed_type not in plain or self.is_fsdp_enabled or self.is_deepspeed_enabled:
             return clip(self, model)
+        if self.args.fp16 and trainer.is_sagemaker_mp_enabled():  # transformers clips the optimizer's fp32 master
+            return clip(self, model)  # gradients there (its clip_master_grads), not the model's
         return self.accelerator.clip_grad_norm_(params.with_grad(model), self.args.max_grad_norm)
 
     def zero_grad_listed(self, set_to_none: bool = True) -> None:
