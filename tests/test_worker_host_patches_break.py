@@ -253,3 +253,25 @@ def test_sagemaker_model_parallel_under_fp16_keeps_the_optimizers_clip(tmp_path,
     trainer.optimizer = MasterGradients()
     trainer._clip_grad_norm(trainer.model)
     assert clipped == [0.5]
+
+
+def test_a_deep_copy_of_a_listed_model_is_clipped_and_zeroed_apart_and_set_to_none_false_zeroes(tmp_path):
+    arguments = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_grad_norm=0.01)
+    trainer = transformers.Trainer(model=_model(), args=arguments)
+    model = trainer.model
+    ids = torch.randint(1, 97, (2, 16), generator=torch.Generator().manual_seed(1))
+    model(input_ids=ids, labels=ids).loss.backward()
+    trainer._clip_grad_norm(model)  # lists model
+    twin = copy.deepcopy(model)
+    for m in (model, twin):
+        m.zero_grad()
+        m(input_ids=ids, labels=ids).loss.backward()
+    before = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    trainer._clip_grad_norm(twin)
+    assert all(torch.equal(p.grad, before[name]) for name, p in model.named_parameters() if p.grad is not None)
+    assert all(float(p.grad.norm()) < 0.01 + 1e-6 for p in twin.parameters() if p.grad is not None)
+    twin.zero_grad()
+    assert all(p.grad is None for p in twin.parameters()) and len(params.with_grad(model)) == len(before)
+    model.zero_grad(set_to_none=False)  # torch's own: zeroed in place, not dropped
+    zeroed = [p for p in model.parameters() if p.grad is not None and not p.grad.any()]
+    assert len(zeroed) == len(before)
