@@ -275,3 +275,21 @@ def test_a_deep_copy_of_a_listed_model_is_clipped_and_zeroed_apart_and_set_to_no
     model.zero_grad(set_to_none=False)  # torch's own: zeroed in place, not dropped
     zeroed = [p for p in model.parameters() if p.grad is not None and not p.grad.any()]
     assert len(zeroed) == len(before)
+
+
+def test_train_raises_where_torch_raises_and_only_there():
+    """``train(1)`` is refused by torch ("expected to be boolean") also when the walk would be skipped; a model
+    class that cannot be hashed (``__eq__`` without ``__hash__``) trains, as it does without the patch."""
+    model = _model().base_model.model
+    model.train()
+    with pytest.raises(ValueError, match="boolean"):
+        model.train(1)
+
+    class Compared(transformers.Qwen2ForCausalLM):
+        def __eq__(self, other) -> bool:
+            return other is self
+
+    compared = Compared(model.config)
+    compared.train()
+    compared.train()
+    assert compared.training and all(m.training for m in compared.model.modules())  # its own modules() hashes it

@@ -458,8 +458,12 @@ def train_mode_set_once() -> None:
     train, listed = owner.train, weakref.WeakKeyDictionary()
 
     def train_unless_training(self, mode: bool = True):
-        seen = listed.get(self)  # (params.changes() when listed, the modules under self) or None
-        if (mode and seen is not None and seen[0] == params.changes() and self.training
+        try:
+            seen = listed.get(self)  # (params.changes() when listed, the modules under self) or None
+        except TypeError:  # a class with __eq__ and no __hash__, which torch's train never hashes
+            return train(self, mode)
+        # ``mode is True``, not any true value: torch's train refuses a mode that is not a bool (ValueError)
+        if (mode is True and seen is not None and seen[0] == params.changes() and self.training
                 and not getattr(self, "use_kernels", False) and all(m.training for m in seen[1])):  # fmt: skip
             return self
         out = train(self, mode)
