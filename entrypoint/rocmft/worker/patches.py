@@ -439,13 +439,16 @@ def train_mode_set_once() -> None:
     the last full walk already trains, so an evaluation that put the root, the model inside a DDP wrapper or any one
     submodule in eval mode gets the full walk back. Wraps ``PreTrainedModel.train``; a model whose tree holds a
     class with a ``train`` of its own (other than ``PreTrainedModel``'s), or that asked for hub kernels
-    (``use_kernels``: its ``train`` kernelizes), always gets the full walk. A module added to the tree after a walk
-    is not looked at until the next full one (new modules start in training mode).
+    (``use_kernels``: its ``train`` kernelizes), always gets the full walk. A module registered into the tree after a
+    walk (``layer.mlp = loaded``: it may be in eval mode, as ``from_pretrained`` leaves one) brings the full walk
+    back, through rocmft.worker.params' registration hooks.
     """
     import weakref
 
     import torch
     from transformers import modeling_utils
+
+    from rocmft.worker import params
 
     owner = modeling_utils.PreTrainedModel
     if getattr(owner.train, "_rocmft", False):
@@ -455,13 +458,18 @@ def train_mode_set_once() -> None:
     train, listed = owner.train, weakref.WeakKeyDictionary()
 
     def train_unless_training(self, mode: bool = True):
-        modules = listed.get(self)
-        if mode and modules is not None and not getattr(self, "use_kernels", False) and all(
-                m.training for m in modules):  # fmt: skip
+        try:
+            seen = listed.get(self)  # (params.changes() when listed, the modules under self) or None
+        except TypeError:  # a class with __eq__ and no __hash__, which torch's train never hashes
+            return train(self, mode)
+        # ``mode is True``, not any true value: torch's train refuses a mode that is not a bool (ValueError)
+        if (mode is True and seen is not None and seen[0] == params.changes() and self.training
+                and not getattr(self, "use_kernels", False) and all(m.training for m in seen[1])):  # fmt: skip
             return self
         out = train(self, mode)
-        modules = list(self.modules())
-        listed[self] = modules if all(type(m).train in plain for m in modules) else None
+        modules = tuple(self.modules())
+        # not self itself: a value that holds its key keeps it alive (every model once trained stayed in memory)
+        listed[self] = (params.track(modules), modules[1:]) if all(type(m).train in plain for m in modules) else None
         return out
 
     plain = {torch.nn.Module.train, train, train_unless_training}
@@ -476,13 +484,14 @@ def gradients_found_without_walking() -> None:
     Wraps transformers 5.6's ``Trainer._clip_grad_norm`` (``accelerator.clip_grad_norm_(model.parameters(), ...)``):
     for one process and DDP (accelerate's ``DistributedType.NO``/``MULTI_GPU``, where accelerate unscales and hands
     the parameters to torch's ``clip_grad_norm_``) the same call gets the listed parameters that hold a gradient;
-    DeepSpeed, FSDP and every other kind keep transformers' call. And ``torch.nn.Module.zero_grad``: for a model
-    clipped that way, with the default ``set_to_none``, the listed parameters' gradients are set to None, as torch's
-    loop over ``parameters()`` does; other modules, ``set_to_none=False`` and DataParallel replicas get torch's own.
+    DeepSpeed, FSDP, every other kind and SageMaker model parallel under fp16 keep transformers' call. And
+    ``torch.nn.Module.zero_grad``: for a model clipped that way, with the default ``set_to_none``, the listed
+    parameters' gradients are set to None, as torch's loop over ``parameters()`` does; other modules,
+    ``set_to_none=False`` and DataParallel replicas get torch's own.
     """
     import torch
     from accelerate.utils import DistributedType
-    from transformers import Trainer
+    from transformers import Trainer, trainer
 
     from rocmft.worker import params
 
@@ -497,6 +506,8 @@ def gradients_found_without_walking() -> None:
     def clip_listed(self, model):
         if self.accelerator.distributed_type not in plain or self.is_fsdp_enabled or self.is_deepspeed_enabled:
             return clip(self, model)
+        if self.args.fp16 and trainer.is_sagemaker_mp_enabled():  # transformers clips the optimizer's fp32 master
+            return clip(self, model)  # gradients there (its clip_master_grads), not the model's
         return self.accelerator.clip_grad_norm_(params.with_grad(model), self.args.max_grad_norm)
 
     def zero_grad_listed(self, set_to_none: bool = True) -> None:
