@@ -13,8 +13,11 @@ or a submodule (torch's global registration hooks, ``torch.nn.modules.module``);
 Filtering it by ``p.grad is not None`` at call time is what torch's ``clip_grad_norm_`` and ``Module.zero_grad`` do
 over ``parameters()``, so the gradients found, and their order, are the same, a frozen parameter holding a
 gradient and one unfrozen mid-run included. Not seen: a parameter set to None or deleted with ``del`` (neither runs
-a hook; it stays listed, harmless unless it still holds a gradient), and ``_parameters`` edited directly (FSDP,
-DeepSpeed ZeRO-3: rocmft.worker.patches leaves those runs to transformers).
+a hook; it stays listed: deleting a trained adapter between micro-steps gave a norm of 1.680 against torch's 1.643
+in a review's test), new Parameter objects made by a conversion under
+``torch.__future__.set_overwrite_module_params_on_conversion(True)`` (``model.double()`` mid-run: the optimizer keeps
+the old ones too), and ``_parameters`` edited directly (FSDP, DeepSpeed ZeRO-3: rocmft.worker.patches leaves those
+runs to transformers). None of these happens in a run rocmft starts.
 """
 
 from __future__ import annotations
